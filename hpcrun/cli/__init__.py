@@ -1,0 +1,1 @@
+"""The hpcrun command line: thin click commands (parse → call the library → render)."""

@@ -1,0 +1,58 @@
+"""Entry point of the ``hpcrun`` command.
+
+Each plane contributes its commands from its own module in this package; this module only
+assembles them and maps :class:`hpcrun.errors.HpcrunError` to one clear line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from hpcrun import __version__
+from hpcrun.errors import HpcrunError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hpcrun")
+def cli() -> None:
+    """Operable, recoverable multi-node PyTorch training on Slurm.
+
+    \b
+    Typical session on a login node:
+      hpcrun submit run.yaml        freeze the spec, create the run record, sbatch the gang
+      hpcrun status RUN             state, generation, step, last checkpoint, ETTR
+      hpcrun report RUN -o r.html   timeline, per-rank step times, waste breakdown
+    Without Slurm, `hpcrun submit --backend local` runs the same gang as local processes.
+    """
+
+
+def _register() -> None:
+    from hpcrun.cli import testbed as testbed_cmds
+
+    cli.add_command(testbed_cmds.testbed)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; an :class:`HpcrunError` becomes one line on stderr and its exit code."""
+    try:
+        cli.main(args=argv, prog_name="hpcrun", standalone_mode=False)
+    except HpcrunError as exc:
+        click.echo(f"hpcrun: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("hpcrun: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The run record's append-only log on the shared filesystem.
+
+``RUN_DIR/log/000000123.json`` holds entry 123. An entry is created atomically at the next free
+slot (:meth:`hpcrun.storage.Storage.create_exclusive`); when the slot is taken the writer tries the
+next. Nothing is ever rewritten, so concurrent writers (the job's agents, ``hpcrun cancel`` on the
+login node) cannot overwrite each other, and the order of slots is the order of events. flock is
+not used: it is node-local or absent on parallel filesystems.
+
+Entries are untrusted input when read back: a malformed one is reported and skipped, never
+guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import RecordError, StaleGenerationError
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+LOG_SCHEMA_VERSION = 1
+SLOT_DIGITS = 9
+_SLOT_RE = re.compile(rf"^(\d{{{SLOT_DIGITS}}})\.json$")
+
+
+class EntryKind(StrEnum):
+    """What a log entry records."""
+
+    FENCE = "fence"            # an incarnation claims generation g+1
+    STATE = "state"            # run state transition (payload: state, reason)
+    JOB = "job"                # a scheduler job id bound to the run (payload: job_id, backend)
+    OP = "op"                  # an action's intent, logged before it is sent (op_id, action)
+    HEARTBEAT = "heartbeat"    # summary of node heartbeats (payload: nodes, step, ts)
+    PROGRESS = "progress"      # validated progress (payload: step, tokens)
+    COMMIT = "commit"          # a checkpoint committed on a tier (ckpt_id, tier, step)
+    DRAINED = "drained"        # one node drained a checkpoint to tier 1 (payload: ckpt_id, node)
+    CURSOR = "cursor"          # data cursor at a committed step
+    FAULT = "fault"            # a classified failure (payload: fault, node, rank, step, signature)
+    QUARANTINE = "quarantine"  # a node excluded from later allocations (payload: node, reason)
+    RESULT = "result"          # terminal result / post-run manifest reference
+    NOTE = "note"              # free-form observation
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogEntry:
+    """One entry of the run log."""
+
+    slot: int
+    """Position in the log; the order of events."""
+    kind: str
+    """An :class:`EntryKind` value (kept as str so newer kinds survive an older reader)."""
+    generation: int
+    """Generation of the writer (its fencing token), or -1 for an unfenced observation."""
+    holder: str
+    """Incarnation id of the writer, paired with ``generation``."""
+    ts: float
+    """Wall-clock time of writing."""
+    writer: str
+    """host:pid of the writer, for people."""
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    """Kind-specific content (JSON values only)."""
+    schema_version: int = LOG_SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        body = {k: getattr(self, k) for k in self.__slots__ if k != "slot"}  # type: ignore[attr-defined]
+        body["payload"] = dict(self.payload)
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, slot: int, raw: bytes) -> LogEntry:
+        """Parse an entry read from disk; raise ValueError for anything malformed."""
+        body = json.loads(raw)
+        if not isinstance(body, dict) or body.get("schema_version") != LOG_SCHEMA_VERSION:
+            raise ValueError("not a log entry of a known schema_version")
+        kind, gen, holder = body.get("kind"), body.get("generation"), body.get("holder")
+        ts, writer, payload = body.get("ts"), body.get("writer"), body.get("payload")
+        if not (isinstance(kind, str) and isinstance(gen, int) and isinstance(holder, str)
+                and isinstance(ts, int | float) and isinstance(writer, str)
+                and isinstance(payload, dict)):
+            raise ValueError("log entry fields have the wrong types")
+        return cls(slot=slot, kind=kind, generation=gen, holder=holder, ts=float(ts),
+                   writer=writer, payload=payload)
+
+
+def slot_name(slot: int) -> str:
+    return f"{slot:0{SLOT_DIGITS}d}.json"
+
+
+def parse_slot(name: str) -> int | None:
+    m = _SLOT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def new_holder(prefix: str = "") -> str:
+    """A fresh incarnation id."""
+    return f"{prefix}{uuid.uuid4().hex[:16]}"
+
+
+class RunLog:
+    """Append and read a run's log. Effectful shell around the pure fold in ``fencing``."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, storage: Storage = LOCAL_STORAGE,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.run_dir = Path(run_dir)
+        self.log_dir = self.run_dir / "log"
+        self._storage = storage
+        self._clock = clock
+        self._next_hint = 0
+        self.skipped: list[int] = []
+
+    def append(self, kind: str, *, generation: int, holder: str,
+               payload: Mapping[str, Any] | None = None) -> LogEntry:
+        """Append an entry at the next free slot and return it (with its slot)."""
+        entry = LogEntry(slot=-1, kind=str(kind), generation=generation, holder=holder,
+                         ts=self._clock.now(), writer=f"{socket.gethostname()}:{os.getpid()}",
+                         payload=dict(payload or {}))
+        data = entry.to_bytes()
+        slot = max(self._next_hint, self._last_slot() + 1)
+        while not self._storage.create_exclusive(self.log_dir / slot_name(slot), data):
+            slot += 1
+        self._next_hint = slot + 1
+        return LogEntry(slot=slot, kind=entry.kind, generation=generation, holder=holder,
+                        ts=entry.ts, writer=entry.writer, payload=entry.payload)
+
+    def _last_slot(self) -> int:
+        slots = [s for s in map(parse_slot, self._storage.listdir(self.log_dir)) if s is not None]
+        return max(slots, default=-1)
+
+    def read(self, since_slot: int = 0) -> list[LogEntry]:
+        """Every well-formed entry with slot >= ``since_slot``, in slot order.
+
+        Malformed entries are skipped and their slots listed in ``self.skipped``.
+        """
+        if not self._storage.exists(self.log_dir):
+            raise RecordError(f"no run log at {self.log_dir}; is this a run directory? "
+                              "Use `hpcrun list` to see runs")
+        out: list[LogEntry] = []
+        for name in self._storage.listdir(self.log_dir):
+            slot = parse_slot(name)
+            if slot is None or slot < since_slot:
+                continue
+            try:
+                out.append(LogEntry.from_bytes(slot, self._storage.read_bytes(self.log_dir / name)))
+            except (ValueError, UnicodeDecodeError):
+                self.skipped.append(slot)
+        return out
+
+    def claim(self, holder: str) -> LogEntry:
+        """Claim the next generation for ``holder``; raise if another claim won the race.
+
+        Returns the fence entry. The restore point must be chosen from entries before its slot.
+        """
+        from hpcrun.control.fencing import fold_fences, is_effective
+
+        current, _ = fold_fences(self.read())
+        fence = self.append(EntryKind.FENCE, generation=current.generation + 1, holder=holder)
+        if not is_effective(self.read(), fence.slot):
+            raise StaleGenerationError(
+                f"lost the race for generation {fence.generation}: another incarnation fenced "
+                f"first (this fence at slot {fence.slot} is void); exit and let the winner run"
+            )
+        return fence
+
+    def publish(self, kind: str, *, generation: int, holder: str,
+                payload: Mapping[str, Any] | None = None) -> LogEntry:
+        """Append a fenced entry and confirm it counts; raise StaleGenerationError when void.
+
+        The entry's validity is decided by its slot alone; the re-read only tells the writer.
+        """
+        from hpcrun.control.fencing import is_effective
+
+        entry = self.append(kind, generation=generation, holder=holder, payload=payload)
+        if not is_effective(self.read(), entry.slot):
+            raise StaleGenerationError(
+                f"{kind} entry at slot {entry.slot} is void: generation {generation} was fenced "
+                "out by a newer incarnation; this worker must stop publishing"
+            )
+        return entry

@@ -1,0 +1,76 @@
+"""The hpcrun error taxonomy.
+
+Every error hpcrun raises derives from :class:`HpcrunError`; each also derives from the builtin it
+resembles so callers may catch either. Messages say what failed, what was expected, what was
+found, and how to fix it; the CLI prints them as one line and exits non-zero.
+
+"We lost ownership" (:class:`StaleGenerationError`) is kept apart from "the world broke"
+(:class:`SchedulerError`, :class:`StorageError`, which carry the underlying error as ``__cause__``).
+"""
+
+from __future__ import annotations
+
+
+class HpcrunError(Exception):
+    """Root of every error hpcrun raises on purpose."""
+
+    exit_code: int = 2
+
+
+class SpecError(HpcrunError, ValueError):
+    """A run spec (run.yaml) is invalid: unknown key, wrong type, impossible value."""
+
+
+class ConfigError(HpcrunError, ValueError):
+    """A site config or other configuration file is invalid."""
+
+
+class StaleGenerationError(HpcrunError, RuntimeError):
+    """This incarnation no longer owns the run: a newer generation fenced it out."""
+
+    exit_code = 3
+
+
+class SchedulerError(HpcrunError, RuntimeError):
+    """Slurm (or the local backend) refused or failed a request."""
+
+
+class StorageError(HpcrunError, OSError):
+    """A tier (node-local or shared filesystem) failed a read or write."""
+
+
+class CheckpointError(HpcrunError, RuntimeError):
+    """A checkpoint could not be written, committed or restored."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint failed verification (checksum, size, missing shard or key)."""
+
+
+class NonFiniteError(CheckpointError):
+    """State about to be committed holds NaN or Inf."""
+
+
+class ReshardError(CheckpointError):
+    """A checkpoint cannot be loaded onto the requested layout."""
+
+
+class DataError(HpcrunError, RuntimeError):
+    """A dataset object is missing or differs from its manifest, or a cursor does not match."""
+
+
+class TestbedError(HpcrunError, RuntimeError):
+    """The local Slurm testbed could not be brought up, inspected or torn down."""
+
+    __test__ = False  # not a pytest test class
+
+
+class EnvError(HpcrunError, KeyError):
+    """The process environment lacks what a distributed worker needs."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep the one clean line
+        return str(self.args[0]) if self.args else ""
+
+
+class RecordError(HpcrunError, RuntimeError):
+    """A run record or run directory is missing, unreadable or inconsistent."""
