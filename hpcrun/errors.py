@@ -74,3 +74,15 @@ class EnvError(HpcrunError, KeyError):
 
 class RecordError(HpcrunError, RuntimeError):
     """A run record or run directory is missing, unreadable or inconsistent."""
+
+
+class TransitionError(HpcrunError, ValueError):
+    """A run state change that the state machine does not allow (e.g. leaving a terminal state)."""
+
+
+class PermissionDeniedError(HpcrunError, PermissionError):
+    """The caller lacks authority for an operation on a run (e.g. cancel by a non-owner)."""
+
+
+class DistInitError(HpcrunError, RuntimeError):
+    """The process group could not be formed (rendezvous unreachable, timeout, bad backend)."""

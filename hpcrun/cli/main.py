@@ -29,9 +29,22 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from hpcrun.cli import run as run_cmds
+    from hpcrun.cli import data as data_cmds
     from hpcrun.cli import testbed as testbed_cmds
 
+    cli.add_command(data_cmds.data)
+
+    for command in run_cmds.COMMANDS:
+        cli.add_command(command)
     cli.add_command(testbed_cmds.testbed)
+    from hpcrun.cli import ckpt as ckpt_cmds
+
+    cli.add_command(ckpt_cmds.ckpt)
+    from hpcrun.cli import observe as observe_cmds
+
+    for observe_command in observe_cmds.COMMANDS:
+        cli.add_command(observe_command)
 
 
 _register()

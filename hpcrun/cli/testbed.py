@@ -2,9 +2,115 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import click
+
+from hpcrun.testbed import Testbed, TestbedConfig
+from hpcrun.testbed.config import default_state_dir, render_env_exports
+
+_STATE_DIR_HELP = "State directory [env HPCRUN_TESTBED_DIR; default /var/lib/hpcrun-testbed]."
+
+
+def _state_dir(value: str | None) -> Path:
+    return Path(os.path.abspath(value)) if value else default_state_dir(os.environ)
+
+
+def _existing(state_dir: str | None) -> Testbed:
+    return Testbed.from_state_dir(_state_dir(state_dir))
+
+
+state_dir_option = click.option("--state-dir", metavar="DIR", default=None, help=_STATE_DIR_HELP)
 
 
 @click.group()
 def testbed() -> None:
-    """Bring up, inspect and tear down a real multi-node Slurm cluster on this machine."""
+    """Run a real multi-node Slurm cluster on this machine.
+
+    \b
+    munged, MariaDB + slurmdbd, slurmctld and N slurmd run on this host; each slurmd lives in
+    its own UTS + mount namespace (hostname nodeK, private /etc/hosts, its own node-local
+    directory). Needs root. Point clients at it with:
+      eval "$(hpcrun testbed env)"
+    """
+
+
+@testbed.command(short_help="Start the testbed, or verify it when already up.")
+@click.option("-N", "--nodes", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Number of compute nodes (node1..nodeN).")
+@click.option("--no-accounting", is_flag=True,
+              help="Skip MariaDB and slurmdbd (sacct will not work).")
+@click.option("--grace-time", type=click.IntRange(0, 3600), default=15, show_default=True,
+              metavar="SECONDS", help="GraceTime of the preemptible batch partition.")
+@state_dir_option
+def up(nodes: int, no_accounting: bool, grace_time: int, state_dir: str | None) -> None:
+    """Start the testbed (installing Slurm if missing); verify it if it is already up."""
+    config = TestbedConfig(state_dir=_state_dir(state_dir), nodes=nodes,
+                           accounting=not no_accounting, grace_time=grace_time)
+    result = Testbed(config).up()
+    if result.cold:
+        what = "started"
+    elif result.started:
+        what = f"repaired (restarted {', '.join(result.started)})"
+    else:
+        what = "already up"
+    click.echo(f"testbed {what} in {result.seconds:.1f} s: {config.nodes} nodes, "
+               f"partitions batch (default, preemptible) and high")
+    click.echo(f"  slurm.conf  {config.slurm_conf}")
+    click.echo(f"  shared      {config.shared_dir}  (same path on host and nodes)")
+    click.echo(f"  node-local  {config.node_local_path} inside jobs "
+               f"(host: {config.state_dir}/nodes/nodeK/local)")
+    click.echo(f"  logs        {config.log_dir}")
+    click.echo("Point clients at it:")
+    click.echo(f"  export SLURM_CONF={config.slurm_conf}")
+
+
+@testbed.command(short_help="Stop the testbed and wipe job state.")
+@state_dir_option
+def down(state_dir: str | None) -> None:
+    """Stop every daemon the testbed started and wipe job state (packages stay installed)."""
+    tb = _existing(state_dir)
+    stopped = tb.down()
+    click.echo(f"testbed down: stopped {', '.join(stopped)}" if stopped
+               else "testbed down: nothing was running")
+
+
+@testbed.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@state_dir_option
+def status(as_json: bool, state_dir: str | None) -> None:
+    """Show daemons (with pids) and node states. Exits 1 when the testbed is not fully up."""
+    st = _existing(state_dir).status()
+    click.echo(st.to_json() if as_json else st.to_text())
+    if not st.up:
+        sys.exit(1)
+
+
+@testbed.command(short_help="Emulate power loss of NODE (SIGKILL everything on it).")
+@click.argument("node")
+@state_dir_option
+def crash(node: str, state_dir: str | None) -> None:
+    """Emulate power loss of NODE: SIGKILL its slurmd and every process on it.
+
+    Slurm marks the node DOWN after SlurmdTimeout (10 s); --requeue jobs are requeued.
+    """
+    killed = _existing(state_dir).crash(node)
+    click.echo(f"{node}: killed {len(killed)} processes" + (f" ({killed})" if killed else ""))
+
+
+@testbed.command()
+@click.argument("node")
+@state_dir_option
+def boot(node: str, state_dir: str | None) -> None:
+    """Start NODE's slurmd in a fresh namespace and return it to service."""
+    _existing(state_dir).boot(node)
+    click.echo(f"{node}: up and resumed")
+
+
+@testbed.command()
+@state_dir_option
+def env(state_dir: str | None) -> None:
+    """Print export lines for clients: eval "$(hpcrun testbed env)"."""
+    click.echo(render_env_exports(_existing(state_dir).config), nl=False)

@@ -1,1 +1,66 @@
-"""hpcrun.control plane."""
+"""hpcrun.control: run spec, run record (a fold over the log), states, retry, reconcile, cancel.
+
+See ``hpcrun/control/README.md`` and ``docs/control-plane.md``.
+"""
+
+from __future__ import annotations
+
+from hpcrun.control.cancel import CancelResult, cancel_run
+from hpcrun.control.fencing import UNFENCED, Fence, fold_fences, is_effective
+from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
+from hpcrun.control.reconcile import (
+    Action,
+    ReconcilePolicy,
+    WatchResult,
+    execute,
+    reconcile,
+    watch_once,
+)
+from hpcrun.control.record import (
+    CheckpointRef,
+    FaultRecord,
+    RunRecord,
+    create_run,
+    fold_record,
+    latest_checkpoint,
+    load_run_spec,
+    read_record,
+)
+from hpcrun.control.retry import (
+    FaultClass,
+    RetryAction,
+    RetryDecision,
+    backoff_delay,
+    classify_exit,
+    decide_retry,
+    quarantine_candidates,
+)
+from hpcrun.control.spec import (
+    AsyncPolicy,
+    Budgets,
+    Cadence,
+    CheckpointPolicy,
+    CodeVersion,
+    Contract,
+    DataSpec,
+    Membership,
+    MembershipMode,
+    Resources,
+    RetryPolicy,
+    RunSpec,
+    freeze_spec,
+    load_spec,
+)
+from hpcrun.control.states import RunState, is_terminal, transition
+
+__all__ = [
+    "UNFENCED", "Action", "AsyncPolicy", "Budgets", "Cadence", "CancelResult", "CheckpointPolicy",
+    "CheckpointRef", "CodeVersion", "Contract", "DataSpec", "EntryKind", "FaultClass",
+    "FaultRecord", "Fence", "LogEntry", "Membership", "MembershipMode", "ReconcilePolicy",
+    "Resources", "RetryAction", "RetryDecision", "RetryPolicy", "RunLog", "RunRecord",
+    "RunSpec", "RunState", "WatchResult", "backoff_delay", "cancel_run", "classify_exit",
+    "create_run", "decide_retry", "execute", "fold_fences", "fold_record", "freeze_spec",
+    "is_effective", "is_terminal", "latest_checkpoint", "load_run_spec", "load_spec",
+    "new_holder", "quarantine_candidates", "read_record", "reconcile", "transition",
+    "watch_once",
+]

@@ -49,23 +49,30 @@ def is_valid_claim(current: Fence, entry: LogEntry) -> bool:
     return entry.kind == EntryKind.FENCE and entry.generation == current.generation + 1
 
 
-def fold_fences(entries: Iterable[LogEntry]) -> tuple[Fence, list[LogEntry]]:
+def apply_entry(current: Fence, entry: LogEntry) -> tuple[Fence, bool]:
+    """One step of the fold: the token in force after ``entry``, and whether ``entry`` counts."""
+    if entry.kind == EntryKind.FENCE:
+        if is_valid_claim(current, entry):
+            return Fence(generation=entry.generation, holder=entry.holder, slot=entry.slot), True
+        return current, False
+    if entry.generation == UNFENCED:
+        return current, entry.kind not in PUBLISH_KINDS
+    return current, (entry.generation, entry.holder) == (current.generation, current.holder)
+
+
+def fold_fences(entries: Iterable[LogEntry], start: Fence = NO_FENCE
+                ) -> tuple[Fence, list[LogEntry]]:
     """Return the token in force after ``entries`` and the entries that count, in slot order.
 
     ``entries`` must be in slot order. Void entries (stale generation, lost fence claims) are
-    dropped; :data:`UNFENCED` observations are kept unless their kind publishes.
+    dropped; :data:`UNFENCED` observations are kept unless their kind publishes. ``start`` is the
+    token in force before the first of ``entries`` (to continue a fold incrementally).
     """
-    current = NO_FENCE
+    current = start
     valid: list[LogEntry] = []
     for entry in entries:
-        if entry.kind == EntryKind.FENCE:
-            if is_valid_claim(current, entry):
-                current = Fence(generation=entry.generation, holder=entry.holder, slot=entry.slot)
-                valid.append(entry)
-        elif entry.generation == UNFENCED:
-            if entry.kind not in PUBLISH_KINDS:
-                valid.append(entry)
-        elif (entry.generation, entry.holder) == (current.generation, current.holder):
+        current, counts = apply_entry(current, entry)
+        if counts:
             valid.append(entry)
     return current, valid
 

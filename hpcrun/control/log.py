@@ -21,11 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import RecordError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+
+if TYPE_CHECKING:
+    from hpcrun.control.fencing import Fence
 
 LOG_SCHEMA_VERSION = 1
 SLOT_DIGITS = 9
@@ -100,6 +103,12 @@ def parse_slot(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _no_fence() -> Fence:
+    from hpcrun.control.fencing import NO_FENCE
+
+    return NO_FENCE
+
+
 def new_holder(prefix: str = "") -> str:
     """A fresh incarnation id."""
     return f"{prefix}{uuid.uuid4().hex[:16]}"
@@ -115,6 +124,7 @@ class RunLog:
         self._storage = storage
         self._clock = clock
         self._next_hint = 0
+        self._fold_cache: tuple[int, Fence] = (-1, _no_fence())
         self.skipped: list[int] = []
 
     def append(self, kind: str, *, generation: int, holder: str,
@@ -159,11 +169,9 @@ class RunLog:
 
         Returns the fence entry. The restore point must be chosen from entries before its slot.
         """
-        from hpcrun.control.fencing import fold_fences, is_effective
-
-        current, _ = fold_fences(self.read())
+        current, _ = self._fold_through(None)
         fence = self.append(EntryKind.FENCE, generation=current.generation + 1, holder=holder)
-        if not is_effective(self.read(), fence.slot):
+        if not self._fold_through(fence.slot)[1]:
             raise StaleGenerationError(
                 f"lost the race for generation {fence.generation}: another incarnation fenced "
                 f"first (this fence at slot {fence.slot} is void); exit and let the winner run"
@@ -176,12 +184,29 @@ class RunLog:
 
         The entry's validity is decided by its slot alone; the re-read only tells the writer.
         """
-        from hpcrun.control.fencing import is_effective
-
         entry = self.append(kind, generation=generation, holder=holder, payload=payload)
-        if not is_effective(self.read(), entry.slot):
+        if not self._fold_through(entry.slot)[1]:
             raise StaleGenerationError(
                 f"{kind} entry at slot {entry.slot} is void: generation {generation} was fenced "
                 "out by a newer incarnation; this worker must stop publishing"
             )
         return entry
+
+    def _fold_through(self, slot: int | None) -> tuple[Fence, bool]:
+        """Fence in force after the newest entry, and whether the entry at ``slot`` counts.
+
+        Entries are immutable and slots are taken in order, so the fold continues from the last
+        slot this object folded and reads only newer entries (a publish stays cheap on long logs).
+        """
+        from hpcrun.control.fencing import NO_FENCE, apply_entry
+
+        done, current = self._fold_cache
+        if slot is not None and slot <= done:
+            done, current = -1, NO_FENCE
+        counts = False
+        for entry in self.read(since_slot=done + 1):
+            current, ok = apply_entry(current, entry)
+            counts = counts or (ok and entry.slot == slot)
+            done = entry.slot
+        self._fold_cache = (done, current)
+        return current, counts

@@ -1,1 +1,13 @@
-"""hpcrun.launch plane."""
+"""The launch plane: from a run spec and a site config to ranks in a process group.
+
+- :mod:`hpcrun.launch.site`: ``SiteConfig`` and ``load_site`` (``site_configs/*.yaml``).
+- :mod:`hpcrun.launch.sbatch`: ``sbatch_args`` (the job's flags) and ``render_sbatch``.
+- :mod:`hpcrun.launch.submit`: ``submit_submitit`` and ``submit_sbatch``.
+- :mod:`hpcrun.launch.env`: ``DistEnv.from_environ`` and ``derive_master_port``.
+- :mod:`hpcrun.launch.dist`: ``init_process_group``, ``destroy_process_group``, ``device_for``.
+- :mod:`hpcrun.launch.signals`: ``StopFlag``, ``stop_on``, ``agree_to_stop``, ``signal_number``.
+- :mod:`hpcrun.launch.slurm`: the Slurm client and parsers; :mod:`hpcrun.launch.local`: the
+  embedded local backend.
+
+Submodules are imported on use, so ``import hpcrun.launch`` stays cheap (no torch, no submitit).
+"""

@@ -1,0 +1,353 @@
+"""The :class:`Checkpointer`: one rank's handle on the checkpoint plane (the effectful shell).
+
+``save`` stages a host copy on the training thread (the exposed pause), writes the shard in one
+background thread, and finalizes on the training thread at the next ``save``/``poll``/``wait``:
+gather the shard reports, rank 0 commits, every rank learns the verdict. Collectives are only
+ever called from the training thread. One checkpoint is in flight; a newer save waits for it
+(``block``) or is skipped (``skip``), so host memory for staging stays bounded by one buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from hpcrun.checkpoint import commit as protocol
+from hpcrun.checkpoint.collective import Collectives
+from hpcrun.checkpoint.manifest import Manifest, canonical_json
+from hpcrun.checkpoint.restore import assemble, plan_gather, read_assigned
+from hpcrun.checkpoint.retention import collect_run
+from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
+from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
+from hpcrun.checkpoint.state import (
+    RNG_FIELD,
+    Layout,
+    Placement,
+    RestoreResult,
+    SaveResult,
+    capture_rng,
+    decode_tree,
+    flatten_state,
+    load_into,
+    restore_rng,
+)
+from hpcrun.checkpoint.tiers import (
+    CommittedCheckpoint,
+    Tier,
+    checkpoint_id,
+    fold_checkpoints,
+    tier_paths,
+)
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import (
+    CheckpointError,
+    ConfigError,
+    HpcrunError,
+    NonFiniteError,
+    StaleGenerationError,
+)
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+_log = logging.getLogger(__name__)
+
+
+class AsyncPolicy(StrEnum):
+    """What a save does while another is still being written."""
+
+    BLOCK = "block"
+    SKIP = "skip"
+
+
+@dataclass(kw_only=True, slots=True)
+class _InFlight:
+    info: protocol.CheckpointInfo
+    pause_s: float
+    future: Future[protocol.ShardReport]
+    staging_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Identity:
+    run_dir: Path
+    node_local_root: Path | None
+    run_id: str
+    spec_id: str
+    dataset_id: str
+    contract: str
+    generation: int
+    holder: str
+    fence_slot: int
+    checksum: str
+    keep_last: int
+    policy: AsyncPolicy
+
+
+class Checkpointer:
+    """Save and restore one rank's share of a run's checkpoints. See the package README."""
+
+    def __init__(self, *, run_dir: Path, node_local_root: Path | None, layout: Layout,
+                 log: RunLog, generation: int, holder: str, fence_slot: int, run_id: str,
+                 spec_id: str, dataset_id: str = "", contract: str = "exact-order",
+                 keep_last: int = 2, async_policy: str = "block", checksum: str = "xxh3",
+                 group: Any = None, clock: Clock = SYSTEM_CLOCK,
+                 fault_hook: Callable[[str], None] | None = None,
+                 staging_limit: int | None = None, storage: Storage = LOCAL_STORAGE) -> None:
+        if keep_last < 2:
+            raise ConfigError(f"keep_last is {keep_last}; keep at least 2 committed checkpoints "
+                              "so a failed save never leaves none")
+        if checksum not in CHECKSUMS or async_policy not in set(AsyncPolicy):
+            raise ConfigError(f"checksum {checksum!r} / async_policy {async_policy!r} unknown; "
+                              f"expected one of {CHECKSUMS} / {[str(p) for p in AsyncPolicy]}")
+        self.id = _Identity(run_dir=Path(run_dir), node_local_root=node_local_root,
+                            run_id=run_id, spec_id=spec_id, dataset_id=dataset_id,
+                            contract=contract, generation=generation, holder=holder,
+                            fence_slot=fence_slot, checksum=checksum, keep_last=keep_last,
+                            policy=AsyncPolicy(async_policy))
+        self.layout = layout
+        self._log, self._clock, self._storage = log, clock, storage
+        self._fault = fault_hook or (lambda stage: None)
+        self._comm = Collectives(group, layout.world_size)
+        self._buffer = StagingBuffer(max_bytes=staging_limit)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-ckpt")
+        self._inflight: _InFlight | None = None
+        self._parent: str | None = None
+        self._nodes: tuple[str, ...] | None = None
+        self._closed = False
+        self.results: list[SaveResult] = []
+        self.skipped_steps: list[int] = []
+
+    @property
+    def write_tier(self) -> Tier:
+        """Tier a save commits on first: node-local when there is one."""
+        return Tier.NODE_LOCAL if self.id.node_local_root is not None else Tier.SHARED
+
+    @property
+    def staging_bytes(self) -> int:
+        """Host memory this rank holds for staging (one reused buffer)."""
+        return self._buffer.capacity
+
+    def _ckpt_dir(self, ckpt_id: str) -> Path:
+        paths = tier_paths(self.id.run_dir, ckpt_id, local_root=self.id.node_local_root,
+                           run_id=self.id.run_id)
+        return paths.node_local or paths.shared
+
+    # -- save ------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Mapping[str, Any], *, extra: Mapping[str, Any] | None = None,
+             blocking: bool = False) -> SaveResult | None:
+        """COLLECTIVE: checkpoint ``state`` at ``step``; see the module docstring.
+
+        Returns:
+            The result when ``blocking``; else None (results arrive from poll/wait/next save).
+
+        Raises:
+            NonFiniteError: finalizing found NaN/Inf (the save was refused, a fault recorded).
+            StaleGenerationError: a newer generation fenced this one out.
+        """
+        self._check_open()
+        if self._inflight is not None:
+            if self.id.policy is AsyncPolicy.SKIP and not self._comm.all_true(
+                    self._inflight.future.done()):
+                self.skipped_steps.append(step)
+                _log.info("checkpoint at step %d skipped: previous save still writing", step)
+                return None
+            self._finalize()
+        t0 = self._clock.monotonic()
+        info = self._info(step, extra)
+        flat = flatten_state(state)
+        meta = {**flat.meta, RNG_FIELD: capture_rng()}
+        pieces = plan_pieces(flat, rank=self.layout.rank, world_size=self.layout.world_size)
+        staged = stage(flat, pieces, canonical_json(meta), self._buffer)
+        self._fault("staging")
+        pause = self._clock.monotonic() - t0
+        future = self._pool.submit(self._write, info, staged)
+        self._inflight = _InFlight(info=info, pause_s=pause, future=future,
+                                   staging_bytes=self._buffer.capacity)
+        return self._finalize() if blocking else None
+
+    def _info(self, step: int, extra: Mapping[str, Any] | None) -> protocol.CheckpointInfo:
+        if self._nodes is None:
+            self._nodes = tuple(self._comm.all_gather_object(self.layout.node))
+        return protocol.CheckpointInfo(
+            ckpt_id=checkpoint_id(generation=self.id.generation, step=step, holder=self.id.holder),
+            run_id=self.id.run_id, spec_id=self.id.spec_id, dataset_id=self.id.dataset_id,
+            contract=self.id.contract, generation=self.id.generation, holder=self.id.holder,
+            step=step, parent=self._parent, nodes=self._nodes, checksum=self.id.checksum,
+            created=self._clock.now(), extra=dict(extra or {}))
+
+    def _write(self, info: protocol.CheckpointInfo, staged: list[Any]) -> protocol.ShardReport:
+        t0 = self._clock.monotonic()
+        rank = self.layout.rank
+        try:
+            bad = nonfinite_keys(self._buffer, staged)
+            if bad:
+                return protocol.ShardReport(rank=rank, record=None, nonfinite=tuple(bad))
+            header = ShardHeader(run_id=info.run_id, ckpt_id=info.ckpt_id,
+                                 generation=info.generation, step=info.step, rank=rank,
+                                 world_size=self.layout.world_size, node=self.layout.node)
+            path = self._ckpt_dir(info.ckpt_id) / shard_relpath(self.layout.node, rank)
+            record = write_shard(path, header, self._buffer, staged, algorithm=info.checksum,
+                                 fault=self._fault, storage=self._storage)
+            return protocol.ShardReport(rank=rank, record=record,
+                                        write_s=self._clock.monotonic() - t0)
+        except (HpcrunError, OSError) as exc:
+            return protocol.ShardReport(rank=rank, record=None, error=str(exc),
+                                        write_s=self._clock.monotonic() - t0)
+
+    def poll(self) -> SaveResult | None:
+        """COLLECTIVE, cheap: finalize the in-flight save if every rank finished writing."""
+        self._check_open()
+        if self._inflight is None or not self._comm.all_true(self._inflight.future.done()):
+            return None
+        return self._finalize()
+
+    def wait(self) -> SaveResult | None:
+        """COLLECTIVE: block until the in-flight save is finalized; its result, if any."""
+        self._check_open()
+        return self._finalize() if self._inflight is not None else None
+
+    def _finalize(self) -> SaveResult:
+        flight, self._inflight = self._inflight, None
+        assert flight is not None
+        reports = self._comm.all_gather_object(flight.future.result())
+        verdict = None
+        if self.layout.rank == 0:
+            verdict = protocol.commit(self.id.run_dir, self._log, flight.info, reports,
+                                      tier=self.write_tier, fault=self._fault,
+                                      storage=self._storage)
+        verdict = self._comm.broadcast_object(verdict)
+        result = SaveResult(ckpt_id=flight.info.ckpt_id, step=flight.info.step,
+                            committed=verdict.outcome is protocol.Outcome.COMMITTED,
+                            pause_s=flight.pause_s, write_s=max(r.write_s for r in reports),
+                            bytes=verdict.bytes, staging_bytes=flight.staging_bytes,
+                            error=verdict.message)
+        self.results.append(result)
+        self._after_verdict(verdict, flight.info.ckpt_id)
+        return result
+
+    def _after_verdict(self, verdict: protocol.CommitOutcome, ckpt_id: str) -> None:
+        if verdict.outcome is protocol.Outcome.NONFINITE:
+            raise NonFiniteError(verdict.message)
+        if verdict.outcome is protocol.Outcome.STALE:
+            raise StaleGenerationError(verdict.message)
+        if verdict.outcome is protocol.Outcome.COMMITTED:
+            self._parent = ckpt_id
+            self._pool.submit(self._retain)
+
+    def _retain(self) -> None:
+        """Background retention after a commit: rank 0 the shared tier, one rank per node tier 0."""
+        in_flight = [self._inflight.info.ckpt_id] if self._inflight else []
+        try:
+            if self.layout.rank == 0:
+                collect_run(self.id.run_dir, log=self._log, keep_last=self.id.keep_last,
+                            now=self._clock.now(), in_flight=in_flight, storage=self._storage)
+            if self.layout.local_rank == 0 and self.id.node_local_root is not None:
+                collect_run(self.id.run_dir, log=self._log, keep_last=self.id.keep_last,
+                            now=self._clock.now(), in_flight=in_flight, storage=self._storage,
+                            local=(self.id.node_local_root, self.id.run_id))
+        except HpcrunError as exc:  # retention is best effort; the next commit retries
+            _log.warning("checkpoint retention failed: %s", exc)
+
+    # -- restore ---------------------------------------------------------------------------
+
+    def restore(self, state: Mapping[str, Any]) -> RestoreResult | None:
+        """COLLECTIVE: load the newest committed checkpoint that verifies into ``state``.
+
+        Returns:
+            What was restored, or None for a fresh start (no committed checkpoint verifies).
+
+        Raises:
+            ReshardError: the newest good checkpoint cannot be placed on this layout.
+        """
+        self._check_open()
+        entries = self._log.read()
+        if self.id.fence_slot >= 0:
+            entries = [e for e in entries if e.slot < self.id.fence_slot]
+        rows = {k: leaf for k, leaf in flatten_state(state).leaves.items()
+                if leaf.placement is Placement.ROW}
+        skipped: list[str] = []
+        for ckpt in reversed(fold_checkpoints(entries)):
+            loaded = self._try_read(ckpt)
+            if loaded is None:
+                skipped.append(ckpt.ckpt_id)
+                continue
+            m, buf, tiers = loaded
+            return self._load(m, buf, tiers, state, rows, skipped)
+        return None
+
+    def _try_read(self, ckpt: CommittedCheckpoint) -> tuple[Manifest, Any, set[str]] | None:
+        m, err = None, ""
+        if self.layout.rank == 0:
+            try:
+                m = protocol.read_manifest(self.id.run_dir, ckpt, storage=self._storage)
+            except (HpcrunError, OSError) as exc:
+                err = str(exc)
+                self._incident(ckpt, err)
+        m = self._comm.broadcast_object(m)
+        buf, tiers = None, set[str]()
+        if m is not None:
+            try:
+                buf, tiers = read_assigned(m, plan_gather(m, self.layout.world_size),
+                                           self.layout.rank, lambda j: self._candidates(ckpt, m, j))
+            except (HpcrunError, OSError) as exc:
+                self._incident(ckpt, str(exc))
+        ok = self._comm.all_true(m is not None and buf is not None)
+        return (m, buf, tiers) if ok and m is not None else None
+
+    def _candidates(self, ckpt: CommittedCheckpoint, m: Manifest, j: int) -> list[tuple[str, Path]]:
+        paths = tier_paths(self.id.run_dir, ckpt.ckpt_id, local_root=self.id.node_local_root,
+                           run_id=self.id.run_id)
+        rel = m.shards[j].path
+        out = []
+        if paths.node_local is not None and (paths.node_local / rel).exists():
+            out.append((str(Tier.NODE_LOCAL), paths.node_local / rel))
+        if Tier.SHARED in ckpt.tiers or paths.node_local is None:
+            out.append((str(Tier.SHARED), paths.shared / rel))
+        return out
+
+    def _incident(self, ckpt: CommittedCheckpoint, detail: str) -> None:
+        _log.warning("checkpoint %s not restorable on rank %d: %s", ckpt.ckpt_id,
+                     self.layout.rank, detail)
+        self._log.append(EntryKind.FAULT, generation=self.id.generation, holder=self.id.holder,
+                         payload={"fault": "storage_error", "node": self.layout.node,
+                                  "rank": self.layout.rank, "step": ckpt.step,
+                                  "signature": "ckpt:verify", "ckpt_id": ckpt.ckpt_id,
+                                  "detail": detail[:2000]})
+
+    def _load(self, m: Manifest, buf: Any, tiers: set[str], state: Mapping[str, Any],
+              rows: Mapping[str, Any], skipped: list[str]) -> RestoreResult:
+        plan = plan_gather(m, self.layout.world_size)
+        gathered = self._comm.all_gather_bytes(buf, plan.sizes)
+        shared = self._comm.any_true(str(Tier.SHARED) in tiers)
+        tensors, meta = assemble(m, plan, gathered, rank=self.layout.rank,
+                                 world_size=self.layout.world_size, rows=rows)
+        restored = decode_tree(meta, tensors)
+        load_into(state, restored)
+        if isinstance(meta.get(RNG_FIELD), dict):
+            restore_rng(meta[RNG_FIELD])
+        self._parent = m.ckpt_id
+        if skipped and self.layout.rank == 0:
+            self._log.append(EntryKind.NOTE, generation=self.id.generation, holder=self.id.holder,
+                             payload={"note": "restore fell back", "restored": m.ckpt_id,
+                                      "skipped": skipped})
+        return RestoreResult(ckpt_id=m.ckpt_id, step=m.step,
+                             tier=str(Tier.SHARED if shared else Tier.NODE_LOCAL),
+                             extra=dict(m.extra), skipped=tuple(skipped))
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("this Checkpointer is closed; create a new one")
+
+    def close(self) -> None:
+        """Stop the background writer (an unfinalized save is abandoned as debris)."""
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True)

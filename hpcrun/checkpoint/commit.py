@@ -1,0 +1,227 @@
+"""The publish protocol: shard reports → verified manifest → COMMIT entry in the run log.
+
+Order, each step only after the previous one succeeded:
+
+1. every rank reports its shard (record with byte counts and checksums, non-finite keys, error);
+2. rank 0 refuses on any non-finite value (FAULT ``nonfinite``) or write failure (FAULT
+   ``storage_error``), then verifies every expected shard and full key coverage;
+3. rank 0 writes the manifest (canonical JSON, durable rename) into the shared run directory;
+4. commit = :meth:`hpcrun.control.log.RunLog.publish` of a COMMIT entry, which is void, and
+   raises :class:`~hpcrun.errors.StaleGenerationError`, if a newer generation fenced first.
+
+A manifest without a COMMIT entry that counts is staging debris; nothing ever restores it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from hpcrun.checkpoint.manifest import (
+    Manifest,
+    ShardRecord,
+    check_coverage,
+    decode_manifest,
+    digest_bytes,
+    encode_manifest,
+    node_manifest_refs,
+    parse_json,
+)
+from hpcrun.checkpoint.tiers import MANIFEST_NAME, CommittedCheckpoint, Tier, manifest_relpath
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import CorruptCheckpointError, StaleGenerationError
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+FAULT_STAGES = ("staging", "shard_write", "before_manifest", "before_commit", "after_commit")
+"""Named points of the protocol where a fault hook is called (for crash tests)."""
+
+
+class Outcome(StrEnum):
+    """How a save ended."""
+
+    COMMITTED = "committed"
+    NONFINITE = "nonfinite"
+    FAILED = "failed"
+    STALE = "stale"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardReport:
+    """What one rank's background writer reports (gathered on the training thread)."""
+
+    rank: int
+    """Writer rank."""
+    record: ShardRecord | None
+    """The shard written, None when nothing was written."""
+    nonfinite: tuple[str, ...] = ()
+    """Keys holding NaN or Inf."""
+    error: str = ""
+    """Why the write failed."""
+    write_s: float = 0.0
+    """Seconds spent writing."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommitOutcome:
+    """Rank 0's verdict, broadcast to every rank."""
+
+    outcome: Outcome
+    """How the save ended."""
+    message: str = ""
+    """Why it did not commit."""
+    bytes: int = 0
+    """Bytes of all shards."""
+    slot: int = -1
+    """Slot of the COMMIT entry."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointInfo:
+    """Identity of a checkpoint being committed (everything but its shards)."""
+
+    ckpt_id: str
+    """Checkpoint ID."""
+    run_id: str
+    """Run."""
+    spec_id: str
+    """Spec digest."""
+    dataset_id: str
+    """Dataset ID."""
+    contract: str
+    """Resume contract."""
+    generation: int
+    """Generation of the writer."""
+    holder: str
+    """Incarnation of the writer."""
+    step: int
+    """Step captured."""
+    parent: str | None
+    """Previous committed checkpoint."""
+    nodes: tuple[str, ...]
+    """Node of each rank."""
+    checksum: str
+    """Checksum algorithm."""
+    created: float
+    """Wall time."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Caller's extra values."""
+
+
+def refusal(reports: Sequence[ShardReport], step: int) -> tuple[Outcome, str] | None:
+    """Why the gathered reports cannot commit (pure); None when they may."""
+    bad = {r.rank: list(r.nonfinite) for r in reports if r.nonfinite}
+    if bad:
+        return Outcome.NONFINITE, (
+            f"refusing to commit step {step}: non-finite values (NaN/Inf) in "
+            f"{ {k: v[:4] for k, v in bad.items()} } (rank: keys); roll back to the previous "
+            "checkpoint and lower the learning rate or inspect the data")
+    failed = [f"rank {r.rank}: {r.error}" for r in reports if r.error or r.record is None]
+    if failed:
+        return Outcome.FAILED, f"shard writes failed at step {step}: {'; '.join(failed[:4])}"
+    return None
+
+
+def build_manifest(info: CheckpointInfo, reports: Sequence[ShardReport]) -> Manifest:
+    """The manifest of a checkpoint from its identity and every rank's shard record."""
+    shards = tuple(sorted((r.record for r in reports if r.record is not None),
+                          key=lambda s: s.rank))
+    return Manifest(ckpt_id=info.ckpt_id, run_id=info.run_id, spec_id=info.spec_id,
+                    dataset_id=info.dataset_id, contract=info.contract,
+                    generation=info.generation, step=info.step, parent=info.parent,
+                    world_size=len(info.nodes), nodes=info.nodes, checksum=info.checksum,
+                    created=info.created, shards=shards, extra=dict(info.extra))
+
+
+def write_manifest(run_dir: Path, m: Manifest, *, storage: Storage = LOCAL_STORAGE,
+                   threshold: int | None = None) -> str:
+    """Durably write ``m`` (and its sub-manifests) into the shared run directory; its digest."""
+    top, subs = encode_manifest(m) if threshold is None else encode_manifest(m, threshold=threshold)
+    path = Path(run_dir) / manifest_relpath(m.ckpt_id)
+    storage.makedirs(path.parent / "manifests" if subs else path.parent)
+    for node, data in subs.items():
+        storage.write_atomic(path.parent / "manifests" / f"{node}.json", data)
+    storage.write_atomic(path, top)
+    return digest_bytes(top)
+
+
+def commit_payload(m: Manifest, *, tier: Tier, digest: str) -> dict[str, Any]:
+    """The COMMIT entry's payload (read by the control plane's fold)."""
+    return {"ckpt_id": m.ckpt_id, "tier": str(tier), "step": m.step,
+            "manifest": manifest_relpath(m.ckpt_id), "digest": digest, "bytes": m.bytes,
+            "nodes": m.node_names, "run_id": m.run_id, "generation": m.generation}
+
+
+def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[ShardReport], *,
+           tier: Tier, fault: Callable[[str], None] = lambda stage: None,
+           storage: Storage = LOCAL_STORAGE) -> CommitOutcome:
+    """Verify, write the manifest and publish the COMMIT entry (rank 0 only).
+
+    Refusals are recorded as FAULT entries. Never raises for a refused or stale commit: the
+    verdict goes back to every rank, which raise together.
+    """
+    refused = refusal(reports, info.step)
+    if refused is not None:
+        kind = "nonfinite" if refused[0] is Outcome.NONFINITE else "storage_error"
+        record_fault(log, info, kind=kind, detail=refused[1])
+        return CommitOutcome(outcome=refused[0], message=refused[1])
+    m = build_manifest(info, reports)
+    if problems := check_coverage(m):
+        detail = f"checkpoint {m.ckpt_id} is incomplete: {'; '.join(problems[:4])}"
+        record_fault(log, info, kind="storage_error", detail=detail)
+        return CommitOutcome(outcome=Outcome.FAILED, message=detail)
+    fault("before_manifest")
+    digest = write_manifest(run_dir, m, storage=storage)
+    fault("before_commit")
+    try:
+        entry = log.publish(EntryKind.COMMIT, generation=info.generation, holder=info.holder,
+                            payload=commit_payload(m, tier=tier, digest=digest))
+    except StaleGenerationError as exc:
+        return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
+    fault("after_commit")
+    return CommitOutcome(outcome=Outcome.COMMITTED, bytes=m.bytes, slot=entry.slot)
+
+
+def record_fault(log: RunLog, info: CheckpointInfo, *, kind: str, detail: str,
+                 rank: int = 0, node: str = "") -> None:
+    """Append a FAULT entry (an observation: it never publishes state)."""
+    log.append(EntryKind.FAULT, generation=info.generation, holder=info.holder,
+               payload={"fault": kind, "node": node or (info.nodes[rank] if info.nodes else ""),
+                        "rank": rank, "step": info.step, "signature": f"ckpt:{kind}",
+                        "detail": detail[:2000], "ckpt_id": info.ckpt_id})
+
+
+def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
+                  storage: Storage = LOCAL_STORAGE) -> Manifest:
+    """Load and verify the manifest of a committed checkpoint (digest, schema, paths, coverage).
+
+    Raises:
+        CorruptCheckpointError: missing, altered since commit, malformed or incomplete.
+    """
+    path = Path(run_dir) / manifest_relpath(ckpt.ckpt_id)
+    if not storage.exists(path):
+        raise CorruptCheckpointError(f"manifest {path} of committed checkpoint {ckpt.ckpt_id} "
+                                     "is missing (deleted by GC or lost)")
+    data = storage.read_bytes(path)
+    if ckpt.digest and digest_bytes(data) != ckpt.digest:
+        raise CorruptCheckpointError(f"manifest {path} changed since its commit (digest "
+                                     f"{digest_bytes(data)[:20]}…, committed {ckpt.digest[:20]}…)")
+    raw = parse_json(data, f"manifest {path}")
+    subs: list[Any] = []
+    for rel, digest in node_manifest_refs(raw):
+        sub = storage.read_bytes(path.parent / rel)
+        if digest_bytes(sub) != digest:
+            raise CorruptCheckpointError(f"sub-manifest {rel} of {ckpt.ckpt_id} fails its digest")
+        subs.extend(parse_json(sub, f"sub-manifest {rel}").get("shards", []))
+    m = decode_manifest(raw, subs)
+    if m.ckpt_id != ckpt.ckpt_id or (problems := check_coverage(m)):
+        raise CorruptCheckpointError(f"manifest of {ckpt.ckpt_id} is inconsistent: "
+                                     f"{m.ckpt_id if m.ckpt_id != ckpt.ckpt_id else problems[:3]}")
+    return m
+
+
+__all__ = ["FAULT_STAGES", "MANIFEST_NAME", "CheckpointInfo", "CommitOutcome", "Outcome",
+           "ShardReport", "build_manifest", "commit", "commit_payload", "read_manifest",
+           "record_fault", "refusal", "write_manifest"]

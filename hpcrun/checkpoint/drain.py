@@ -1,0 +1,188 @@
+"""Drain tier 0 to tier 1 in the node agent's process, and verification by cold reads.
+
+h5py serialises every HDF5 call of a process under one lock, so draining inside the training
+process would stall the data loader's HDF5 reads: the node agent drains instead. For every
+checkpoint committed on tier 0 and not yet drained by this node it copies the node's shards to
+``<run_dir>/ckpt/<ckpt_id>/<node>/``, re-reads the copy past the page cache (O_DIRECT, or
+``posix_fadvise(DONTNEED)`` after fsync) and compares it with the source and with the manifest's
+checksums, then appends a DRAINED entry. The node-0 agent appends the tier-1 COMMIT once every
+node has drained (:func:`finalize_tier1`). Everything here is idempotent: rerunning after a crash
+redoes at most the copy that was interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpcrun.checkpoint.commit import read_manifest
+from hpcrun.checkpoint.manifest import ShardRecord
+from hpcrun.checkpoint.rawio import Extent, read_file_cold, write_extents
+from hpcrun.checkpoint.shards import checksum, read_shard
+from hpcrun.checkpoint.tiers import (
+    CommittedCheckpoint,
+    Tier,
+    fold_checkpoints,
+    shared_root,
+)
+from hpcrun.checkpoint.tiers import (
+    node_local_root as local_ckpt_root,
+)
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import CorruptCheckpointError, HpcrunError
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+_log = logging.getLogger(__name__)
+
+
+def _check_bytes(data: np.ndarray, rec: ShardRecord, algorithm: str, where: Path) -> None:
+    if data.size != rec.bytes:
+        raise CorruptCheckpointError(f"{where} is {data.size} bytes, manifest says {rec.bytes}")
+    for d in rec.datasets:
+        if d.offset >= 0 and checksum(algorithm, data[d.offset:d.offset + d.nbytes]) != d.checksum:
+            raise CorruptCheckpointError(f"{where}: dataset {d.key!r} fails its checksum")
+
+
+def copy_verified(src: Path, dst: Path, rec: ShardRecord, *, algorithm: str,
+                  storage: Storage = LOCAL_STORAGE) -> None:
+    """Copy one shard durably and prove the copy by a cold read-back.
+
+    Raises:
+        CorruptCheckpointError: the source or the copy fails verification.
+        StorageError: a tier failed.
+    """
+    data = read_file_cold(src)
+    _check_bytes(data, rec, algorithm, src)
+    want = checksum(algorithm, data)
+    storage.makedirs(dst.parent)
+    tmp = dst.with_name(f".{dst.name}.drain")
+    tmp.touch()
+    write_extents(tmp, [Extent(file_offset=0, buffer=data.data)])
+    storage.rename(tmp, dst)
+    storage.fsync_path(dst.parent)
+    back = read_file_cold(dst)
+    if checksum(algorithm, back) != want:
+        raise CorruptCheckpointError(f"drained copy {dst} differs from its source {src} when "
+                                     "read back past the page cache; check the shared tier")
+
+
+def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node: str,
+               run_id: str | None, storage: Storage) -> bool:
+    m = read_manifest(run_dir, ckpt, storage=storage)
+    src_dir = local_ckpt_root(local_root, run_id or m.run_id) / ckpt.ckpt_id
+    mine = [s for s in m.shards if s.node == node]
+    if not mine or not all((src_dir / s.path).exists() for s in mine):
+        return False  # this node holds no complete tier-0 copy (lost, or never written here)
+    for s in mine:
+        copy_verified(src_dir / s.path, shared_root(run_dir) / ckpt.ckpt_id / s.path, s,
+                      algorithm=m.checksum, storage=storage)
+    return True
+
+
+def pending_drains(committed: list[CommittedCheckpoint], node: str) -> list[CommittedCheckpoint]:
+    """Checkpoints this node still has to drain (pure)."""
+    return [c for c in committed if Tier.NODE_LOCAL in c.tiers and Tier.SHARED not in c.tiers
+            and node in c.nodes and node not in c.drained]
+
+
+def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLog,
+                  generation: int, holder: str, run_id: str | None = None,
+                  storage: Storage = LOCAL_STORAGE) -> list[str]:
+    """Drain this node's shards of every committed, undrained checkpoint to tier 1.
+
+    Returns:
+        IDs drained by this call (a DRAINED entry appended for each).
+
+    Raises:
+        StaleGenerationError: a newer generation fenced this agent out.
+    """
+    done = []
+    for ckpt in pending_drains(fold_checkpoints(log.read()), node):
+        try:
+            if not _drain_one(Path(run_dir), Path(node_local_root), ckpt, node, run_id, storage):
+                continue
+        except HpcrunError as exc:
+            _log.warning("drain of %s on %s failed: %s", ckpt.ckpt_id, node, exc)
+            log.append(EntryKind.FAULT, generation=generation, holder=holder,
+                       payload={"fault": "storage_error", "node": node, "rank": -1,
+                                "step": ckpt.step, "signature": "ckpt:drain",
+                                "ckpt_id": ckpt.ckpt_id, "detail": str(exc)[:2000]})
+            continue
+        log.publish(EntryKind.DRAINED, generation=generation, holder=holder,
+                    payload={"ckpt_id": ckpt.ckpt_id, "node": node})
+        done.append(ckpt.ckpt_id)
+    return done
+
+
+def finalize_tier1(run_dir: Path, *, log: RunLog, generation: int, holder: str,
+                   num_nodes: int) -> list[str]:
+    """Node-0 agent: commit on tier 1 every checkpoint that every node has drained.
+
+    ``num_nodes`` is the gang's node count; a checkpoint's own node list (from its COMMIT entry)
+    decides coverage, so checkpoints of an earlier, differently sized incarnation also finalize.
+    """
+    del run_dir, num_nodes  # coverage comes from the log alone
+    out = []
+    for c in fold_checkpoints(log.read()):
+        if Tier.NODE_LOCAL in c.tiers and Tier.SHARED not in c.tiers and set(c.nodes) <= c.drained:
+            log.publish(EntryKind.COMMIT, generation=generation, holder=holder,
+                        payload={"ckpt_id": c.ckpt_id, "tier": str(Tier.SHARED), "step": c.step,
+                                 "manifest": c.manifest, "digest": c.digest, "bytes": c.bytes,
+                                 "nodes": list(c.nodes)})
+            out.append(c.ckpt_id)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerifyResult:
+    """Outcome of re-reading one checkpoint."""
+
+    ckpt_id: str
+    """Checkpoint checked."""
+    tier: str
+    """Tier read."""
+    problems: tuple[str, ...]
+    """What failed (empty when everything verified)."""
+    bytes_read: int
+    """Shard bytes read and checked."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_checkpoint(run_dir: Path, ckpt: CommittedCheckpoint, *,
+                      local: tuple[Path, str] | None = None,
+                      progress: Callable[[int], None] = lambda n: None,
+                      storage: Storage = LOCAL_STORAGE) -> VerifyResult:
+    """Re-read a committed checkpoint's manifest and every shard past the page cache.
+
+    Args:
+        local: ``(node_local_root, node)`` to check this node's tier-0 copies instead of tier 1.
+        progress: called with the bytes of each shard once it is checked.
+    """
+    tier = str(Tier.NODE_LOCAL if local else Tier.SHARED)
+    try:
+        m = read_manifest(run_dir, ckpt, storage=storage)
+    except HpcrunError as exc:
+        return VerifyResult(ckpt_id=ckpt.ckpt_id, tier=tier, problems=(str(exc),), bytes_read=0)
+    root = shared_root(run_dir) / ckpt.ckpt_id
+    shards = m.shards
+    if local is not None:
+        root = local_ckpt_root(local[0], m.run_id) / ckpt.ckpt_id
+        shards = tuple(s for s in shards if s.node == local[1])
+    problems, total = [], 0
+    for s in shards:
+        dest = [np.empty(d.nbytes, dtype=np.uint8) for d in s.datasets]
+        try:
+            read_shard(root / s.path, s, dest, ckpt_id=m.ckpt_id, algorithm=m.checksum)
+            total += s.bytes
+        except HpcrunError as exc:
+            problems.append(str(exc))
+        progress(s.bytes)
+    return VerifyResult(ckpt_id=ckpt.ckpt_id, tier=tier, problems=tuple(problems),
+                        bytes_read=total)

@@ -1,0 +1,182 @@
+"""Bulk byte I/O for shards: aligned host buffers, parallel O_DIRECT writes, cold reads.
+
+h5py writes through one process-wide lock and the page cache, far below what a disk sustains.
+Shards are therefore laid out by h5py (contiguous datasets allocated at creation, aligned to
+:data:`ALIGN`) and their bytes are written here at the dataset offsets by parallel writers that
+bypass the page cache where the filesystem allows it. Reads used for verification bypass the page
+cache too: a read-back served from cache proves nothing about the medium.
+
+This module touches the OS; everything else in the plane hands it offsets and buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcrun.errors import StorageError
+
+ALIGN = 4096
+"""Block alignment for O_DIRECT offsets, lengths and buffer addresses."""
+CHUNK = 16 << 20
+"""Bytes per I/O request; several are in flight at once (the queue depth)."""
+IO_THREADS = 8
+"""Concurrent requests per shard."""
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def align_up(n: int, align: int = ALIGN) -> int:
+    """Smallest multiple of ``align`` that is >= ``n``."""
+    return -(-n // align) * align
+
+
+def aligned_buffer(nbytes: int, *, touch: bool = True) -> np.ndarray:
+    """A page-aligned uint8 array of ``nbytes`` (anonymous mmap), optionally pre-faulted.
+
+    Pre-touching faults every page in once, so later copies run at memory speed instead of
+    page-fault speed (fresh pages fault in several times slower than a copy into warm memory).
+    """
+    size = max(align_up(nbytes), ALIGN)
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arr = np.frombuffer(region, dtype=np.uint8)
+    if touch:
+        arr[::mmap.PAGESIZE] = 0
+    return arr[:nbytes] if nbytes else arr[:0]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Extent:
+    """One contiguous run of bytes: where it lives in a file and in a host buffer."""
+
+    file_offset: int
+    """Byte offset in the file."""
+    buffer: memoryview
+    """The bytes (to write) or the destination (to read); same length as the extent."""
+
+
+def _split(extent: Extent) -> Iterator[Extent]:
+    view, off = extent.buffer, extent.file_offset
+    for start in range(0, len(view), CHUNK):
+        yield Extent(file_offset=off + start, buffer=view[start:start + CHUNK])
+
+
+def _direct_len(extent: Extent) -> int:
+    """How many leading bytes of ``extent`` may go through O_DIRECT (0 when misaligned)."""
+    addr = np.frombuffer(extent.buffer, dtype=np.uint8).ctypes.data if len(extent.buffer) else 0
+    if extent.file_offset % ALIGN or addr % ALIGN:
+        return 0
+    return len(extent.buffer) - len(extent.buffer) % ALIGN
+
+
+@contextlib.contextmanager
+def _open_pair(path: str, flags: int) -> Iterator[tuple[int, int | None]]:
+    """A buffered fd and, where the filesystem supports it, an O_DIRECT fd on ``path``."""
+    fd = os.open(path, flags)
+    direct: int | None = None
+    if _O_DIRECT:
+        try:
+            direct = os.open(path, flags | _O_DIRECT)
+        except OSError:  # tmpfs and some network filesystems refuse O_DIRECT
+            direct = None
+    try:
+        yield fd, direct
+    finally:
+        os.close(fd)
+        if direct is not None:
+            os.close(direct)
+
+
+def _write_one(fd: int, direct: int | None, ext: Extent) -> None:
+    n = _direct_len(ext) if direct is not None else 0
+    if n:
+        _pwrite_all(direct, ext.buffer[:n], ext.file_offset)  # type: ignore[arg-type]
+    if n < len(ext.buffer):
+        _pwrite_all(fd, ext.buffer[n:], ext.file_offset + n)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while len(view):
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+
+
+def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
+                  threads: int = IO_THREADS) -> None:
+    """Write ``extents`` into the existing file ``path`` in parallel, then fsync it.
+
+    Raises:
+        StorageError: the write or the fsync failed (disk full, I/O error).
+    """
+    chunks = [c for e in extents for c in _split(e)]
+    try:
+        with _open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
+                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            list(pool.map(lambda c: _write_one(fd, direct, c), chunks))
+            os.fsync(fd)
+    except OSError as exc:
+        raise StorageError(f"writing shard bytes to {os.fspath(path)!r} failed: {exc}; "
+                           "check free space and the health of the tier") from exc
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+    while len(view):
+        got = os.preadv(fd, [view], offset)
+        if got == 0:
+            raise EOFError(f"file ends before offset {offset}")
+        view, offset = view[got:], offset + got
+
+
+def _read_one(fd: int, direct: int | None, ext: Extent) -> None:
+    n = _direct_len(ext) if direct is not None else 0
+    if n:
+        _pread_into(direct, ext.buffer[:n], ext.file_offset)  # type: ignore[arg-type]
+    if n < len(ext.buffer):
+        _pread_into(fd, ext.buffer[n:], ext.file_offset + n)
+
+
+def read_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
+                 threads: int = IO_THREADS) -> None:
+    """Fill each extent's buffer from ``path``, bypassing the page cache where possible.
+
+    Without O_DIRECT the cached pages of the file are dropped first (posix_fadvise DONTNEED),
+    so the bytes still come from the medium.
+
+    Raises:
+        StorageError: the file is missing, shorter than an extent, or unreadable.
+    """
+    chunks = [c for e in extents for c in _split(e)]
+    try:
+        with _open_pair(os.fspath(path), os.O_RDONLY) as (fd, direct), \
+                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            drop_cache(fd)
+            list(pool.map(lambda c: _read_one(fd, direct, c), chunks))
+    except (OSError, EOFError) as exc:
+        raise StorageError(f"reading {os.fspath(path)!r} failed: {exc}; the shard is missing "
+                           "or truncated") from exc
+
+
+def drop_cache(fd: int) -> None:
+    """Ask the kernel to drop clean cached pages of ``fd`` (dirty pages need an fsync first)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def read_file_cold(path: str | os.PathLike[str]) -> np.ndarray:
+    """The whole file as an aligned uint8 array, read past the page cache."""
+    size = os.stat(path).st_size
+    buf = aligned_buffer(size, touch=False)
+    read_extents(path, [Extent(file_offset=0, buffer=buf.data)])
+    return buf
+
+
+def preallocate(fd: int, nbytes: int) -> None:
+    """Reserve ``nbytes`` for ``fd`` so parallel writers never race on extending the file."""
+    if nbytes and hasattr(os, "posix_fallocate"):
+        with contextlib.suppress(OSError):  # not every filesystem supports it; writes still work
+            os.posix_fallocate(fd, 0, nbytes)

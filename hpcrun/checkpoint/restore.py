@@ -1,0 +1,197 @@
+"""Restore: read only this rank's assigned shards, verify them, exchange pieces, reshard.
+
+Old shard ``j`` of a checkpoint written by N ranks is read by new rank ``j % M`` (M = new world
+size), so each file is opened once in total and every rank opens about N/M files: no rank opens
+everyone's files. The ranks then all-gather what they read (:func:`plan_gather` fixes, without
+talking, where every dataset lands in whose buffer) and each rank assembles:
+
+- replicated tensors in full (any N → M);
+- dim-0 sharded tensors: the rows its current state declares (:class:`~.state.RowShard`),
+  from whichever old pieces overlap them (any N → M with the same global shape);
+- rank-local tensors and the meta tree (incl. RNG) from old rank ``r % N`` — rank-local tensors
+  only when N == M, else :class:`~hpcrun.errors.ReshardError` naming the tensor and both layouts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcrun.checkpoint.manifest import DatasetRecord, Manifest
+from hpcrun.checkpoint.rawio import align_up, aligned_buffer
+from hpcrun.checkpoint.shards import read_shard
+from hpcrun.checkpoint.stage import torch_dtype
+from hpcrun.checkpoint.state import META_KEY, TensorLeaf
+from hpcrun.errors import CorruptCheckpointError, ReshardError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GatherPlan:
+    """Who reads which old shard, and where each dataset lands in the exchanged buffers."""
+
+    files: dict[int, list[int]]
+    """New rank → old shard ranks it reads."""
+    sizes: list[int]
+    """Bytes each new rank contributes to the exchange."""
+    where: dict[tuple[int, int], tuple[int, int]]
+    """(old rank, dataset index) → (new rank, byte offset in its buffer)."""
+
+
+def plan_gather(m: Manifest, world_size: int) -> GatherPlan:
+    """Assign old shards to new ranks and lay out the exchange buffers (pure)."""
+    files: dict[int, list[int]] = {r: [] for r in range(world_size)}
+    for j in range(m.world_size):
+        files[j % world_size].append(j)
+    sizes, where = [], {}
+    for r in range(world_size):
+        offset = 0
+        for j in files[r]:
+            for i, d in enumerate(m.shards[j].datasets):
+                where[(j, i)] = (r, offset)
+                offset = align_up(offset + d.nbytes)
+        sizes.append(offset)
+    return GatherPlan(files=files, sizes=sizes, where=where)
+
+
+PathChoice = Callable[[int], Sequence[tuple[str, Path]]]
+"""Old shard rank → candidate ``(tier, path)`` pairs, preferred first."""
+
+
+def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: PathChoice,
+                  ) -> tuple[np.ndarray, set[str]]:
+    """Read and verify this rank's assigned shards into its exchange buffer.
+
+    Each shard is tried on its candidate tiers in order; a copy that fails verification is
+    never used, the next tier is tried.
+
+    Returns:
+        The buffer and the tiers actually read from.
+
+    Raises:
+        CorruptCheckpointError: some shard verified on no tier.
+    """
+    buf = aligned_buffer(plan.sizes[rank], touch=False)
+    used: set[str] = set()
+    for j in plan.files[rank]:
+        shard = m.shards[j]
+        dest = [buf[off:off + d.nbytes] for d, off in
+                ((d, plan.where[(j, i)][1]) for i, d in enumerate(shard.datasets))]
+        used.add(_read_first_good(m, j, dest, candidates))
+    return buf, used
+
+
+def _read_first_good(m: Manifest, j: int, dest: list[np.ndarray], candidates: PathChoice) -> str:
+    errors = []
+    for tier, path in candidates(j):
+        try:
+            read_shard(path, m.shards[j], dest, ckpt_id=m.ckpt_id, algorithm=m.checksum)
+            return tier
+        except CorruptCheckpointError as exc:
+            errors.append(f"{tier}: {exc}")
+    raise CorruptCheckpointError(
+        f"shard of rank {j} of checkpoint {m.ckpt_id} verified on no tier: "
+        f"{' | '.join(errors) or 'no tier holds it'}")
+
+
+def _as_tensor(raw: np.ndarray, d: DatasetRecord) -> torch.Tensor:
+    shape = (d.row_stop - d.row_start, *d.global_shape[1:]) if d.global_shape else ()
+    if not raw.size:
+        return torch.empty(shape, dtype=torch_dtype(d.dtype))
+    return torch.from_numpy(raw).view(torch_dtype(d.dtype)).view(shape)
+
+
+def _layouts(m: Manifest, world_size: int) -> str:
+    return f"checkpoint layout {m.world_size} ranks, restore layout {world_size} ranks"
+
+
+def assemble(m: Manifest, plan: GatherPlan, gathered: Sequence[np.ndarray], *, rank: int,
+             world_size: int, rows: Mapping[str, TensorLeaf]) -> tuple[dict[str, torch.Tensor],
+                                                                      dict[str, Any]]:
+    """This rank's tensors by key and its meta tree, from the exchanged buffers.
+
+    Args:
+        rows: the current state's ROW leaves (which rows this rank holds now).
+
+    Raises:
+        ReshardError: a tensor cannot be placed on the new layout.
+    """
+    source = rank % m.world_size
+    pieces: dict[str, list[tuple[DatasetRecord, torch.Tensor]]] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, Any] = {}
+    for j, shard in enumerate(m.shards):
+        for i, d in enumerate(shard.datasets):
+            r, off = plan.where[(j, i)]
+            raw = gathered[r][off:off + d.nbytes]
+            if d.placement == "local":
+                if j == source:
+                    _take_local(d, raw, m, world_size, tensors, meta)
+            else:
+                pieces.setdefault(d.key, []).append((d, _as_tensor(raw, d)))
+    for key, parts in pieces.items():
+        if parts[0][0].placement == "row":
+            tensors[key] = _rows_for(key, parts, rows.get(key), m, rank, world_size)
+        else:
+            tensors[key] = _whole(parts)
+    return tensors, meta
+
+
+def _take_local(d: DatasetRecord, raw: np.ndarray, m: Manifest, world_size: int,
+                tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    if d.key == META_KEY:
+        try:
+            meta.update(json.loads(raw.tobytes()))
+        except ValueError as exc:
+            raise CorruptCheckpointError(f"meta tree of {m.ckpt_id} is not JSON") from exc
+        return
+    if world_size != m.world_size:
+        raise ReshardError(f"tensor {d.key!r} is rank-local and cannot be resharded "
+                           f"({_layouts(m, world_size)}); restore onto {m.world_size} ranks "
+                           "or make it replicated or RowShard")
+    tensors[d.key] = _as_tensor(raw, d)
+
+
+def _whole(parts: list[tuple[DatasetRecord, torch.Tensor]]) -> torch.Tensor:
+    d0, t0 = parts[0]
+    if len(parts) == 1:
+        return t0  # a view of the exchanged bytes: no copy
+    out = torch.empty(d0.global_shape, dtype=t0.dtype)
+    for d, t in parts:
+        out[d.row_start:d.row_stop] = t
+    return out
+
+
+def _rows_for(key: str, parts: list[tuple[DatasetRecord, torch.Tensor]],
+              leaf: TensorLeaf | None, m: Manifest, rank: int, world_size: int) -> torch.Tensor:
+    d0, t0 = parts[0]
+    if leaf is None:
+        if world_size != m.world_size:
+            raise ReshardError(f"tensor {key!r} is sharded along dim 0 ({_layouts(m, world_size)}) "
+                               "but the current state does not declare this rank's rows; "
+                               "return a RowShard for it from state_dict()")
+        mine = [p for p in parts if p[0].row_start == _old_start(m, rank, key)]
+        return mine[0][1] if mine else t0[:0]
+    if tuple(leaf.global_shape) != tuple(d0.global_shape):
+        raise ReshardError(f"tensor {key!r} has global shape {list(d0.global_shape)} in the "
+                           f"checkpoint but {list(leaf.global_shape)} now "
+                           f"({_layouts(m, world_size)}); only the split may change")
+    start, stop = leaf.row_start, leaf.row_start + leaf.tensor.shape[0]
+    out = torch.empty((stop - start, *d0.global_shape[1:]), dtype=t0.dtype)
+    for d, t in parts:
+        a, b = max(start, d.row_start), min(stop, d.row_stop)
+        if a < b:
+            out[a - start:b - start] = t[a - d.row_start:b - d.row_start]
+    return out
+
+
+def _old_start(m: Manifest, rank: int, key: str) -> int:
+    for d in m.shards[rank].datasets:
+        if d.key == key:
+            return d.row_start
+    return -1

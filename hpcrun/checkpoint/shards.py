@@ -1,0 +1,215 @@
+"""HDF5 shards: one self-describing file per rank, readable with plain h5py or h5dump.
+
+A shard holds one dataset per piece at ``/<logical key>`` (the key's ``/`` separate groups), plus
+``/__meta__`` (the rank's JSON meta tree as bytes). Root attributes: ``format``,
+``schema_version``, ``run_id``, ``ckpt_id``, ``generation``, ``step``, ``rank``, ``world_size``,
+``node``, ``keys``. Dataset attributes: ``key``, ``dtype`` (the true torch dtype; bfloat16 is
+stored as uint16), ``placement``, ``global_shape``, ``row_start``, ``row_stop``, ``checksum``.
+
+Large datasets are contiguous and allocated when created, at 4 KiB-aligned offsets, so their
+bytes are written by :mod:`hpcrun.checkpoint.rawio` at those offsets instead of through h5py.
+Files are opened with HDF5 file locking off (parallel filesystems do not support it) and written
+under a temporary name that is renamed into place only once complete and fsynced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import xxhash
+
+from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
+from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
+from hpcrun.checkpoint.stage import (
+    StagedPiece,
+    StagingBuffer,
+    storage_dtype,
+    torch_dtype,
+)
+from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+SHARD_FORMAT = "hpcrun-shard"
+SHARD_SCHEMA_VERSION = 1
+SMALL_DATASET = 64 << 10
+"""Datasets below this many bytes are written through h5py (not worth an aligned extent)."""
+CHECKSUMS = ("xxh3", "sha256")
+
+FaultHook = Callable[[str], None]
+
+
+def checksum(algorithm: str, data: Any) -> str:
+    """``<algorithm>:<hex digest>`` of a bytes-like object."""
+    if algorithm == "xxh3":
+        return "xxh3:" + xxhash.xxh3_64_hexdigest(data)
+    if algorithm == "sha256":
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+    raise CheckpointError(f"unknown checksum {algorithm!r}; expected one of {CHECKSUMS}")
+
+
+def shard_relpath(node: str, rank: int) -> str:
+    """Path of a rank's shard inside a checkpoint directory."""
+    return f"{node}/rank-{rank:05d}.h5"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardHeader:
+    """Root attributes of a shard."""
+
+    run_id: str
+    """Run."""
+    ckpt_id: str
+    """Checkpoint."""
+    generation: int
+    """Generation of the writer."""
+    step: int
+    """Step captured."""
+    rank: int
+    """Writer rank."""
+    world_size: int
+    """Ranks in the checkpoint."""
+    node: str
+    """Writer's node."""
+
+
+def _h5path(key: str) -> str:
+    return "/" + key
+
+
+def _early_dcpl() -> h5py.h5p.PropDCID:
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    return dcpl
+
+
+def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str) -> int:
+    p = sp.piece
+    if p.nbytes < SMALL_DATASET:
+        ds = f.create_dataset(_h5path(p.key), data=data)
+        offset = -1
+    else:
+        ds = f.create_dataset(_h5path(p.key), shape=p.shape, dtype=data.dtype, dcpl=_early_dcpl())
+        offset = ds.id.get_offset()
+        if offset is None or offset % ALIGN:
+            raise CheckpointError(f"HDF5 placed {p.key!r} at offset {offset}, expected an "
+                                  f"allocated {ALIGN}-aligned extent; check the h5py version")
+    ds.attrs.update({"key": p.key, "dtype": p.dtype, "placement": str(p.placement),
+                     "global_shape": json.dumps(list(p.global_shape)),
+                     "row_start": p.row_start, "row_stop": p.row_stop, "checksum": digest})
+    return int(offset)
+
+
+def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
+                 staged: Sequence[StagedPiece], digests: Sequence[str]) -> list[int]:
+    offsets = []
+    with h5py.File(tmp, "w", locking=False, libver="latest", alignment_threshold=SMALL_DATASET,
+                   alignment_interval=ALIGN) as f:
+        f.attrs.update({"format": SHARD_FORMAT, "schema_version": SHARD_SCHEMA_VERSION,
+                        "keys": json.dumps([sp.piece.key for sp in staged]),
+                        **{k: getattr(header, k) for k in header.__slots__}})  # type: ignore[attr-defined]
+        for sp, digest in zip(staged, digests, strict=True):
+            raw = buffer.view(sp.offset, sp.piece.nbytes)
+            data = raw.view(storage_dtype(torch_dtype(sp.piece.dtype))).reshape(sp.piece.shape)
+            offsets.append(_create_dataset(f, sp, data, digest))
+    return offsets
+
+
+def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
+                staged: Sequence[StagedPiece], *, algorithm: str = "xxh3",
+                fault: FaultHook = lambda stage: None,
+                storage: Storage = LOCAL_STORAGE) -> ShardRecord:
+    """Write a rank's staged pieces as a durable shard at ``path`` and describe it.
+
+    The file exists under ``path`` only once every byte is written and fsynced.
+
+    Raises:
+        StorageError: the tier failed (full, unwritable).
+    """
+    digests = [checksum(algorithm, buffer.view(sp.offset, sp.piece.nbytes)) for sp in staged]
+    storage.makedirs(path.parent)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        offsets = _create_file(tmp, header, buffer, staged, digests)
+    except OSError as exc:
+        raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
+    extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
+               for sp, o in zip(staged, offsets, strict=True) if o >= 0]
+    half = len(extents) // 2
+    write_extents(tmp, extents[:half])
+    fault("shard_write")
+    write_extents(tmp, extents[half:])
+    storage.rename(tmp, path)
+    storage.fsync_path(path.parent)
+    records = tuple(_record(sp, o, d) for sp, o, d in zip(staged, offsets, digests, strict=True))
+    return ShardRecord(rank=header.rank, node=header.node,
+                       path=shard_relpath(header.node, header.rank),
+                       bytes=storage.size(path), datasets=records)
+
+
+def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
+    p = sp.piece
+    return DatasetRecord(key=p.key, h5path=_h5path(p.key), placement=str(p.placement),
+                         dtype=p.dtype, global_shape=p.global_shape, row_start=p.row_start,
+                         row_stop=p.row_stop, offset=offset, nbytes=p.nbytes, checksum=digest)
+
+
+def _corrupt(path: Path, what: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"shard {path} is corrupt: {what}; it will not be loaded "
+                                  "(restore falls back to an older committed checkpoint)")
+
+
+def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: Path) -> None:
+    ds = f.get(d.h5path)
+    shape = (d.row_stop - d.row_start, *d.global_shape[1:]) if d.global_shape else ()
+    storage = storage_dtype(torch_dtype(d.dtype))
+    if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype != storage:
+        raise _corrupt(path, f"dataset {d.h5path!r} is missing or not {storage}{list(shape)}")
+    if ds.attrs.get("checksum") != d.checksum or ds.attrs.get("key") != d.key:
+        raise _corrupt(path, f"dataset {d.h5path!r} attributes disagree with the manifest")
+    if dest.size != d.nbytes:
+        raise _corrupt(path, f"dataset {d.h5path!r} holds {dest.size} bytes, manifest {d.nbytes}")
+    if d.offset < 0:
+        dest[:] = np.frombuffer(np.ascontiguousarray(ds[()]).tobytes(), dtype=np.uint8)
+    elif ds.id.get_offset() != d.offset:
+        raise _corrupt(path, f"dataset {d.h5path!r} lies at {ds.id.get_offset()}, "
+                             f"manifest says {d.offset}")
+
+
+def read_shard(path: Path, rec: ShardRecord, dest: Sequence[np.ndarray], *, ckpt_id: str,
+               algorithm: str) -> None:
+    """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset).
+
+    Bulk bytes are read past the page cache. Nothing is returned unverified.
+
+    Raises:
+        CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
+    """
+    if not path.exists():
+        raise _corrupt(path, "the file is missing")
+    if (size := os.path.getsize(path)) != rec.bytes:
+        raise _corrupt(path, f"it is {size} bytes, the manifest says {rec.bytes} (truncated?)")
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
+                    SHARD_FORMAT, ckpt_id, rec.rank):
+                raise _corrupt(path, "its header names another checkpoint or rank")
+            for d, buf in zip(rec.datasets, dest, strict=True):
+                _check_dataset(f, d, buf, path)
+        read_extents(path, [Extent(file_offset=d.offset, buffer=buf.data)
+                            for d, buf in zip(rec.datasets, dest, strict=True) if d.offset >= 0])
+    except CorruptCheckpointError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
+        raise _corrupt(path, f"HDF5 could not read it ({exc})") from exc
+    for d, buf in zip(rec.datasets, dest, strict=True):
+        if checksum(algorithm, buf) != d.checksum:
+            raise _corrupt(path, f"dataset {d.key!r} fails its {algorithm} checksum")

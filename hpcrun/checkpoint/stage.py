@@ -1,0 +1,231 @@
+"""Planning who writes which rows, and staging them into reused, pre-touched host buffers.
+
+Replicated tensors are written once in total: their rows are split across ranks by byte count
+(:func:`plan_replicated`, pure), so every rank writes about 1/N of the bytes and the exposed pause
+copies only that share. Staging copies into one page-aligned buffer that is allocated and faulted
+in once and reused by every later save (fresh allocations fault in several times slower than a
+copy into warm memory). One checkpoint is in flight at a time, so one buffer bounds host memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
+from hpcrun.checkpoint.state import META_KEY, FlatState, Placement, TensorLeaf
+from hpcrun.errors import CheckpointError
+
+_NATIVE = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128}
+_UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+_BY_NAME = {str(d).removeprefix("torch."): d for d in vars(torch).values()
+            if isinstance(d, torch.dtype)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Inverse of :func:`dtype_name`; raises CheckpointError for an unknown name."""
+    if name not in _BY_NAME:
+        raise CheckpointError(f"unknown tensor dtype {name!r} in checkpoint; it was written by a "
+                              "newer torch or is corrupt")
+    return _BY_NAME[name]
+
+
+def storage_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a tensor is stored as in HDF5 (bf16 and float8 as same-width uints)."""
+    if dtype in _NATIVE:
+        return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+    size = torch.empty(0, dtype=dtype).element_size()
+    if size not in _UINT:
+        raise CheckpointError(f"cannot store tensors of dtype {dtype}; cast it in state_dict()")
+    return np.dtype(_UINT[size])
+
+
+def rows_of(shape: Sequence[int]) -> int:
+    """First-dimension length; a 0-d tensor counts as one row."""
+    return int(shape[0]) if len(shape) else 1
+
+
+def row_bytes(shape: Sequence[int], itemsize: int) -> int:
+    return math.prod(shape[1:]) * itemsize if len(shape) else itemsize
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Piece:
+    """A row range of one tensor that one rank writes as one HDF5 dataset."""
+
+    key: str
+    """Logical key of the tensor."""
+    placement: Placement
+    """Who holds the tensor."""
+    dtype: str
+    """True torch dtype name."""
+    global_shape: tuple[int, ...]
+    """Shape of the whole tensor."""
+    row_start: int
+    """First global row in this piece."""
+    row_stop: int
+    """One past the last global row."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the piece as stored."""
+        if not self.global_shape:
+            return ()
+        return (self.row_stop - self.row_start, *self.global_shape[1:])
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty(0, dtype=torch_dtype(self.dtype)).element_size()
+
+
+def plan_replicated(specs: Sequence[tuple[str, tuple[int, ...], int]], world_size: int,
+                    ) -> dict[int, list[tuple[str, int, int]]]:
+    """Split replicated tensors' rows across ranks so each writes about 1/N of the bytes.
+
+    Args:
+        specs: ``(key, global_shape, itemsize)`` per tensor; every rank passes the same list.
+        world_size: number of writers.
+
+    Returns:
+        For each rank, ``(key, row_start, row_stop)`` ranges; together they cover every row of
+        every tensor exactly once, and each rank's bytes are within one row of ``total / N``.
+    """
+    ordered = sorted(specs)
+    total = sum(rows_of(s) * row_bytes(s, i) for _, s, i in ordered)
+    plan: dict[int, list[tuple[str, int, int]]] = {r: [] for r in range(world_size)}
+    start_byte = 0
+    for key, shape, itemsize in ordered:
+        rows, width = rows_of(shape), row_bytes(shape, itemsize)
+        if rows == 0:  # an empty tensor still needs one (empty) piece to be restorable
+            plan[0].append((key, 0, 0))
+            continue
+        bounds = [_first_row(r, start_byte, width, rows, total, world_size)
+                  for r in range(world_size + 1)]
+        bounds[0], bounds[-1] = 0, rows
+        for r in range(world_size):
+            if bounds[r + 1] > bounds[r]:
+                plan[r].append((key, bounds[r], bounds[r + 1]))
+        start_byte += rows * width
+    return plan
+
+
+def _first_row(rank: int, start_byte: int, width: int, rows: int, total: int, n: int) -> int:
+    """First row of a tensor whose start byte falls into ``rank``'s share of ``total``."""
+    if width == 0 or total == 0:
+        return 0 if rank * total <= start_byte * n else rows
+    return max(0, min(rows, -(-(rank * total - start_byte * n) // (width * n))))
+
+
+def plan_pieces(flat: FlatState, *, rank: int, world_size: int) -> list[Piece]:
+    """The pieces this rank writes: its share of replicated rows, its ROW and LOCAL tensors."""
+    leaves = flat.leaves
+    specs = [(k, leaf.global_shape, leaf.tensor.element_size()) for k, leaf in leaves.items()
+             if leaf.placement is Placement.REPLICATED]
+    pieces = [_piece(leaves[k], a, b) for k, a, b in plan_replicated(specs, world_size)[rank]]
+    for leaf in leaves.values():
+        if leaf.placement is Placement.ROW:
+            pieces.append(_piece(leaf, leaf.row_start, leaf.row_start + leaf.tensor.shape[0]))
+        elif leaf.placement is Placement.LOCAL:
+            pieces.append(_piece(leaf, 0, rows_of(leaf.global_shape)))
+    return pieces
+
+
+def _piece(leaf: TensorLeaf, start: int, stop: int) -> Piece:
+    return Piece(key=leaf.key, placement=leaf.placement, dtype=dtype_name(leaf.tensor.dtype),
+                 global_shape=leaf.global_shape, row_start=start, row_stop=stop)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StagedPiece:
+    """A piece copied into the staging buffer."""
+
+    piece: Piece
+    """What it is."""
+    offset: int
+    """Byte offset in the staging buffer (aligned to ALIGN)."""
+
+
+class StagingBuffer:
+    """One reused, pre-touched, page-aligned host buffer; grows only when a save needs more."""
+
+    def __init__(self, *, max_bytes: int | None = None) -> None:
+        self._buf = aligned_buffer(0)
+        self._max = max_bytes
+
+    @property
+    def capacity(self) -> int:
+        """Bytes held (the host memory staging costs this rank)."""
+        return int(self._buf.size)
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        return self._buf[offset:offset + nbytes]
+
+    def reserve(self, nbytes: int) -> None:
+        """Make room for ``nbytes``; allocates and faults in a new buffer only when growing."""
+        if nbytes <= self.capacity:
+            return
+        if self._max is not None and nbytes > self._max:
+            raise CheckpointError(
+                f"staging needs {nbytes} bytes of host memory but the limit is {self._max}; "
+                "raise the staging limit or add ranks so each holds a smaller share")
+        self._buf = aligned_buffer(align_up(nbytes))
+
+
+def layout(pieces: Sequence[Piece]) -> tuple[list[StagedPiece], int]:
+    """Aligned buffer offsets for ``pieces`` and the total bytes they need."""
+    out, offset = [], 0
+    for p in pieces:
+        out.append(StagedPiece(piece=p, offset=offset))
+        offset = align_up(offset + p.nbytes, ALIGN)
+    return out, offset
+
+
+def tensor_view(buf: np.ndarray, piece: Piece) -> torch.Tensor:
+    """The bytes of ``buf`` seen as the piece's tensor (no copy)."""
+    return torch.from_numpy(buf).view(torch_dtype(piece.dtype)).view(piece.shape)
+
+
+def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
+          buffer: StagingBuffer) -> list[StagedPiece]:
+    """Copy this rank's pieces and its meta JSON into ``buffer``; return where each landed.
+
+    This is the exposed pause: it runs on the training thread; the write runs afterwards in the
+    background from the immutable copy.
+    """
+    meta = Piece(key=META_KEY, placement=Placement.LOCAL, dtype="uint8",
+                 global_shape=(len(meta_json),), row_start=0, row_stop=len(meta_json))
+    staged, total = layout([*pieces, meta])
+    buffer.reserve(total)
+    for sp in staged[:-1]:
+        src = _rows(flat.leaves[sp.piece.key], sp.piece)
+        tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece).copy_(src)
+    buffer.view(staged[-1].offset, len(meta_json))[:] = np.frombuffer(meta_json, dtype=np.uint8)
+    return staged
+
+
+def _rows(leaf: TensorLeaf, piece: Piece) -> torch.Tensor:
+    if leaf.placement is not Placement.REPLICATED or not piece.global_shape:
+        return leaf.tensor
+    return leaf.tensor[piece.row_start:piece.row_stop]
+
+
+def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list[str]:
+    """Keys of staged floating-point pieces that hold NaN or Inf."""
+    bad = []
+    for sp in staged:
+        dt = torch_dtype(sp.piece.dtype)
+        if (dt.is_floating_point or dt.is_complex) and sp.piece.nbytes:
+            t = tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
+            if not bool(torch.isfinite(t).all()):
+                bad.append(sp.piece.key)
+    return bad

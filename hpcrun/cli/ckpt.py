@@ -1,0 +1,137 @@
+"""``hpcrun ckpt``: list, verify and garbage-collect a run's checkpoints (parse → call → render)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from hpcrun.checkpoint import (
+    CommittedCheckpoint,
+    Tier,
+    collect_run,
+    fold_checkpoints,
+    verify_checkpoint,
+)
+from hpcrun.control.log import RunLog
+from hpcrun.errors import CorruptCheckpointError, RecordError
+
+
+def _committed(run: Path) -> list[CommittedCheckpoint]:
+    return fold_checkpoints(RunLog(run).read())
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+def _human_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def rpo_exposure(ckpts: Sequence[CommittedCheckpoint], i: int, now: float) -> float:
+    """Tier-1 RPO exposure of checkpoint ``i``: cadence interval before it plus its drain lag."""
+    c = ckpts[i]
+    interval = c.committed_at - ckpts[i - 1].committed_at if i else 0.0
+    lag = (c.shared_at if c.shared_at is not None else now) - c.committed_at
+    return interval + max(lag, 0.0)
+
+
+def render_ls(ckpts: Sequence[CommittedCheckpoint], now: float) -> Table:
+    """The ``ckpt ls`` table (pure)."""
+    table = Table(title="committed checkpoints (oldest first)")
+    for col in ("id", "step", "gen", "tiers", "bytes", "age", "drained", "tier-1 RPO"):
+        table.add_column(col, justify="right" if col in ("step", "gen", "bytes") else "left",
+                         no_wrap=col == "id")
+    for i, c in enumerate(ckpts):
+        tiers = ",".join(t for t in (Tier.NODE_LOCAL, Tier.SHARED) if t in c.tiers)
+        table.add_row(c.ckpt_id, str(c.step), str(c.generation), tiers, _human_bytes(c.bytes),
+                      _human_s(now - c.committed_at), f"{len(c.drained)}/{len(c.nodes)}",
+                      _human_s(rpo_exposure(ckpts, i, now)))
+    return table
+
+
+@click.group()
+def ckpt() -> None:
+    """Inspect and maintain a run's checkpoints."""
+
+
+@ckpt.command("ls")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+def ls_cmd(run: Path) -> None:
+    """Per committed checkpoint: step, generation, tiers, bytes, age, tier-1 RPO exposure."""
+    ckpts = _committed(run)
+    if not ckpts:
+        click.echo(f"no committed checkpoints in {run}")
+        return
+    Console().print(render_ls(ckpts, time.time()))
+
+
+@ckpt.command("verify")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("ckpt_id", required=False)
+@click.option("--node-local-root", type=click.Path(file_okay=False, path_type=Path),
+              help="Check this node's tier-0 copies under this root instead of tier 1.")
+@click.option("--node", default="", help="Node name of the tier-0 copies (with --node-local-root).")
+def verify_cmd(run: Path, ckpt_id: str | None, node_local_root: Path | None, node: str) -> None:
+    """Re-read and check every shard (all committed checkpoints, or CKPT_ID)."""
+    ckpts = _committed(run)
+    if ckpt_id is not None:
+        ckpts = [c for c in ckpts if c.ckpt_id == ckpt_id]
+        if not ckpts:
+            raise RecordError(f"no committed checkpoint {ckpt_id!r} in {run}; "
+                              f"see `hpcrun ckpt ls {run}`")
+    local = (node_local_root, node) if node_local_root is not None else None
+    bad = _verify_all(run, ckpts, local)
+    if bad:
+        raise CorruptCheckpointError(f"{len(bad)} of {len(ckpts)} checkpoints failed: "
+                                     f"{', '.join(bad)}; restore will skip them")
+
+
+def _verify_all(run: Path, ckpts: Sequence[CommittedCheckpoint],
+                local: tuple[Path, str] | None) -> list[str]:
+    bad = []
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn())
+    with Progress(*columns) as progress:
+        task = progress.add_task("verifying", total=sum(c.bytes for c in ckpts) or None)
+        for c in ckpts:
+            progress.update(task, description=c.ckpt_id)
+            result = verify_checkpoint(run, c, local=local,
+                                       progress=lambda n: progress.advance(task, n))
+            status = "ok" if result.ok else "FAILED: " + "; ".join(result.problems)
+            progress.console.print(f"{c.ckpt_id} [{result.tier}] {status}")
+            if not result.ok:
+                bad.append(c.ckpt_id)
+    return bad
+
+
+@ckpt.command("gc")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--keep-last", default=2, show_default=True, type=click.IntRange(min=2),
+              help="Committed checkpoints to keep on the shared tier.")
+@click.option("--older-than", default=3600.0, show_default=True,
+              help="Seconds after which an uncommitted directory counts as debris.")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+def gc_cmd(run: Path, keep_last: int, older_than: float, dry_run: bool) -> None:
+    """Remove staging debris and committed checkpoints beyond --keep-last (shared tier)."""
+    report = collect_run(run, log=RunLog(run), keep_last=keep_last, now=time.time(),
+                         older_than=older_than, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for name in report.retired:
+        click.echo(f"{verb} retired checkpoint {name}")
+    for name in report.debris:
+        click.echo(f"{verb} debris {name}")
+    if not report.retired and not report.debris:
+        click.echo("nothing to collect")

@@ -1,0 +1,205 @@
+"""Operator commands: status, list, logs, report, export, show, plan.
+
+Thin: parse → call the observe plane → render. ``RUN`` is a run id under ``$HPCRUN_RUNS``
+(default ``~/hpcrun-runs``) or a path to a run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpcrun.errors import ConfigError
+
+
+def _run_dir(run: str) -> Path:
+    from hpcrun.observe.status import resolve_run_dir
+
+    return resolve_run_dir(run, environ=os.environ)
+
+
+def _reconcile(run_dir: Path, timeout_s: float) -> Any:
+    from hpcrun.observe.collect import run_bounded
+
+    def once() -> Any:
+        from hpcrun.clock import SYSTEM_CLOCK
+        from hpcrun.control.reconcile import watch_once
+        from hpcrun.launch.slurm import SlurmClient
+        from hpcrun.runner import SubprocessRunner
+
+        return watch_once(run_dir, SlurmClient(SubprocessRunner(), timeout=timeout_s),
+                          SYSTEM_CLOCK)
+
+    return run_bounded(once, timeout_s=timeout_s)
+
+
+def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: float) -> str:
+    from hpcrun.observe.collect import collect_status, spec_rpo
+    from hpcrun.observe.status import render_text, status_json
+
+    outcome = _reconcile(run_dir, timeout_s) if reconcile else None
+    collected = collect_status(run_dir, rpo_s=spec_rpo(run_dir))
+    if as_json:
+        body = status_json(collected.view)
+        body["read_s"] = collected.read_s
+        body["reconcile"] = None if outcome is None else {
+            "ok": outcome.ok, "seconds": outcome.seconds, "detail": outcome.detail}
+        return json.dumps(body, sort_keys=True, default=str)
+    text = render_text(collected.view) + f"\nread        {collected.read_s * 1000:.0f} ms"
+    if outcome is not None:
+        text += (f"\nreconcile   {'ok' if outcome.ok else 'not done'} in "
+                 f"{outcome.seconds * 1000:.0f} ms: {outcome.detail}")
+    return text
+
+
+@click.command()
+@click.argument("run")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option("--interval", default=5.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (for scripts).")
+@click.option("--reconcile/--no-reconcile", default=True, show_default=True,
+              help="Also reconcile the record against Slurm (bounded by --timeout).")
+@click.option("--timeout", "timeout_s", default=10.0, show_default=True,
+              help="Seconds the reconcile pass may take.")
+def status(run: str, watch: bool, interval: float, as_json: bool, reconcile: bool,
+           timeout_s: float) -> None:
+    """State, generation, job, step and rate, checkpoints, ETTR, rank tails and incidents."""
+    run_dir = _run_dir(run)
+    while True:
+        out = _status_once(run_dir, as_json=as_json, reconcile=reconcile, timeout_s=timeout_s)
+        if watch and not as_json:
+            click.clear()
+        click.echo(out)
+        if not watch:
+            return
+        time.sleep(interval)
+
+
+@click.command("list")
+def list_runs() -> None:
+    """All runs under the runs root ($HPCRUN_RUNS, default ~/hpcrun-runs), newest first."""
+    from hpcrun.errors import HpcrunError
+    from hpcrun.observe.collect import default_record_reader
+    from hpcrun.observe.status import list_run_dirs, runs_root
+
+    root = runs_root(os.environ)
+    dirs = list_run_dirs(root)
+    if not dirs:
+        click.echo(f"no runs under {root}; submit one with `hpcrun submit run.yaml`")
+        return
+    click.echo(f"{'RUN':<40} {'STATE':<11} {'GEN':>4} {'STEP':>9}  JOB")
+    for d in dirs:
+        try:
+            r = default_record_reader(d)
+        except HpcrunError as exc:
+            click.echo(f"{d.name:<40} {'unreadable':<11} ({exc})")
+            continue
+        state = getattr(r.state, "value", r.state)
+        job = r.job_ids[-1] if r.job_ids else "-"
+        click.echo(f"{d.name:<40} {state:<11} {r.generation:>4} {r.step:>9}  {job}")
+
+
+@click.command()
+@click.argument("run")
+@click.option("--rank", "rank", type=int, default=None, help="Only this global rank.")
+@click.option("-n", "lines", type=int, default=20, show_default=True, help="Lines per rank.")
+def logs(run: str, rank: int | None, lines: int) -> None:
+    """Tail the ranks' output (logs/<node>/rank-NNNNN.out)."""
+    from hpcrun.observe.collect import rank_log_files, tail_lines
+
+    run_dir = _run_dir(run)
+    files = rank_log_files(run_dir)
+    if rank is not None and rank not in files:
+        raise ConfigError(f"no output for rank {rank} in {run_dir}/logs; ranks with output: "
+                          f"{sorted(files) or 'none yet'}")
+    for r, (node, path) in sorted(files.items()):
+        if rank is None or r == rank:
+            prefix = "" if rank is not None else f"[{node} rank {r}] "
+            for line in tail_lines(path, lines):
+                click.echo(prefix + line)
+
+
+@click.command()
+@click.argument("run")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True)
+@click.option("--node-hour-price", type=float, default=None, help="Price of one node-hour.")
+def report(run: str, output: Path, node_hour_price: float | None) -> None:
+    """Write a self-contained HTML report (timeline, per-rank step times, waste, cadence)."""
+    from hpcrun.observe.collect import default_record_reader, facts_from_record, spec_rpo
+    from hpcrun.observe.events import sorted_events
+    from hpcrun.observe.report import build_report, write_report
+
+    run_dir = _run_dir(run)
+    facts = facts_from_record(default_record_reader(run_dir), rpo_s=spec_rpo(run_dir))
+    page = build_report(sorted_events(run_dir), facts=facts, node_hour_price=node_hour_price)
+    click.echo(f"wrote {write_report(output, page)}")
+
+
+@click.command()
+@click.argument("run")
+@click.option("--prometheus", "directory", required=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="node_exporter textfile-collector directory.")
+def export(run: str, directory: Path) -> None:
+    """Write the run's metrics in the Prometheus textfile format."""
+    from hpcrun.observe.collect import collect_status, spec_rpo
+    from hpcrun.observe.export import write_textfile
+
+    run_dir = _run_dir(run)
+    view = collect_status(run_dir, rpo_s=spec_rpo(run_dir)).view
+    click.echo(f"wrote {write_textfile(directory, view)}")
+
+
+@click.command()
+@click.argument("run")
+@click.option("--manifest", is_flag=True, required=True, help="The post-run manifest.")
+def show(run: str, manifest: bool) -> None:
+    """Show the published post-run manifest of a finished run."""
+    from hpcrun.observe.collect import default_record_reader
+    from hpcrun.observe.postrun import read_manifest
+
+    run_dir = _run_dir(run)
+    result = default_record_reader(run_dir).result
+    click.echo(json.dumps(read_manifest(run_dir, result), sort_keys=True, indent=1))
+
+
+@click.command()
+@click.option("--ckpt-cost", required=True, help="Exposed checkpoint cost C (30s, 2m, 45).")
+@click.option("--mtbf", required=True, help="Mean time between interruptions M (6h).")
+@click.option("--restore", default="0", show_default=True, help="Restore time R.")
+@click.option("--downtime", default="0", show_default=True, help="Requeue downtime D.")
+@click.option("--rpo", default=None, help="Recovery point objective: the interval cap.")
+def plan(ckpt_cost: str, mtbf: str, restore: str, downtime: str, rpo: str | None) -> None:
+    """Checkpoint interval (Young, Daly, RPO) and the expected waste table."""
+    from hpcrun.checkpoint.cadence import (
+        choose_interval,
+        format_duration,
+        parse_duration,
+        waste_table,
+    )
+
+    c, m = parse_duration(ckpt_cost), parse_duration(mtbf)
+    r, d = parse_duration(restore), parse_duration(downtime)
+    p = choose_interval(cost_s=c, mtbf_s=m, restore_s=r, downtime_s=d,
+                        rpo_s=parse_duration(rpo) if rpo else None)
+    click.echo(f"Young  T = sqrt(2·C·M) = {p.young_s:.0f} s ({format_duration(p.young_s)})")
+    click.echo(f"Daly   T = {p.daly_s:.0f} s ({format_duration(p.daly_s)})")
+    click.echo(f"chosen T = {p.interval_s:.0f} s ({format_duration(p.interval_s)})"
+               + ("  [capped by RPO]" if p.limited_by_rpo else "")
+               + f"  expected waste {p.waste:.2%}")
+    click.echo(f"\n{'interval':>12}  waste  (W = C/T + T/2M + (R+D)/M)")
+    candidates = [60, 300, 600, 1800, 3600, 7200, p.young_s, p.interval_s]
+    for t, w in waste_table([x for x in candidates if x < m], cost_s=c, mtbf_s=m, restore_s=r,
+                            downtime_s=d):
+        mark = "  <- chosen" if t == p.interval_s else ("  <- Young" if t == p.young_s else "")
+        click.echo(f"{format_duration(t):>12}  {w:6.2%}{mark}")
+
+
+COMMANDS = (status, list_runs, logs, report, export, show, plan)
+"""Every command of this module, registered by ``hpcrun.cli.main``."""

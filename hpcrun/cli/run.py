@@ -1,0 +1,276 @@
+"""``hpcrun submit | sbatch | cancel | signal | agent``: starting and stopping runs."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal as _signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpcrun.errors import SchedulerError
+from hpcrun.runner import SubprocessRunner
+
+BACKENDS = ("slurm", "local")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Submission:
+    """A loaded spec and site, and where the run will live."""
+
+    spec: Any
+    """The validated (not yet frozen) RunSpec."""
+    site: Any
+    """The SiteConfig."""
+    backend: str
+    """``slurm`` or ``local``."""
+    runs_root: Path
+    """Directory under which the run directory is created."""
+
+
+def choose_backend(requested: str | None, site: Any, *, have_sbatch: bool) -> tuple[str, str]:
+    """The backend to use and a notice for the user ("" when none is due). Pure."""
+    if requested:
+        return requested, ""
+    if str(site.backend) == "local":
+        return "local", ""
+    if not have_sbatch:
+        return "local", "hpcrun: sbatch not found on PATH; running on the embedded local backend"
+    return "slurm", ""
+
+
+def _prepare(spec_path: str, site_name: str | None, backend: str | None,
+             runs_root: str | None) -> Submission:
+    from hpcrun.control.spec import load_spec
+    from hpcrun.launch.site import expand_path, load_site
+
+    spec = load_spec(spec_path)
+    site = load_site(site_name or spec.site)
+    chosen, notice = choose_backend(backend, site, have_sbatch=shutil.which("sbatch") is not None)
+    if notice:
+        click.echo(notice, err=True)
+    root = Path(runs_root or os.environ.get("HPCRUN_RUNS") or
+                expand_path(site.shared_path, os.environ)).expanduser()
+    return Submission(spec=spec, site=site, backend=chosen, runs_root=root)
+
+
+def _create(sub: Submission, cwd: Path) -> tuple[Path, Any, dict[str, str]]:
+    """Freeze the spec, create the run record; return (run_dir, frozen spec, job environment)."""
+    from hpcrun.control.record import create_run
+    from hpcrun.control.spec import CodeVersion, freeze_spec
+    from hpcrun.launch.codever import SNAPSHOT_DIR, git_state, runtime_versions, snapshot_tree
+    from hpcrun.launch.site import save_site_snapshot
+
+    runner = SubprocessRunner()
+    commit, dirty = git_state(cwd, runner)
+    code = CodeVersion(commit=commit, dirty=dirty, snapshot=SNAPSHOT_DIR if dirty else None)
+    spec = freeze_spec(sub.spec, code=code, versions=runtime_versions())
+    sub.runs_root.mkdir(parents=True, exist_ok=True, mode=0o750)
+    run_dir = Path(create_run(sub.runs_root, spec))
+    save_site_snapshot(run_dir, sub.site)
+    code_path = cwd
+    if dirty:
+        snapshot_tree(cwd, run_dir / SNAPSHOT_DIR, runner)
+        code_path = run_dir / SNAPSHOT_DIR
+    _index(run_dir)
+    return run_dir, spec, {"HPCRUN_CODE_PATH": str(code_path)}
+
+
+def _index(run_dir: Path) -> None:
+    """Link the run into ``$HPCRUN_RUNS`` so `hpcrun status ID` finds it from anywhere."""
+    from hpcrun.observe.status import runs_root
+
+    index = runs_root(os.environ)
+    if index.resolve() == run_dir.parent.resolve():
+        return
+    index.mkdir(parents=True, exist_ok=True, mode=0o750)
+    link = index / run_dir.name
+    if not link.exists():
+        link.symlink_to(run_dir)
+
+
+def _repo_root(cwd: Path) -> Path:
+    out = SubprocessRunner().run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"])
+    return Path(out.stdout.strip()) if out.returncode == 0 else cwd
+
+
+@click.command()
+@click.argument("spec_path", metavar="RUN_YAML", type=click.Path(dir_okay=False))
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Where to run. Default: the site's backend; local when sbatch is absent.")
+@click.option("--site", "site_name", default=None, help="Site config name or path.")
+@click.option("--runs-root", default=None, help="Create the run directory here.")
+@click.option("--dry-run", is_flag=True, help="Print what would be submitted; create nothing.")
+@click.option("--wait", is_flag=True, help="Local backend: wait for the run to end.")
+@click.option("--inject", default=None, metavar="FAULTS",
+              help="Scheduled faults for drills, e.g. 'preempt@step=50;crash@step=80,rank=1'.")
+def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root: str | None,
+           dry_run: bool, wait: bool, inject: str | None) -> None:
+    """Freeze RUN_YAML into an immutable run, create its record, and start the gang.
+
+    \b
+    On Slurm the gang is one sbatch allocation (through submitit) running one hpcrun agent per
+    node; on the local backend the same agents run as local processes. Prints the run id.
+    """
+    sub = _prepare(spec_path, site_name, backend, runs_root)
+    if dry_run:
+        click.echo(_dry_run_text(sub))
+        return
+    if inject:
+        from hpcrun.runtime.faults import parse_injections
+
+        parse_injections(inject)  # validate before anything is created
+    cwd = _repo_root(Path.cwd())
+    run_dir, spec, job_env = _create(sub, cwd)
+    if inject:
+        job_env["HPCRUN_INJECT"] = inject
+    if sub.backend == "local":
+        proc = _start_local(run_dir, job_env)
+        click.echo(run_dir.name)
+        if wait:
+            sys.exit(_wait_local(proc, run_dir))
+        return
+    job_id = _submit_slurm(run_dir, spec, sub.site, job_env)
+    click.echo(f"{run_dir.name} (slurm job {job_id})")
+
+
+def _dry_run_text(sub: Submission) -> str:
+    placeholder = sub.runs_root / f"{sub.spec.name}-<run-id>"
+    if sub.backend == "local":
+        from hpcrun.launch.local import plan_local
+        from hpcrun.launch.site import expand_path
+
+        return plan_local(run_dir=placeholder, nodes=sub.spec.resources.nodes,
+                          tasks_per_node=sub.spec.resources.tasks_per_node,
+                          node_local_base=expand_path(sub.site.node_local_path, os.environ),
+                          ).describe()
+    from hpcrun.launch.sbatch import render_sbatch
+
+    return render_sbatch(sub.spec, sub.site, run_dir=placeholder, op_id="<op-id>")
+
+
+def _start_local(run_dir: Path, job_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **job_env}
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True, mode=0o750)
+    with open(run_dir / "logs" / "launcher.out", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hpcrun.launch.local", "--run-dir", str(run_dir)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=job_env["HPCRUN_CODE_PATH"])
+
+
+def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
+    rc = proc.wait()
+    from hpcrun.control.record import read_record
+
+    record = read_record(run_dir)
+    click.echo(f"{run_dir.name}: {record.state} at step {record.step} "
+               f"(generation {record.generation})")
+    return rc
+
+
+def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) -> str:
+    from hpcrun.control.fencing import UNFENCED
+    from hpcrun.control.log import EntryKind, RunLog
+    from hpcrun.launch.submit import submit_submitit
+
+    log = RunLog(run_dir)
+    op_id = f"{run_dir.name}.submit.0"
+    log.append(EntryKind.OP, generation=UNFENCED, holder="",
+               payload={"op_id": op_id, "action": "submit"})
+    os.environ.update(job_env)  # sbatch exports the submitting environment to the job
+    job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id)
+    log.append(EntryKind.JOB, generation=UNFENCED, holder="",
+               payload={"job_id": job_id, "backend": "slurm", "op_id": op_id})
+    return job_id
+
+
+@click.command()
+@click.argument("spec_path", metavar="RUN_YAML", type=click.Path(dir_okay=False))
+@click.option("--site", "site_name", default=None, help="Site config name or path.")
+@click.option("--runs-root", default=None, help="Create the run directory here.")
+def sbatch(spec_path: str, site_name: str | None, runs_root: str | None) -> None:
+    """Create the run record and print a job script for plain `sbatch`.
+
+    \b
+      hpcrun sbatch run.yaml > job.sh && sbatch job.sh
+    The script starts the same per-node agents as `hpcrun submit`.
+    """
+    from hpcrun.launch.sbatch import render_sbatch
+
+    sub = _prepare(spec_path, site_name, "slurm", runs_root)
+    run_dir, spec, job_env = _create(sub, _repo_root(Path.cwd()))
+    script = render_sbatch(spec, sub.site, run_dir=run_dir, op_id=f"{run_dir.name}.submit.0")
+    exports = "".join(f"export {k}={v}\n" for k, v in job_env.items())
+    lines = script.splitlines(keepends=True)
+    body_at = next((i for i, ln in enumerate(lines)
+                    if not ln.startswith("#") and ln.strip()), len(lines))
+    click.echo("".join(lines[:body_at]) + exports + "".join(lines[body_at:]), nl=False)
+    click.echo(f"hpcrun: created run {run_dir.name} at {run_dir}", err=True)
+
+
+@click.command()
+@click.argument("run")
+def cancel(run: str) -> None:
+    """Cancel RUN: fence it first (so running workers can no longer publish), then scancel."""
+    from hpcrun.control.cancel import cancel_run
+    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.observe.status import resolve_run_dir
+
+    run_dir = resolve_run_dir(run)
+    cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser())
+    _stop_local_launcher(run_dir)
+    click.echo(f"{run_dir.name}: CANCELLED")
+
+
+def _stop_local_launcher(run_dir: Path) -> None:
+    from hpcrun.launch.local import launcher_alive, read_launcher
+
+    info = read_launcher(run_dir)
+    if info is not None and launcher_alive(info):
+        os.kill(int(info["pid"]), _signal.SIGTERM)
+
+
+@click.command("signal")
+@click.argument("run")
+@click.option("--signal", "signame", default=None,
+              help="Signal to send (default: the site's preemption signal).")
+def signal_cmd(run: str, signame: str | None) -> None:
+    """Deliver the preemption signal to RUN's agents, as Slurm does before a preemption."""
+    from hpcrun.control.record import read_record
+    from hpcrun.launch.local import launcher_alive, read_launcher
+    from hpcrun.launch.signals import signal_number
+    from hpcrun.launch.site import load_site_snapshot
+    from hpcrun.observe.status import resolve_run_dir
+
+    run_dir = resolve_run_dir(run)
+    name = signame or load_site_snapshot(run_dir).preempt_signal
+    info = read_launcher(run_dir)
+    if info is not None and launcher_alive(info):
+        os.kill(int(info["pid"]), signal_number(name))
+        click.echo(f"sent SIG{name.removeprefix('SIG')} to {run_dir.name} (local backend)")
+        return
+    record = read_record(run_dir)
+    if not record.job_ids:
+        raise SchedulerError(f"run {run_dir.name} has no job to signal; it is {record.state}")
+    job = record.job_ids[-1]
+    SubprocessRunner().run(["scancel", f"--signal={name.removeprefix('SIG')}", job]).check()
+    click.echo(f"sent SIG{name.removeprefix('SIG')} to job {job} steps")
+
+
+@click.command(hidden=True)
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False))
+def agent(run_dir: str) -> None:
+    """Run this node's agent (started by the job script; not for interactive use)."""
+    from hpcrun.runtime.agent import agent_main
+
+    sys.exit(agent_main(run_dir))
+
+
+COMMANDS = (submit, sbatch, cancel, signal_cmd, agent)

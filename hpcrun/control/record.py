@@ -1,0 +1,497 @@
+"""The run record: a pure fold over the run log, plus the run directory that holds it.
+
+Run directory layout (on the shared filesystem)::
+
+    <runs_root>/<run_id>/
+        spec.json              frozen RunSpec + spec_id (written once, exclusively)
+        log/                   the run log (one file per slot, never rewritten)
+        record.snapshot.json   cache of the fold up to a slot (safe to delete)
+        code/                  code snapshot when the tree was dirty at submit
+        ckpt/ events/ heartbeat/ logs/ submitit/
+
+:func:`fold_record` is pure: entries in, :class:`RunRecord` out. It keeps only entries valid under
+the fence in force at their slot (:mod:`hpcrun.control.fencing`), and applies state changes
+leniently: an illegal transition found in the log is listed in ``anomalies`` instead of crashing
+the reader (a terminal state is still never left). :func:`read_record` folds only the slots newer
+than the snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import getpass
+import json
+import os
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.fencing import UNFENCED, Fence, apply_entry
+from hpcrun.control.log import EntryKind, LogEntry, RunLog, slot_name
+from hpcrun.control.retry import FaultClass
+from hpcrun.control.spec import RunSpec
+from hpcrun.control.states import RunState, can_transition, is_terminal
+from hpcrun.errors import RecordError, SpecError, StorageError
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+RECORD_SCHEMA_VERSION = 1
+RUN_SPEC_FILE = "spec.json"
+SNAPSHOT_FILE = "record.snapshot.json"
+RUN_SUBDIRS = ("log", "code", "ckpt", "events", "heartbeat", "logs", "submitit")
+DIR_MODE = 0o750
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointRef:
+    """A checkpoint committed on one tier (from a valid ``commit`` entry)."""
+
+    ckpt_id: str
+    """Checkpoint id, unique within the run."""
+    step: int
+    """Optimizer step the checkpoint holds."""
+    tier: str
+    """``node_local`` or ``shared``."""
+    generation: int
+    """Generation that committed it."""
+    slot: int
+    """Log slot of the commit entry."""
+    manifest: str
+    """Manifest path: relative to the run directory, or absolute on node-local storage."""
+    bytes: int = 0
+    """Total bytes of its shards."""
+    nodes: tuple[str, ...] = ()
+    """Nodes holding shards (node-local tier)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultRecord:
+    """A classified failure (from a ``fault`` entry)."""
+
+    fault: FaultClass
+    """Its class."""
+    ts: float
+    """When it was recorded."""
+    slot: int = -1
+    """Log slot of the entry (-1 for a fault not yet logged)."""
+    generation: int = UNFENCED
+    """Generation of the writer."""
+    node: str | None = None
+    """Node it happened on, when known."""
+    rank: int | None = None
+    """Rank it happened on, when known."""
+    step: int | None = None
+    """Step it happened at, when known."""
+    signature: str = ""
+    """Stable fingerprint (exception type + site, exit code, signal) for repeat detection."""
+    detail: str = ""
+    """One line for people."""
+    op_id: str | None = None
+    """Operation that recorded it (login-node reconcile), for idempotence."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """What the log says about a run, folded."""
+
+    run_id: str
+    """Run id (directory name)."""
+    spec_id: str
+    """Digest of the frozen spec."""
+    state: RunState = RunState.PENDING
+    """Current run state."""
+    generation: int = 0
+    """Generation in force (0 before any incarnation fenced)."""
+    holder: str = ""
+    """Holder of that generation."""
+    fence_slot: int = -1
+    """Slot of the fence in force; a restore point is chosen from slots before it."""
+    job_ids: tuple[str, ...] = ()
+    """Scheduler job ids bound to the run, oldest first."""
+    restarts: int = 0
+    """Gang restarts inside the current allocation."""
+    requeues: int = 0
+    """Requeues of the run so far."""
+    membership: tuple[str, ...] = ()
+    """Nodes of the current incarnation."""
+    heartbeat: Mapping[str, Any] | None = None
+    """``{"nodes": {node: {"step", "ts"}}, "last_ts": float}`` of the current generation."""
+    step: int = 0
+    """Last validated optimizer step."""
+    tokens: int = 0
+    """Tokens accepted up to ``step``."""
+    checkpoints: tuple[CheckpointRef, ...] = ()
+    """Committed checkpoints, in commit order."""
+    drained: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """ckpt_id -> nodes that drained it to the shared tier."""
+    cursor: Mapping[str, Any] | None = None
+    """Latest committed data cursor ``{"step", "cursor"}``."""
+    faults: tuple[FaultRecord, ...] = ()
+    """Classified failures, oldest first."""
+    quarantined: tuple[str, ...] = ()
+    """Nodes excluded from later allocations."""
+    result: Mapping[str, Any] | None = None
+    """Terminal result payload."""
+    last_slot: int = -1
+    """Highest slot folded."""
+    state_info: Mapping[str, Any] | None = None
+    """Payload of the entry that set ``state`` (reason, and for REQUEUED not_before/exclude)."""
+    ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """op_id -> merged payloads of its ``op`` entries: ``phase`` (intent/done/failed), ``slot``
+    of the first, ``tries`` (try number -> slot of the first intent claiming it)."""
+    owner: str | None = None
+    """User who created the run."""
+    anomalies: tuple[str, ...] = ()
+    """Entries that were valid but made no sense (illegal transition, bad payload)."""
+    skipped: tuple[int, ...] = ()
+    """Slots whose files were malformed and skipped."""
+
+    @property
+    def fence(self) -> Fence:
+        """The fencing token in force."""
+        return Fence(generation=self.generation, holder=self.holder, slot=self.fence_slot)
+
+    def op_done(self, op_id: str) -> bool:
+        """Whether operation ``op_id`` is recorded as carried out."""
+        return self.ops.get(op_id, {}).get("phase") == "done"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": RECORD_SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RunRecord:
+        """Rebuild from :meth:`to_dict` output; raise ValueError/TypeError/KeyError when bad."""
+        if raw.get("schema_version") != RECORD_SCHEMA_VERSION:
+            raise ValueError("record snapshot of an unknown schema_version")
+        body = {k: v for k, v in raw.items() if k != "schema_version"}
+        body["state"] = RunState(body["state"])
+        body["checkpoints"] = tuple(CheckpointRef(**{**c, "nodes": tuple(c["nodes"])})
+                                    for c in body["checkpoints"])
+        body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
+                               for f in body["faults"])
+        body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
+        for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped"):
+            body[key] = tuple(body[key])
+        return cls(**body)
+
+
+class _Acc:
+    """Mutable accumulator of one fold (private; the fold is pure from outside)."""
+
+    def __init__(self, rec: RunRecord) -> None:
+        self.v: dict[str, Any] = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)}
+        for key in ("job_ids", "membership", "checkpoints", "faults", "quarantined",
+                    "anomalies", "skipped"):
+            self.v[key] = list(self.v[key])
+        self.v["ops"] = {k: dict(v) for k, v in self.v["ops"].items()}
+        self.v["drained"] = {k: list(v) for k, v in self.v["drained"].items()}
+
+    def freeze(self) -> RunRecord:
+        v = dict(self.v)
+        for key in ("job_ids", "membership", "checkpoints", "faults", "quarantined",
+                    "anomalies", "skipped"):
+            v[key] = tuple(v[key])
+        v["drained"] = {k: tuple(n) for k, n in v["drained"].items()}
+        return RunRecord(**v)
+
+    def anomaly(self, entry: LogEntry, what: str) -> None:
+        self.v["anomalies"].append(f"slot {entry.slot} ({entry.kind}): {what}")
+
+
+def _str_list(value: Any) -> list[str] | None:
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return value
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _set_state(acc: _Acc, entry: LogEntry, raw: Any) -> None:
+    try:
+        target = RunState(raw)
+    except ValueError:
+        acc.anomaly(entry, f"unknown state {raw!r}")
+        return
+    current = acc.v["state"]
+    if is_terminal(current) and target != current:
+        acc.anomaly(entry, f"{current.value} -> {target.value} ignored: terminal states are final")
+        return
+    if not can_transition(current, target):
+        acc.anomaly(entry, f"illegal transition {current.value} -> {target.value} (applied)")
+    if target == RunState.RECOVERING and current != target:
+        acc.v["restarts"] += 1
+    # a requeue nobody recorded (Slurm requeued a preempted or failed job by itself) shows as
+    # a new start straight after PREEMPTED or RUNNING
+    requeued = target == RunState.REQUEUED or (
+        target == RunState.STARTING and current in (RunState.PREEMPTED, RunState.RUNNING))
+    if requeued and current != target:
+        acc.v["requeues"] += 1
+        acc.v["restarts"] = 0
+    acc.v["state"] = target
+
+
+def _on_state(acc: _Acc, e: LogEntry) -> None:
+    before = acc.v["state"]
+    _set_state(acc, e, e.payload.get("state"))
+    if acc.v["state"] != before or acc.v["state_info"] is None:
+        acc.v["state_info"] = {**e.payload, "slot": e.slot, "ts": e.ts}
+    nodes = _str_list(e.payload.get("nodes"))
+    if nodes:
+        acc.v["membership"] = nodes
+
+
+def _on_fence(acc: _Acc, e: LogEntry) -> None:
+    acc.v.update(generation=e.generation, holder=e.holder, fence_slot=e.slot, heartbeat=None)
+
+
+def _on_job(acc: _Acc, e: LogEntry) -> None:
+    job_id = e.payload.get("job_id")
+    if not isinstance(job_id, str) or not job_id:
+        acc.anomaly(e, "job entry without a job_id string")
+        return
+    if job_id not in acc.v["job_ids"]:
+        acc.v["job_ids"].append(job_id)
+        acc.v["restarts"] = 0
+    nodes = _str_list(e.payload.get("nodes"))
+    if nodes:
+        acc.v["membership"] = nodes
+
+
+def _on_progress(acc: _Acc, e: LogEntry) -> None:
+    step, tokens = _int(e.payload.get("step")), _int(e.payload.get("tokens", acc.v["tokens"]))
+    if step is None or tokens is None:
+        acc.anomaly(e, "progress entry needs integer step and tokens")
+        return
+    acc.v.update(step=step, tokens=tokens)
+
+
+def _on_commit(acc: _Acc, e: LogEntry) -> None:
+    p = e.payload
+    ckpt_id, step, tier, manifest = p.get("ckpt_id"), _int(p.get("step")), p.get("tier"), \
+        p.get("manifest")
+    if not (isinstance(ckpt_id, str) and step is not None and isinstance(tier, str)
+            and isinstance(manifest, str)):
+        acc.anomaly(e, "commit entry needs ckpt_id, step, tier and manifest")
+        return
+    acc.v["checkpoints"].append(CheckpointRef(
+        ckpt_id=ckpt_id, step=step, tier=tier, generation=e.generation, slot=e.slot,
+        manifest=manifest, bytes=_int(p.get("bytes")) or 0,
+        nodes=tuple(_str_list(p.get("nodes")) or ())))
+
+
+def _on_drained(acc: _Acc, e: LogEntry) -> None:
+    ckpt_id, node = e.payload.get("ckpt_id"), e.payload.get("node")
+    if isinstance(ckpt_id, str) and isinstance(node, str):
+        nodes = acc.v["drained"].setdefault(ckpt_id, [])
+        if node not in nodes:
+            nodes.append(node)
+    else:
+        acc.anomaly(e, "drained entry needs ckpt_id and node")
+
+
+def _on_cursor(acc: _Acc, e: LogEntry) -> None:
+    if _int(e.payload.get("step")) is None or not isinstance(e.payload.get("cursor"), dict):
+        acc.anomaly(e, "cursor entry needs an integer step and a cursor mapping")
+        return
+    acc.v["cursor"] = {"step": e.payload["step"], "cursor": e.payload["cursor"]}
+
+
+def _on_fault(acc: _Acc, e: LogEntry) -> None:
+    p = e.payload
+    try:
+        cls = FaultClass(str(p.get("fault")))
+    except ValueError:
+        acc.anomaly(e, f"unknown fault class {p.get('fault')!r} (kept as unknown)")
+        cls = FaultClass.UNKNOWN
+    node, op_id = p.get("node"), p.get("op_id")
+    acc.v["faults"].append(FaultRecord(
+        fault=cls, ts=e.ts, slot=e.slot, generation=e.generation,
+        node=node if isinstance(node, str) else None, rank=_int(p.get("rank")),
+        step=_int(p.get("step")), signature=str(p.get("signature") or ""),
+        detail=str(p.get("detail") or ""), op_id=op_id if isinstance(op_id, str) else None))
+
+
+def _on_quarantine(acc: _Acc, e: LogEntry) -> None:
+    node = e.payload.get("node")
+    if isinstance(node, str) and node not in acc.v["quarantined"]:
+        acc.v["quarantined"].append(node)
+
+
+def _on_heartbeat(acc: _Acc, e: LogEntry) -> None:
+    node, ts = e.payload.get("node"), e.payload.get("ts", e.ts)
+    if not isinstance(node, str) or not isinstance(ts, int | float):
+        acc.anomaly(e, "heartbeat entry needs node and ts")
+        return
+    prev = acc.v["heartbeat"] or {"nodes": {}, "last_ts": ts}
+    nodes = {**prev["nodes"], node: {"step": _int(e.payload.get("step")), "ts": float(ts)}}
+    acc.v["heartbeat"] = {"nodes": nodes, "last_ts": max(float(prev["last_ts"]), float(ts))}
+
+
+def _on_result(acc: _Acc, e: LogEntry) -> None:
+    acc.v["result"] = dict(e.payload)
+    if "state" in e.payload:
+        _set_state(acc, e, e.payload["state"])
+
+
+def _on_op(acc: _Acc, e: LogEntry) -> None:
+    op_id = e.payload.get("op_id")
+    if not isinstance(op_id, str):
+        acc.anomaly(e, "op entry without an op_id string")
+        return
+    prev = acc.v["ops"].get(op_id, {"slot": e.slot, "tries": {}})
+    tries = dict(prev.get("tries", {}))
+    if e.payload.get("phase") == "intent":
+        tries.setdefault(str(e.payload.get("try", 0)), e.slot)  # first claim of a try wins
+    acc.v["ops"][op_id] = {**prev, **e.payload, "slot": prev["slot"], "tries": tries}
+
+
+def _on_note(acc: _Acc, e: LogEntry) -> None:
+    if e.payload.get("event") == "created" and isinstance(e.payload.get("owner"), str):
+        acc.v["owner"] = e.payload["owner"]
+
+
+_HANDLERS = {
+    EntryKind.FENCE: _on_fence, EntryKind.STATE: _on_state, EntryKind.JOB: _on_job,
+    EntryKind.PROGRESS: _on_progress, EntryKind.COMMIT: _on_commit,
+    EntryKind.DRAINED: _on_drained, EntryKind.CURSOR: _on_cursor, EntryKind.FAULT: _on_fault,
+    EntryKind.QUARANTINE: _on_quarantine, EntryKind.HEARTBEAT: _on_heartbeat,
+    EntryKind.RESULT: _on_result, EntryKind.OP: _on_op, EntryKind.NOTE: _on_note,
+}
+
+
+def continue_fold(record: RunRecord, entries: Sequence[LogEntry], *,
+                  skipped: Sequence[int] = ()) -> RunRecord:
+    """Fold ``entries`` (slot order, all newer than ``record.last_slot``) into ``record``."""
+    acc = _Acc(record)
+    fence = record.fence
+    for entry in entries:
+        if entry.slot <= acc.v["last_slot"]:
+            continue
+        fence, counts = apply_entry(fence, entry)
+        acc.v["last_slot"] = entry.slot
+        handler = _HANDLERS.get(entry.kind)  # type: ignore[call-overload]
+        if counts and handler is not None:
+            handler(acc, entry)
+    acc.v["skipped"].extend(s for s in skipped if s not in acc.v["skipped"])
+    # a malformed slot never becomes well-formed (entries are created whole, never rewritten)
+    acc.v["last_slot"] = max([acc.v["last_slot"], *skipped])
+    return acc.freeze()
+
+
+def fold_record(entries: Sequence[LogEntry], *, run_id: str, spec_id: str,
+                skipped: Sequence[int] = ()) -> RunRecord:
+    """The record a log says, from scratch. Pure; void entries are ignored."""
+    return continue_fold(RunRecord(run_id=run_id, spec_id=spec_id), entries, skipped=skipped)
+
+
+def latest_checkpoint(record: RunRecord, *, tier: str | None = None) -> CheckpointRef | None:
+    """The newest committed checkpoint (highest step, then latest commit), optionally per tier."""
+    refs = [c for c in record.checkpoints if tier is None or c.tier == tier]
+    return max(refs, key=lambda c: (c.step, c.slot), default=None)
+
+
+def new_run_id(name: str, now: float) -> str:
+    """``<name>-<yyyymmdd-HHMMSS>-<4 hex>`` (UTC)."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{secrets.token_hex(2)}"
+
+
+def _make_dir(storage: Storage, path: Path) -> None:
+    storage.makedirs(path, mode=DIR_MODE)
+    try:
+        os.chmod(path, DIR_MODE)  # makedirs' mode is masked by the umask; never world-writable
+    except OSError as exc:
+        raise StorageError(f"chmod {path} failed: {exc.strerror}; check ownership") from exc
+
+
+def create_run(runs_root: str | os.PathLike[str], spec: RunSpec, *, run_id: str | None = None,
+               owner: str | None = None, storage: Storage = LOCAL_STORAGE,
+               clock: Clock = SYSTEM_CLOCK) -> Path:
+    """Create the run directory, write ``spec.json`` durably, log the creation; return the dir.
+
+    Raises:
+        RecordError: the run directory already holds a run.
+    """
+    run_id = run_id or new_run_id(spec.name, clock.now())
+    run_dir = Path(runs_root) / run_id
+    storage.makedirs(Path(runs_root))
+    _make_dir(storage, run_dir)
+    body = {"schema_version": RECORD_SCHEMA_VERSION, "spec_id": spec.spec_id,
+            "spec": spec.to_dict()}
+    data = json.dumps(body, sort_keys=True, indent=1).encode()
+    if not storage.create_exclusive(run_dir / RUN_SPEC_FILE, data):
+        raise RecordError(f"run directory {run_dir} already holds a run; choose another run_id "
+                          "or let hpcrun generate one")
+    for sub in RUN_SUBDIRS:
+        _make_dir(storage, run_dir / sub)
+    RunLog(run_dir, storage=storage, clock=clock).append(
+        EntryKind.NOTE, generation=UNFENCED, holder="",
+        payload={"event": "created", "run_id": run_id, "spec_id": spec.spec_id,
+                 "owner": owner or getpass.getuser()})
+    return run_dir
+
+
+def load_run_spec(run_dir: str | os.PathLike[str], *,
+                  storage: Storage = LOCAL_STORAGE) -> RunSpec:
+    """Read and verify ``spec.json`` (its digest must match the spec it holds)."""
+    path = Path(run_dir) / RUN_SPEC_FILE
+    if not storage.exists(path):
+        raise RecordError(f"no {RUN_SPEC_FILE} in {run_dir}; is this a run directory? "
+                          "Runs are created by `hpcrun submit`")
+    try:
+        body = json.loads(storage.read_bytes(path))
+        spec = RunSpec.from_dict(body["spec"], source=str(path))
+        expected = body["spec_id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise RecordError(f"{path} is not a valid run spec file ({exc}); the run directory "
+                          "is damaged, restore it from a backup") from exc
+    if spec.spec_id != expected:
+        raise RecordError(f"{path} was modified: its spec hashes to {spec.spec_id}, expected "
+                          f"{expected}; restore the original spec.json")
+    return spec
+
+
+def _load_snapshot(storage: Storage, run_dir: Path, run_id: str) -> RunRecord | None:
+    path = run_dir / SNAPSHOT_FILE
+    if not storage.exists(path):
+        return None
+    try:
+        rec = RunRecord.from_dict(json.loads(storage.read_bytes(path)))
+    except (ValueError, TypeError, KeyError, AttributeError, StorageError):
+        return None  # only a cache: fold from scratch
+    if rec.run_id != run_id or (rec.last_slot >= 0 and not storage.exists(
+            run_dir / "log" / slot_name(rec.last_slot))):
+        return None
+    return rec
+
+
+def read_record(run_dir: str | os.PathLike[str], *, storage: Storage = LOCAL_STORAGE,
+                spec_id: str | None = None, write_snapshot: bool = True) -> RunRecord:
+    """The run's record: the snapshot (if any) plus a fold of the slots newer than it.
+
+    The snapshot is rewritten atomically when new slots were folded; failing to write it (a
+    read-only run directory) is not an error.
+    """
+    run_dir = Path(run_dir)
+    run_id = run_dir.name
+    base = _load_snapshot(storage, run_dir, run_id)
+    if base is None:
+        sid = spec_id if spec_id is not None else load_run_spec(run_dir, storage=storage).spec_id
+        base = RunRecord(run_id=run_id, spec_id=sid)
+    log = RunLog(run_dir, storage=storage)
+    new = log.read(since_slot=base.last_slot + 1)
+    if not new and not log.skipped:
+        return base
+    rec = continue_fold(base, new, skipped=log.skipped)
+    if write_snapshot:
+        with contextlib.suppress(StorageError):  # only a cache; the run dir may be read-only
+            storage.write_atomic(run_dir / SNAPSHOT_FILE,
+                                 json.dumps(rec.to_dict(), separators=(",", ":")).encode())
+    return rec

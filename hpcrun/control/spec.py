@@ -1,0 +1,531 @@
+"""The run spec: an immutable description of a run, identified by the digest of its canonical JSON.
+
+A :class:`RunSpec` binds everything that decides what a run computes and how it is operated:
+entrypoint, code version, versions, resources, membership, checkpoint policy, data and resume
+contract, retry policy, budgets and cancellation authority. ``spec_id`` is the SHA-256 of the
+canonical JSON (defaults filled, keys sorted, integral floats written as integers), so two specs
+that mean the same thing have the same id however their YAML was written.
+
+:func:`load_spec` reads ``run.yaml``; every bad input raises one :class:`SpecError` that names the
+key path, the expected and the found value, and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcrun.control.retry import FaultClass
+from hpcrun.errors import SpecError
+
+SPEC_SCHEMA_VERSION = 1
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_ENTRYPOINT_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
+TIERS = ("node_local", "shared")
+
+
+class Contract(StrEnum):
+    """Resume contract: what a restore promises about the data sequence and trajectory."""
+
+    BITWISE = "bitwise"
+    EXACT_ORDER = "exact-order"
+    EXACT_COVERAGE = "exact-coverage"
+    DISTRIBUTIONAL = "distributional"
+
+
+class Cadence(StrEnum):
+    """How the checkpoint interval is chosen."""
+
+    EVERY_STEPS = "every_steps"
+    EVERY_SECONDS = "every_seconds"
+    YOUNG = "young"
+
+
+class AsyncPolicy(StrEnum):
+    """What happens to a new snapshot while the previous one is still being written."""
+
+    BLOCK = "block"
+    SKIP = "skip"
+
+
+class MembershipMode(StrEnum):
+    """Whether the gang size is fixed or may shrink and grow between bounds."""
+
+    FIXED = "fixed"
+    ELASTIC = "elastic"
+
+
+class FieldError(SpecError):
+    """A :class:`SpecError` about one field, whose key path is completed by the enclosing spec."""
+
+    def __init__(self, key: str, expected: str, found: object, fix: str) -> None:
+        self.key, self.expected, self.found, self.fix = key, expected, found, fix
+        super().__init__(self.render(""))
+
+    def render(self, prefix: str) -> str:
+        path = f"{prefix}.{self.key}" if prefix and self.key else (prefix or self.key)
+        return f"{path}: expected {self.expected}, found {self.found!r}; {self.fix}"
+
+    def under(self, prefix: str) -> FieldError:
+        """The same error with ``prefix`` prepended to its key path."""
+        key = f"{prefix}.{self.key}" if prefix and self.key else (prefix or self.key)
+        return FieldError(key, self.expected, self.found, self.fix)
+
+
+def _check(ok: bool, key: str, expected: str, found: object, fix: str) -> None:
+    if not ok:
+        raise FieldError(key, expected, found, fix)
+
+
+def _positive(value: float | None, key: str, *, allow_none: bool = True) -> None:
+    _check((allow_none and value is None) or (value is not None and value > 0),
+           key, "a number > 0" + (" or null" if allow_none else ""), value,
+           f"set {key} to a positive value")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resources:
+    """What to ask the scheduler for."""
+
+    nodes: int = 1
+    """Nodes the gang runs on."""
+    spare_nodes: int = 0
+    """Extra nodes allocated to replace a failed node without requeueing."""
+    tasks_per_node: int = 1
+    """Ranks per node."""
+    gpus_per_node: int = 0
+    """GPUs per node (0 on CPU-only runs)."""
+    cpus_per_task: int = 1
+    """CPUs per rank."""
+    time_limit_min: int = 60
+    """Wall-clock limit of one allocation, minutes."""
+    partition: str | None = None
+    """Slurm partition; the site default when None."""
+    account: str | None = None
+    """Slurm account to charge."""
+    qos: str | None = None
+    """Slurm QOS."""
+    constraint: str | None = None
+    """Slurm feature constraint (``--constraint``)."""
+    exclude: tuple[str, ...] = ()
+    """Nodes never to run on (quarantined nodes are added per allocation)."""
+
+    def __post_init__(self) -> None:
+        for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_limit_min"):
+            value = getattr(self, key)
+            _check(value >= 1, key, "an integer >= 1", value, f"set {key} to 1 or more")
+        for key in ("spare_nodes", "gpus_per_node"):
+            value = getattr(self, key)
+            _check(value >= 0, key, "an integer >= 0", value, f"set {key} to 0 or more")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Membership:
+    """The membership contract: a fixed gang or an elastic one between bounds."""
+
+    mode: MembershipMode = MembershipMode.FIXED
+    """fixed: exactly ``resources.nodes``; elastic: anywhere in ``min_nodes..max_nodes``."""
+    min_nodes: int | None = None
+    """Fewest nodes an elastic run continues on."""
+    max_nodes: int | None = None
+    """Most nodes an elastic run grows to."""
+
+    def __post_init__(self) -> None:
+        if self.mode == MembershipMode.FIXED:
+            for key in ("min_nodes", "max_nodes"):
+                _check(getattr(self, key) is None, key, "null for mode fixed",
+                       getattr(self, key), "remove it or set membership.mode: elastic")
+            return
+        _check(self.min_nodes is not None and self.min_nodes >= 1, "min_nodes",
+               "an integer >= 1 for mode elastic", self.min_nodes, "set membership.min_nodes")
+        if self.max_nodes is not None and self.min_nodes is not None:
+            _check(self.min_nodes <= self.max_nodes, "min_nodes",
+                   f"<= max_nodes ({self.max_nodes})", self.min_nodes,
+                   "lower min_nodes or raise max_nodes")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPolicy:
+    """When and where checkpoints are written and how many are kept."""
+
+    cadence: Cadence = Cadence.EVERY_STEPS
+    """How the interval is chosen."""
+    every_steps: int | None = 100
+    """Interval in optimizer steps (cadence every_steps)."""
+    every_seconds: float | None = None
+    """Interval in seconds (cadence every_seconds)."""
+    tiers: tuple[str, ...] = TIERS
+    """Tiers a checkpoint is committed on, fastest first."""
+    keep_last: int = 2
+    """Committed checkpoints kept per tier (>= 2, so a good one survives an async save)."""
+    async_policy: AsyncPolicy = AsyncPolicy.BLOCK
+    """What a snapshot does while the previous one is still in flight."""
+    rpo_s: float | None = None
+    """Recovery point objective: most seconds of work a failure may lose."""
+    rto_s: float | None = None
+    """Recovery time objective: most seconds from failure to training again."""
+
+    def __post_init__(self) -> None:
+        if self.cadence == Cadence.EVERY_STEPS:
+            _check(self.every_steps is not None and self.every_steps >= 1, "every_steps",
+                   "an integer >= 1 for cadence every_steps", self.every_steps,
+                   "set checkpoint.every_steps")
+        if self.cadence == Cadence.EVERY_SECONDS:
+            _positive(self.every_seconds, "every_seconds", allow_none=False)
+        _check(bool(self.tiers) and set(self.tiers) <= set(TIERS)
+               and len(set(self.tiers)) == len(self.tiers), "tiers",
+               f"distinct names among {list(TIERS)}", list(self.tiers),
+               "list node_local and/or shared once each")
+        _check(self.keep_last >= 2, "keep_last", "an integer >= 2", self.keep_last,
+               "keep at least 2 so the newest good checkpoint survives an async save")
+        _positive(self.rpo_s, "rpo_s")
+        _positive(self.rto_s, "rto_s")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataSpec:
+    """Which data the run consumes, in which order, under which resume contract."""
+
+    manifest: str | None = None
+    """Path of the dataset manifest (aliases are resolved at load)."""
+    dataset_id: str | None = None
+    """Digest of the canonical dataset manifest, when known."""
+    seed: int = 0
+    """Seed of the sample order."""
+    global_batch: int | None = None
+    """Samples (or packed sequences) per optimizer step."""
+    contract: Contract = Contract.EXACT_ORDER
+    """What a resume promises about the data sequence."""
+
+    def __post_init__(self) -> None:
+        _check(self.global_batch is None or self.global_batch >= 1, "global_batch",
+               "an integer >= 1 or null", self.global_batch, "set data.global_batch")
+        _check(self.seed >= 0, "seed", "an integer >= 0", self.seed, "use a non-negative seed")
+
+
+def default_max_attempts() -> dict[str, int]:
+    """Retries allowed per fault class before the run fails."""
+    return {
+        FaultClass.PREEMPTION: 100, FaultClass.TIMEOUT: 50, FaultClass.NODE_FAILURE: 5,
+        FaultClass.PROCESS_CRASH: 3, FaultClass.HANG: 3, FaultClass.NONFINITE: 2,
+        FaultClass.DATA_ERROR: 1, FaultClass.STORAGE_ERROR: 3, FaultClass.USER_ERROR: 0,
+        FaultClass.UNKNOWN: 2,
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Per-class retry budgets, bounded exponential backoff, deterministic-repeat and quarantine."""
+
+    max_attempts: Mapping[str, int] = field(default_factory=default_max_attempts)
+    """Retries allowed per :class:`FaultClass` value; classes left out get the default."""
+    backoff_base_s: float = 10.0
+    """Delay bound of the first retry, seconds."""
+    backoff_factor: float = 2.0
+    """Growth of the delay bound per attempt."""
+    backoff_cap_s: float = 600.0
+    """Largest delay, seconds."""
+    jitter: bool = True
+    """Full jitter: the delay is uniform in [0, bound], so retries of many runs spread out."""
+    in_allocation_restarts: int = 2
+    """Gang restarts inside one allocation before requeueing."""
+    deterministic_repeat_limit: int = 3
+    """The same fault signature at the same step this many times fails the run."""
+    quarantine_after: int = 2
+    """Failures of one node within the window that quarantine it."""
+    quarantine_window_s: float = 3600.0
+    """Window for counting a node's failures, seconds."""
+
+    def __post_init__(self) -> None:
+        known = {c.value for c in FaultClass}
+        for key, value in self.max_attempts.items():
+            _check(key in known, f"max_attempts.{key}", f"a fault class among {sorted(known)}",
+                   key, "fix the fault class name")
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                   f"max_attempts.{key}", "an integer >= 0", value, "set a retry count")
+        filled = {**default_max_attempts(), **self.max_attempts}
+        object.__setattr__(self, "max_attempts",
+                           types.MappingProxyType({str(k): v for k, v in sorted(filled.items())}))
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        _check(self.backoff_base_s >= 0, "backoff_base_s", "a number >= 0", self.backoff_base_s,
+               "use 0 for no delay")
+        _check(self.backoff_factor >= 1, "backoff_factor", "a number >= 1",
+               self.backoff_factor, "use 1 for a constant delay")
+        _check(self.backoff_cap_s >= self.backoff_base_s, "backoff_cap_s",
+               f">= backoff_base_s ({self.backoff_base_s})", self.backoff_cap_s, "raise the cap")
+        for key in ("in_allocation_restarts", "quarantine_after", "deterministic_repeat_limit"):
+            value = getattr(self, key)
+            least = 0 if key == "in_allocation_restarts" else 1
+            _check(value >= least, key, f"an integer >= {least}", value, f"set {key}")
+        _positive(self.quarantine_window_s, "quarantine_window_s", allow_none=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Budgets:
+    """Limits on the whole run."""
+
+    max_wall_hours: float | None = None
+    """Total allocated wall time across allocations; None for no limit."""
+    max_requeues: int = 10
+    """Requeues (new or requeued allocations) before the run fails."""
+
+    def __post_init__(self) -> None:
+        _positive(self.max_wall_hours, "max_wall_hours")
+        _check(self.max_requeues >= 0, "max_requeues", "an integer >= 0", self.max_requeues,
+               "use 0 to never requeue")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CodeVersion:
+    """The code a run executes."""
+
+    commit: str | None = None
+    """Git commit (hex), None outside a repository."""
+    dirty: bool = False
+    """Whether the work tree differed from the commit (then ``snapshot`` holds the code)."""
+    snapshot: str | None = None
+    """Path of the code snapshot, relative to the run directory."""
+
+    def __post_init__(self) -> None:
+        _check(self.commit is None or bool(_COMMIT_RE.match(self.commit)), "commit",
+               "a lowercase hex git commit", self.commit, "pass `git rev-parse HEAD`")
+        if self.snapshot is not None:
+            parts = Path(self.snapshot).parts
+            _check(not os.path.isabs(self.snapshot) and ".." not in parts and bool(parts),
+                   "snapshot", "a path relative to the run directory", self.snapshot,
+                   "store the snapshot inside the run directory, e.g. code/")
+        _check(not self.dirty or self.snapshot is not None, "snapshot",
+               "a snapshot path when dirty is true", self.snapshot,
+               "snapshot the dirty tree into the run directory")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    """An immutable run description; ``spec_id`` is the digest of its canonical JSON."""
+
+    name: str
+    """Short name (letters, digits, ``.``, ``_``, ``-``); prefix of run ids."""
+    entrypoint: str
+    """Training main as ``package.module:function``."""
+    resources: Resources = field(default_factory=Resources)
+    """What to ask the scheduler for."""
+    site: str = "local"
+    """Site config name (``site_configs/<site>.yaml``) or ``local``."""
+    membership: Membership = field(default_factory=Membership)
+    """Fixed or elastic gang."""
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    """Checkpoint cadence, tiers, retention, objectives."""
+    data: DataSpec = field(default_factory=DataSpec)
+    """Data manifest, order seed and resume contract."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Fault budgets, backoff, quarantine."""
+    budgets: Budgets = field(default_factory=Budgets)
+    """Limits on the whole run."""
+    cancel_authority: tuple[str, ...] = ()
+    """User names allowed to cancel besides the owner."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form user config handed to ``main(ctx)`` (JSON values only)."""
+    code: CodeVersion | None = None
+    """Code version, filled at submit."""
+    versions: Mapping[str, str] = field(default_factory=dict)
+    """python / torch / hpcrun versions, filled at submit."""
+
+    def __post_init__(self) -> None:
+        _check(bool(_NAME_RE.match(self.name)), "name",
+               "1-64 letters, digits, '.', '_' or '-' starting with a letter or digit",
+               self.name, "rename the run")
+        _check(bool(_ENTRYPOINT_RE.match(self.entrypoint)), "entrypoint",
+               "'package.module:function'", self.entrypoint,
+               "name the module and the function, e.g. examples.tiny_lm.train:main")
+        _check_json_value(self.config, "config")
+        object.__setattr__(self, "config", types.MappingProxyType(dict(self.config)))
+        object.__setattr__(self, "versions", types.MappingProxyType(dict(self.versions)))
+        m, nodes = self.membership, self.resources.nodes
+        if m.mode == MembershipMode.ELASTIC and m.min_nodes is not None:
+            _check(m.min_nodes <= nodes, "membership.min_nodes",
+                   f"<= resources.nodes ({nodes})", m.min_nodes, "lower min_nodes")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with every default filled and a ``schema_version``."""
+        return {"schema_version": SPEC_SCHEMA_VERSION, **_to_plain(self)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, source: str = "run.yaml") -> RunSpec:
+        """Build and validate a spec; raise :class:`SpecError` naming the key path on bad input."""
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"{source}: expected a mapping at the top level, found "
+                            f"{type(raw).__name__}; write the spec as `key: value` lines")
+        body = dict(raw)
+        version = body.pop("schema_version", SPEC_SCHEMA_VERSION)
+        if version != SPEC_SCHEMA_VERSION:
+            raise SpecError(f"{source}: schema_version: expected {SPEC_SCHEMA_VERSION}, found "
+                            f"{version!r}; write the spec for this hpcrun version")
+        try:
+            return _build(cls, body, "")
+        except FieldError as exc:
+            raise SpecError(f"{source}: {exc}") from None
+
+    def canonical_json(self) -> str:
+        """Sorted keys, no whitespace, integral floats as integers, ASCII only."""
+        return json.dumps(_canonical(self.to_dict()), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=True, allow_nan=False)
+
+    @property
+    def spec_id(self) -> str:
+        """``sha256:<hex>`` of :meth:`canonical_json`."""
+        return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def _check_json_value(value: Any, key: str) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check(isinstance(k, str), key, "string keys", k, "quote the key")
+            _check_json_value(v, f"{key}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_json_value(v, f"{key}[{i}]")
+    elif isinstance(value, float):
+        _check(math.isfinite(value), key, "a finite number", value, "use a finite value")
+    else:
+        _check(value is None or isinstance(value, str | int | bool), key,
+               "a JSON value (mapping, list, string, number, bool, null)",
+               type(value).__name__, "use plain YAML scalars")
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _canonical(value: Any) -> Any:
+    """One spelling per value: integral floats become integers (10.0 and 10 hash alike)."""
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    """Construct dataclass ``cls`` from ``raw``, rejecting unknown keys and wrong types."""
+    _check(isinstance(raw, Mapping), path, "a mapping", raw, f"write {path} as `key: value`")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        _check(key in names, _join(path, str(key)), f"one of {sorted(names)}", key,
+               "remove the key or fix its spelling")
+    kwargs = {k: _convert(hints[k], v, _join(path, k)) for k, v in raw.items()}
+    try:
+        return cls(**kwargs)
+    except FieldError as exc:
+        raise exc.under(path) from None
+    except TypeError as exc:  # a required field is missing
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in kwargs and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        raise FieldError(_join(path, missing[0] if missing else ""), "a value", None,
+                         "add the key") from exc
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, path)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)  # type: ignore[arg-type]
+    if isinstance(tp, type) and issubclass(tp, StrEnum):
+        allowed = [m.value for m in tp]
+        _check(value in allowed, path, f"one of {allowed}", value, "pick one of those")
+        return tp(value)
+    if origin is tuple:
+        _check(isinstance(value, list | tuple), path, "a list", value, f"write {path} as a list")
+        return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is Mapping:
+        _check(isinstance(value, Mapping), path, "a mapping", value, f"write {path} as a mapping")
+        return {str(k): _convert(args[1], v, _join(path, str(k))) for k, v in value.items()}
+    return _scalar(tp, value, path)
+
+
+def _scalar(tp: Any, value: Any, path: str) -> Any:
+    if tp is Any:
+        return value
+    if tp is float:
+        _check(isinstance(value, int | float) and not isinstance(value, bool), path, "a number",
+               value, "write a number")
+        return float(value)
+    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    _check(ok, path, f"a {tp.__name__}", value, f"write {path} as a {tp.__name__}")
+    return value
+
+
+def resolve_aliases(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Replace mutable aliases (``data/latest`` symlinks) with the immutable paths they name now."""
+    data = raw.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("manifest"), str):
+        return raw
+    manifest = data["manifest"]
+    if "://" in manifest:
+        return raw
+    target = Path(os.path.expanduser(manifest))
+    target = target if target.is_absolute() else base_dir / target
+    if not target.exists():
+        raise SpecError(f"data.manifest: expected an existing file, found {manifest!r} "
+                        f"(looked at {target}); fix the path or build the manifest first")
+    return {**raw, "data": {**data, "manifest": str(target.resolve())}}
+
+
+def load_spec(path: str | os.PathLike[str]) -> RunSpec:
+    """Read ``run.yaml``, resolve mutable aliases, validate, return the spec.
+
+    Raises:
+        SpecError: the file is missing, not YAML, or invalid; the message names the key path.
+    """
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise SpecError(f"cannot read spec {p}: {exc.strerror}; check the path") from exc
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p} is not valid YAML ({str(exc).splitlines()[0]}); "
+                        "fix the syntax") from exc
+    if not isinstance(raw, dict):
+        return RunSpec.from_dict(raw, source=str(p))  # raises with a clear message
+    return RunSpec.from_dict(resolve_aliases(raw, p.parent.resolve()), source=str(p))
+
+
+def freeze_spec(spec: RunSpec, *, code: CodeVersion, versions: Mapping[str, str]) -> RunSpec:
+    """The spec as submitted: code version and python/torch/hpcrun versions filled in."""
+    return dataclasses.replace(spec, code=code, versions=dict(versions))

@@ -1,0 +1,225 @@
+"""Global order: draw t → source and position → permutation → sample ID → packer → batch k.
+
+Everything here is global and pure: batch ``k`` is the ``k``-th group of ``global_batch`` packed
+rows of one logical stream, whatever the number of replicas or loader workers. Data-parallel
+replica ``r`` of ``R`` takes the fixed contiguous rows ``[r·G/R, (r+1)·G/R)``; ranks that cooperate
+on one sample (tensor/pipeline peers) use the same replica index and so receive the same rows.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcrun.data.dataset import SourceView
+from hpcrun.data.mixture import MixState, Mixture
+from hpcrun.data.packing import PackingPolicy, PackState, pack
+from hpcrun.data.permutation import Permutation
+from hpcrun.errors import DataError
+
+__all__ = ["DOC_DTYPE", "LEDGER_DTYPE", "BatchPlan", "DocStream", "GlobalOrder", "OrderState",
+           "replica_for_rank", "replica_rows"]
+
+DOC_DTYPE = np.dtype([("draw", np.int64), ("source", np.int64), ("epoch", np.int64),
+                      ("record", np.int64), ("sample_id", np.int64), ("length", np.int64)])
+"""One logical draw: which record of which source, in which source epoch, and its length."""
+
+LEDGER_DTYPE = np.dtype([("row", np.int64), ("sample_id", np.int64), ("source", np.int64),
+                         ("epoch", np.int64), ("offset", np.int64), ("length", np.int64)])
+"""One segment of a global batch: ``length`` tokens of ``sample_id`` from token ``offset``."""
+
+_MEMO = 64
+
+
+def replica_rows(global_batch: int, replica: int, num_replicas: int) -> range:
+    """Rows of a global batch that data-parallel replica ``replica`` of ``num_replicas`` takes.
+
+    Raises:
+        DataError: ``global_batch`` is not divisible by ``num_replicas`` or ``replica`` is out
+            of range.
+    """
+    if num_replicas < 1 or global_batch % num_replicas:
+        raise DataError(f"global batch {global_batch} must be divisible by the number of "
+                        f"replicas {num_replicas}; change one of them")
+    if not 0 <= replica < num_replicas:
+        raise DataError(f"replica {replica} is outside [0, {num_replicas})")
+    per = global_batch // num_replicas
+    return range(replica * per, (replica + 1) * per)
+
+
+def replica_for_rank(rank: int, *, model_parallel_size: int = 1) -> int:
+    """Data-parallel replica of a global rank when consecutive ranks form one model replica."""
+    if model_parallel_size < 1 or rank < 0:
+        raise ValueError(f"need rank >= 0 and model_parallel_size >= 1, found {rank}, "
+                         f"{model_parallel_size}")
+    return rank // model_parallel_size
+
+
+class DocStream:
+    """Logical draw ``t`` → :data:`DOC_DTYPE`, pure in ``t`` (the mixture memoizes).
+
+    Args:
+        sources: Sizes, sample-ID bases and token lengths of the sources.
+        mixture: Assigns draws to sources.
+        seed: Seed of every source permutation.
+        salt: Domain separation of the permutations (the dataset ID).
+    """
+
+    def __init__(self, sources: Sequence[SourceView], mixture: Mixture, *, seed: int,
+                 salt: str) -> None:
+        if mixture.num_sources != len(sources):
+            raise DataError(f"mixture has {mixture.num_sources} weights but the dataset has "
+                            f"{len(sources)} sources ({[s.name for s in sources]}); give one "
+                            "weight per source")
+        self.sources, self.mixture, self.seed, self.salt = tuple(sources), mixture, seed, salt
+        self._perms: collections.OrderedDict[tuple[int, int], Permutation] = \
+            collections.OrderedDict()
+
+    def docs(self, start: int, count: int) -> np.ndarray:
+        """The documents of draws ``[start, start+count)`` (fewer when the stream ends)."""
+        src, pos = self.mixture.draws(start, count)
+        out = np.zeros(src.size, dtype=DOC_DTYPE)
+        out["draw"] = np.arange(start, start + src.size)
+        out["source"] = src
+        for i, view in enumerate(self.sources):
+            mask = src == i
+            if mask.any():
+                self._fill(out, mask, pos[mask], i, view)
+        return out
+
+    def _fill(self, out: np.ndarray, mask: np.ndarray, pos: np.ndarray, i: int,
+              view: SourceView) -> None:
+        epoch, within = np.divmod(pos, view.size)
+        record = np.empty_like(within)
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            record[sel] = self._perm(i, int(e)).take(within[sel])
+        out["epoch"][mask] = epoch
+        out["record"][mask] = record
+        out["sample_id"][mask] = view.base + record
+        out["length"][mask] = view.lengths[record]
+
+    def _perm(self, source: int, epoch: int) -> Permutation:
+        key = (source, epoch)
+        perm = self._perms.get(key)
+        if perm is None:
+            view = self.sources[source]
+            perm = Permutation(view.size, seed=self.seed, epoch=epoch,
+                               salt=f"{self.salt}/{view.name}")
+            self._perms[key] = perm
+            if len(self._perms) > 4 * len(self.sources):
+                self._perms.popitem(last=False)
+        return perm
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OrderState:
+    """Where the global order stands before global batch ``batch``."""
+
+    batch: int
+    """Index of the next global batch."""
+    pack: PackState
+    """Packer residual at the start of that batch."""
+    mix: MixState
+    """Mixture state after ``pack.draw`` draws (realized counts, active set, segment)."""
+
+    def __post_init__(self) -> None:
+        if self.batch < 0 or self.mix.draw != self.pack.draw:
+            raise DataError(f"order state is inconsistent: batch {self.batch}, packer at draw "
+                            f"{self.pack.draw}, mixture at draw {self.mix.draw}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "pack": self.pack.to_dict(), "mixture": self.mix.to_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OrderState:
+        try:
+            batch = raw["batch"]
+            if not isinstance(batch, int) or isinstance(batch, bool):
+                raise TypeError(f"batch must be an int, found {batch!r}")
+            return cls(batch=batch, pack=PackState.from_dict(raw["pack"]),
+                       mix=MixState.from_dict(raw["mixture"]))
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"data cursor position is malformed ({exc}): {dict(raw)!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """The layout of global batch ``batch``: its segments and the documents they come from."""
+
+    batch: int
+    segments: np.ndarray
+    docs: np.ndarray
+
+    def ledger(self) -> np.ndarray:
+        """Segments as :data:`LEDGER_DTYPE` (global sample IDs in global row order)."""
+        d = self.docs[self.segments["doc"]]
+        out = np.zeros(self.segments.size, dtype=LEDGER_DTYPE)
+        out["row"], out["offset"] = self.segments["row"], self.segments["offset"]
+        out["length"] = self.segments["length"]
+        for name in ("sample_id", "source", "epoch"):
+            out[name] = d[name]
+        return out
+
+
+class GlobalOrder:
+    """Global batch ``k`` → its :class:`BatchPlan`; memoizes states for sequential access.
+
+    Args:
+        stream: The document stream.
+        global_batch: Rows per global batch (G).
+        seq_len: Tokens per row.
+        policy: Packing policy.
+    """
+
+    def __init__(self, stream: DocStream, *, global_batch: int, seq_len: int,
+                 policy: PackingPolicy | str = PackingPolicy.CONCAT) -> None:
+        if global_batch < 1 or seq_len < 1:
+            raise ValueError(f"global_batch and seq_len must be >= 1, found {global_batch}, "
+                             f"{seq_len}")
+        self.stream, self.global_batch, self.seq_len = stream, global_batch, seq_len
+        self.policy = PackingPolicy(policy)
+        self._memo: collections.OrderedDict[int, OrderState] = collections.OrderedDict()
+        self._memo[0] = OrderState(batch=0, pack=PackState(draw=0, offset=0),
+                                   mix=stream.mixture.state_at(0))
+
+    def plan(self, k: int) -> BatchPlan | None:
+        """Layout of global batch ``k``, or ``None`` when the stream ends before it."""
+        state = self.state_at(k)
+        if state is None:
+            return None
+        out = pack(self.stream.docs, state.pack, self.global_batch, self.seq_len, self.policy)
+        if out is None:
+            return None
+        segments, docs, nxt = out
+        self._remember(OrderState(batch=k + 1, pack=nxt,
+                                  mix=self.stream.mixture.state_at(nxt.draw)))
+        return BatchPlan(batch=k, segments=segments, docs=docs)
+
+    def state_at(self, k: int) -> OrderState | None:
+        """State before global batch ``k`` (``None`` when the stream ends before it)."""
+        if k < 0:
+            raise ValueError(f"batch index must be >= 0, found {k}")
+        base = max(b for b in self._memo if b <= k)
+        state = self._memo[base]
+        while state.batch < k:
+            if self.plan(state.batch) is None:
+                return None
+            state = self._memo[state.batch + 1]
+        return state
+
+    def remember(self, state: OrderState) -> None:
+        """Seed the memo with a restored state (mixture state included)."""
+        self.stream.mixture.remember(state.mix)
+        self._remember(state)
+
+    def _remember(self, state: OrderState) -> None:
+        self._memo[state.batch] = state
+        self._memo.move_to_end(state.batch)
+        while len(self._memo) > _MEMO:
+            oldest = next(k for k in self._memo if k != 0)
+            del self._memo[oldest]

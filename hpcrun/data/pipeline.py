@@ -1,0 +1,339 @@
+"""The user-facing data pipeline: this replica's slice of global batch k, resumable exactly.
+
+``DataPipeline(dataset, seed=..., global_batch=G, seq_len=L, replica=r, num_replicas=R)`` is an
+iterator of batches and a :class:`~hpcrun.protocols.Stateful`. Its ``state_dict()`` is the
+cursor of the next batch not yet delivered to the caller: prefetched-but-undelivered batches
+never count, so a checkpoint taken at a step boundary after ``k`` batches resumes at batch ``k``.
+``load_state_dict()`` validates dataset ID, algorithm version and layout, discards prefetched
+reads and rebuilds from the restored position. ``R`` may differ between save and restore.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.data.batches import BatchPlan, DocStream, GlobalOrder, replica_rows
+from hpcrun.data.cursor import DataCursor
+from hpcrun.data.dataset import Dataset, Verify
+from hpcrun.data.loader import LoaderMetrics, OrderedReader
+from hpcrun.data.mixture import Exhaustion, MixMode, Mixture, MixUnit
+from hpcrun.data.packing import PackingPolicy
+from hpcrun.errors import DataError
+
+__all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
+
+Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+"""A stochastic, length-preserving transform of one document's tokens."""
+
+_VERIFY_DRAWS = 1 << 16
+"""Restored positions up to this many draws are recomputed and compared (cheap integrity)."""
+
+
+def sample_rng(seed: int, sample_id: int, epoch: int) -> np.random.Generator:
+    """The random stream of one sample in one epoch: never of a worker or of arrival order."""
+    return np.random.default_rng([seed, sample_id, epoch, 0x7472616E])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MixtureSpec:
+    """How sources are mixed (user-facing; resolved against the dataset's sources)."""
+
+    weights: Mapping[str, float] | Sequence[float] | None = None
+    """Per source, by name or in manifest order; ``None`` = proportional to record counts."""
+    mode: MixMode = MixMode.EXACT
+    """``exact`` quotas (Tijdeman) or ``categorical`` draws."""
+    exhaustion: Exhaustion = Exhaustion.REPEAT
+    """What a source does when it runs out of records."""
+    unit: MixUnit = MixUnit.SAMPLES
+    """Weights are shares of samples or of tokens."""
+
+    def build(self, dataset: Dataset, seed: int) -> Mixture:
+        """The :class:`Mixture` for ``dataset``'s sources."""
+        names = [s.name for s in dataset.sources]
+        weights = self._weights(names, dataset)
+        return Mixture(weights, mode=self.mode, seed=seed, exhaustion=self.exhaustion,
+                       sizes=[s.size for s in dataset.sources], unit=self.unit,
+                       mean_tokens=[max(s.mean_tokens, 1e-9) for s in dataset.sources])
+
+    def _weights(self, names: list[str], dataset: Dataset) -> list[float]:
+        if self.weights is None:
+            return [float(s.size) for s in dataset.sources]
+        if isinstance(self.weights, Mapping):
+            if set(self.weights) != set(names):
+                raise DataError(f"mixture weights name {sorted(self.weights)}, the dataset has "
+                                f"sources {names}; give one weight per source")
+            return [float(self.weights[n]) for n in names]
+        return [float(w) for w in self.weights]
+
+
+@dataclass(frozen=True, slots=True)
+class _RowTask:
+    batch: int
+    row: int
+    segments: np.ndarray  # LEDGER_DTYPE + source records, see _row_tasks
+
+
+class _RowReader:
+    """Reads one packed row (picklable: a process re-opens the dataset by manifest path)."""
+
+    def __init__(self, dataset: Dataset, *, seq_len: int, pad_id: int, seed: int,
+                 transform: Transform | None) -> None:
+        self.dataset: Dataset | None = dataset
+        self.path = str(dataset.manifest_path)
+        self.seq_len, self.pad_id, self.seed, self.transform = seq_len, pad_id, seed, transform
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["dataset"] = None
+        return state
+
+    def __call__(self, task: _RowTask) -> dict[str, Any]:
+        ds = self.dataset or _worker_dataset(self.path)
+        tokens = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+        doc = np.full(self.seq_len, -1, dtype=np.int32)
+        pos = np.zeros(self.seq_len, dtype=np.int64)
+        at = 0
+        for i, seg in enumerate(task.segments):
+            n, off = int(seg["length"]), int(seg["offset"])
+            tokens[at:at + n] = self._document(ds, seg)[off:off + n]
+            doc[at:at + n] = i
+            pos[at:at + n] = np.arange(off, off + n)
+            at += n
+        return {"tokens": tokens, "document": doc, "position": pos, "tokens_read": at}
+
+    def _document(self, ds: Dataset, seg: np.void) -> np.ndarray:
+        tokens = ds.read(int(seg["source"]), int(seg["record"]))
+        if self.transform is None:
+            return tokens
+        out = np.asarray(self.transform(tokens, sample_rng(self.seed, int(seg["sample_id"]),
+                                                           int(seg["epoch"]))))
+        if out.shape != tokens.shape:
+            raise DataError(f"transform changed sample {int(seg['sample_id'])} from "
+                            f"{tokens.shape} to {out.shape} tokens; packed transforms must keep "
+                            "the length")
+        return out
+
+
+_WORKER_DATASETS: dict[str, Dataset] = {}
+
+
+def _worker_dataset(path: str) -> Dataset:
+    ds = _WORKER_DATASETS.get(path)
+    if ds is None:  # the parent verified every digest; a worker re-checks sizes only
+        ds = _WORKER_DATASETS[path] = Dataset.open(path, verify=Verify.SIZE)
+    return ds
+
+
+_TASK_DTYPE = np.dtype([("sample_id", np.int64), ("source", np.int64), ("record", np.int64),
+                        ("epoch", np.int64), ("offset", np.int64), ("length", np.int64)])
+
+
+class DataPipeline(Iterator[dict[str, Any]]):
+    """This replica's slice of each global batch, in order, resumable exactly.
+
+    Args:
+        dataset: An open :class:`Dataset` or a manifest path.
+        seed: Seed of the order (permutations and categorical draws).
+        global_batch: Rows per global batch (G), divisible by ``num_replicas``.
+        seq_len: Tokens per row.
+        replica: This data-parallel replica (tensor/pipeline peers pass the same value).
+        num_replicas: Data-parallel replicas (R).
+        mixture: How sources are mixed (default: exact, proportional to size, repeat).
+        packing: ``concat`` (concatenate-then-split) or ``none`` (one document per row).
+        workers: Reader threads or processes.
+        executor: ``thread`` or ``process``.
+        prefetch_batches: Batches read ahead; the memory bound is this many of our slices.
+        transform: Stochastic, length-preserving per-document transform (picklable for
+            processes); its randomness comes from :func:`sample_rng`.
+        pad_id: Token used to pad rows in ``packing="none"``.
+        as_torch: Yield ``torch`` tensors instead of numpy arrays.
+        clock: Time source of metrics and retry backoff.
+    """
+
+    def __init__(self, dataset: Dataset | str | os.PathLike[str], *, seed: int,
+                 global_batch: int, seq_len: int, replica: int = 0, num_replicas: int = 1,
+                 mixture: MixtureSpec | None = None, packing: PackingPolicy | str = "concat",
+                 workers: int = 4, executor: str = "thread", prefetch_batches: int = 2,
+                 transform: Transform | None = None, pad_id: int = 0, as_torch: bool = False,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.dataset = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+        self.rows = replica_rows(global_batch, replica, num_replicas)
+        self.seed, self.global_batch, self.seq_len = seed, global_batch, seq_len
+        self.packing = PackingPolicy(packing)
+        self.mixture_spec = mixture or MixtureSpec()
+        if executor not in ("thread", "process") or workers < 1 or prefetch_batches < 1:
+            raise ValueError(f"need executor thread|process, workers >= 1, prefetch >= 1; "
+                             f"found {executor!r}, {workers}, {prefetch_batches}")
+        self.workers, self.executor_kind = workers, executor
+        self.prefetch_batches = prefetch_batches
+        self.as_torch, self.clock = as_torch, clock
+        self._order = self._new_order()
+        self._read = _RowReader(self.dataset, seq_len=seq_len, pad_id=pad_id, seed=seed,
+                                transform=transform)
+        self.metrics = LoaderMetrics(clock)
+        self._delivered = 0
+        self._reader: OrderedReader[_RowTask, dict[str, Any]] | None = None
+        self._pool: Executor | None = None
+        self._submitted: dict[int, float] = {}
+
+    @property
+    def dataset_id(self) -> str:
+        return self.dataset.dataset_id
+
+    @property
+    def max_inflight_rows(self) -> int:
+        """The declared memory bound, in rows of ``seq_len`` tokens."""
+        return self.prefetch_batches * len(self.rows)
+
+    def layout(self) -> dict[str, Any]:
+        """What a cursor must agree on (the replica count is deliberately not part of it)."""
+        return {"seed": self.seed, "global_batch": self.global_batch, "seq_len": self.seq_len,
+                "packing": str(self.packing), "mixture": self._order.stream.mixture.describe()}
+
+    def sample_ids(self, k: int) -> np.ndarray:
+        """Segments of global batch ``k`` (all rows) as :data:`~hpcrun.data.batches.LEDGER_DTYPE`.
+
+        Raises:
+            IndexError: the stream ends before batch ``k``.
+        """
+        plan = self._order.plan(k)
+        if plan is None:
+            raise IndexError(f"the data stream ends before global batch {k}")
+        return plan.ledger()
+
+    def __iter__(self) -> DataPipeline:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        t0 = self.clock.monotonic()
+        reader = self._reader or self._start()
+        depth = reader.ready
+        got = [next(reader, None) for _ in self.rows]
+        rows = [r for r in got if r is not None]
+        if not rows:
+            raise StopIteration
+        if len(rows) != len(got):
+            raise DataError(f"batch {self._delivered} ended mid-slice; this is a bug")
+        batch = self._assemble(rows)
+        now = self.clock.monotonic()
+        self.metrics.retries = reader.retries
+        self.metrics.record(time_to_batch=now - self._submitted.pop(self._delivered, t0),
+                            input_wait=now - t0, queue_depth=depth,
+                            nbytes=batch["tokens"].nbytes, samples=len(rows),
+                            tokens=int(sum(r["tokens_read"] for r in rows)))
+        self._delivered += 1
+        return self._convert(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Cursor of the next batch not yet delivered to the caller (an envelope dict)."""
+        state = self._order.state_at(self._delivered)
+        if state is None:
+            raise DataError(f"no position for batch {self._delivered}: the stream ended")
+        sizes = [s.size for s in self.dataset.sources]
+        epochs = tuple(c // n for c, n in zip(state.mix.counts, sizes, strict=True))
+        return DataCursor(dataset_id=self.dataset_id, position=state, epochs=epochs,
+                          layout=self.layout()).to_state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], /) -> None:
+        """Resume at the cursor's batch; prefetched reads are discarded and rebuilt.
+
+        Raises:
+            DataError: another dataset, algorithm version or layout (both sides printed), or
+                a position that does not match this data.
+        """
+        cursor = DataCursor.from_state_dict(state_dict, dataset_id=self.dataset_id,
+                                            layout=self.layout())
+        self._stop()
+        self._order = self._new_order()
+        pos = cursor.position
+        if pos.pack.draw <= _VERIFY_DRAWS:
+            expected = self._order.state_at(pos.batch)
+            if expected != pos:
+                raise DataError(f"cursor position {pos.to_dict()} does not match the order "
+                                f"recomputed for batch {pos.batch} "
+                                f"({expected.to_dict() if expected else 'end of stream'}); "
+                                "the cursor is corrupt or from other data")
+        self._order.remember(pos)
+        self._delivered = pos.batch
+
+    def close(self) -> None:
+        """Stop the readers and worker processes and close the dataset's files."""
+        self._stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self.dataset.close()
+
+    def _new_order(self) -> GlobalOrder:
+        mixture = self.mixture_spec.build(self.dataset, self.seed)
+        stream = DocStream(self.dataset.sources, mixture, seed=self.seed,
+                           salt=self.dataset_id)
+        return GlobalOrder(stream, global_batch=self.global_batch, seq_len=self.seq_len,
+                           policy=self.packing)
+
+    def _start(self) -> OrderedReader[_RowTask, dict[str, Any]]:
+        if self.executor_kind == "process" and self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        self._reader = OrderedReader(self._read, self._row_tasks(self._delivered),
+                                     workers=self.workers, max_inflight=self.max_inflight_rows,
+                                     executor=self._pool, clock=self.clock)
+        return self._reader
+
+    def _stop(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._submitted.clear()
+
+    def _row_tasks(self, start: int) -> Iterator[_RowTask]:
+        for k in itertools.count(start):
+            plan = self._order.plan(k)
+            if plan is None:
+                return
+            self._submitted[k] = self.clock.monotonic()
+            yield from _tasks_of(plan, self.rows)
+
+    def _assemble(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {key: np.stack([r[key] for r in rows])
+                               for key in ("tokens", "document", "position")}
+        out["batch"] = self._delivered
+        return out
+
+    def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if not self.as_torch:
+            return batch
+        import torch
+
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                for k, v in batch.items()}
+
+    def __del__(self) -> None:
+        try:
+            self._stop()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+        except Exception:  # interpreter teardown: nothing left to release safely
+            pass
+
+
+def _tasks_of(plan: BatchPlan, rows: range) -> Iterator[_RowTask]:
+    """One read task per row of ours, carrying exactly the segments of that row."""
+    seg = plan.segments
+    docs = plan.docs[seg["doc"]]
+    table = np.zeros(seg.size, dtype=_TASK_DTYPE)
+    for name in ("sample_id", "source", "record", "epoch"):
+        table[name] = docs[name]
+    table["offset"], table["length"] = seg["offset"], seg["length"]
+    bounds = np.searchsorted(seg["row"], [rows.start, rows.stop])
+    mine, row_of = table[bounds[0]:bounds[1]], seg["row"][bounds[0]:bounds[1]]
+    cuts = np.searchsorted(row_of, np.arange(rows.start, rows.stop + 1))
+    for j, row in enumerate(rows):
+        yield _RowTask(batch=plan.batch, row=row, segments=mine[cuts[j]:cuts[j + 1]])

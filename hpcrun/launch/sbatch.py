@@ -1,0 +1,170 @@
+"""The job's Slurm flags, and the job script rendered from ``sbatch_templates/``.
+
+:func:`sbatch_args` is the one source of truth for the flags of a run's allocation; both ways
+in use it: :func:`render_sbatch` writes them as ``#SBATCH`` lines of a script a user submits with
+plain ``sbatch`` (``hpcrun sbatch run.yaml > job.sh``), and
+:func:`hpcrun.launch.submit.submit_submitit` hands them to submitit. Both start one agent per
+node with ``srun -n <nodes> --ntasks-per-node=1``; each agent spawns its node's ranks.
+
+Everything here is pure: values in, text out.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from hpcrun.errors import ConfigError
+from hpcrun.launch.site import SiteConfig
+
+if TYPE_CHECKING:
+    from hpcrun.control.spec import RunSpec
+
+DEFAULT_TEMPLATE = "job.sh.j2"
+BARE = ""
+"""Value of a flag that takes no argument (``--requeue``)."""
+
+
+def sbatch_templates_dir() -> Path:
+    """The ``sbatch_templates/`` directory shipped next to the ``hpcrun`` package."""
+    return Path(__file__).resolve().parents[2] / "sbatch_templates"
+
+
+def job_logs_dir(run_dir: Path) -> Path:
+    """Where the batch shell's stdout/stderr go (``<run_dir>/logs``); must exist at submit."""
+    return Path(run_dir) / "logs"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentStep:
+    """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime.agent``."""
+
+    nodes: int
+    """Agents to start (one per node of the gang)."""
+    cpus_per_agent: int
+    """CPUs each agent's step task gets (its ranks run inside it)."""
+    extra_flags: tuple[str, ...] = ()
+    """Site ``srun_extra_flags``."""
+
+    def srun_args(self) -> list[str]:
+        """The ``srun`` flags, without the command."""
+        return ["-n", str(self.nodes), "--ntasks-per-node=1",
+                f"--cpus-per-task={self.cpus_per_agent}", "--kill-on-bad-exit=0",
+                *self.extra_flags]
+
+
+def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
+    """The agent step of ``spec`` on ``site``."""
+    r = spec.resources
+    return AgentStep(nodes=r.nodes, cpus_per_agent=r.tasks_per_node * r.cpus_per_task,
+                     extra_flags=site.srun_extra_flags)
+
+
+def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
+                exclude: Sequence[str] = (), begin: str | None = None) -> list[tuple[str, str]]:
+    """The allocation's flags as ``(long option without dashes, value)``; value ``""`` is bare.
+
+    Args:
+        spec: the run spec (resources; its own ``exclude``).
+        site: the site config (defaults for partition, account, QOS, constraint; GPU syntax;
+            preemption signal and lead; requeue policy).
+        run_dir: the run directory; job output goes to ``run_dir/logs``.
+        op_id: the operation id tagged on the job (``--comment=hpcrun:<op_id>``), so a retry
+            after a crash can find the job an earlier attempt submitted.
+        exclude: nodes to keep out of this allocation (the quarantine list).
+        begin: earliest start (``--begin``, e.g. ``now+60``) for a backed-off resubmission.
+
+    Raises:
+        ConfigError: the spec asks for more GPUs per node than the site has.
+    """
+    r = spec.resources
+    args: list[tuple[str, str]] = [
+        ("job-name", spec.name),
+        ("nodes", str(r.nodes + r.spare_nodes)),
+        ("ntasks-per-node", "1"),
+        ("cpus-per-task", str(r.tasks_per_node * r.cpus_per_task)),
+    ]
+    gpu = site.gpu_flag(_checked_gpus(spec, site))
+    if gpu is not None:
+        args.append(gpu)
+    args.append(("time", str(r.time_limit_min)))
+    args += _placement(spec, site, exclude, begin)
+    args.append(("requeue", BARE) if site.requeue_allowed else ("no-requeue", BARE))
+    logs = job_logs_dir(run_dir)
+    args += [
+        ("signal", f"{site.signal_name()}@{site.preempt_lead_s}"),
+        ("open-mode", "append"),
+        ("comment", f"hpcrun:{op_id}"),
+        ("output", str(logs / "slurm-%j.out")),
+        ("error", str(logs / "slurm-%j.err")),
+    ]
+    return args
+
+
+def _checked_gpus(spec: RunSpec, site: SiteConfig) -> int:
+    gpus = spec.resources.gpus_per_node
+    if gpus > site.gpus_per_node:
+        raise ConfigError(
+            f"run asks for resources.gpus_per_node={gpus} but site {site.name!r} has "
+            f"gpus_per_node={site.gpus_per_node}; lower the request or pick a GPU site"
+        )
+    return gpus
+
+
+def _placement(spec: RunSpec, site: SiteConfig, exclude: Sequence[str],
+               begin: str | None) -> list[tuple[str, str]]:
+    r = spec.resources
+    chosen = {"partition": r.partition or site.partition, "account": r.account or site.account,
+              "qos": r.qos or site.qos, "constraint": r.constraint or site.constraint}
+    out = [(key, value) for key, value in chosen.items() if value]
+    excluded = sorted(set(r.exclude) | {n for n in exclude if n})
+    if excluded:
+        out.append(("exclude", ",".join(excluded)))
+    if begin:
+        out.append(("begin", begin))
+    return out
+
+
+def format_flag(key: str, value: str) -> str:
+    """``--key=value`` (shell-quoted as sbatch reads it), or ``--key`` for a bare flag."""
+    return f"--{key}" if value == BARE else f"--{key}={shlex.quote(value)}"
+
+
+def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
+                  exclude: Sequence[str] = (), begin: str | None = None,
+                  python: str | None = None, template: str = DEFAULT_TEMPLATE) -> str:
+    """The job script for ``spec`` on ``site`` (pure).
+
+    Args:
+        python: interpreter command on the compute nodes; default the site's, else the one
+            running this function.
+        template: file name in ``sbatch_templates/``.
+
+    See :func:`sbatch_args` for the other arguments.
+    """
+    flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin)
+    context = {
+        "run_name": spec.name, "site_name": site.name, "spec_id": spec.spec_id, "op_id": op_id,
+        "sbatch_lines": [format_flag(k, v) for k, v in flags],
+        "modules": list(site.modules), "env": sorted(site.env.items()),
+        "run_dir": str(run_dir), "signal": site.signal_name(),
+        "srun_args": agent_step(spec, site).srun_args(),
+        "python": python or site.python or shlex.quote(sys.executable),
+    }
+    return _environment().get_template(template).render(**context)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(sbatch_templates_dir())),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env

@@ -1,0 +1,233 @@
+"""The effectful side of ``hpcrun status``: read a run directory into values.
+
+Reads the record (through the control plane's reader), the event log, the node heartbeats and
+the last line of each rank's output, and hands them to the pure :func:`build_status`. Nothing
+here writes to the run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from hpcrun.observe.events import sorted_events
+from hpcrun.observe.heartbeat import read_heartbeats
+from hpcrun.observe.status import (
+    CheckpointFact,
+    FaultFact,
+    RankTail,
+    RecordFacts,
+    StatusView,
+    build_status,
+)
+
+LOGS_DIR = "logs"
+_RANK_OUT_RE = re.compile(r"^rank-(\d+)\.out$")
+_TAIL_CHUNK = 8192
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    """A field of a record object or mapping (the record's classes are not imported here)."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _num(value: Any, default: float | None = None) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else default
+
+
+def checkpoint_fact(raw: Any) -> CheckpointFact:
+    ts = next((v for k in ("ts", "commit_ts", "committed_ts")
+               if (v := _num(_get(raw, k))) is not None), None)
+    slot = _get(raw, "slot", -1)
+    return CheckpointFact(ckpt_id=str(_get(raw, "ckpt_id", "?")), step=int(_get(raw, "step", -1)),
+                          tier=str(_get(raw, "tier", "?")), ts=ts,
+                          slot=slot if isinstance(slot, int) else -1)
+
+
+def with_commit_times(run_dir: Path, checkpoints: tuple[CheckpointFact, ...]
+                      ) -> tuple[CheckpointFact, ...]:
+    """Fill the commit time of the newest checkpoint of each tier from its log entry."""
+    from hpcrun.control.log import LogEntry, slot_name
+
+    newest: dict[str, CheckpointFact] = {}
+    for c in checkpoints:
+        if c.tier not in newest or (c.step, c.slot) > (newest[c.tier].step, newest[c.tier].slot):
+            newest[c.tier] = c
+    out = []
+    for c in checkpoints:
+        if c.ts is None and c.slot >= 0 and newest.get(c.tier) is c:
+            try:
+                raw = (Path(run_dir) / "log" / slot_name(c.slot)).read_bytes()
+                c = replace(c, ts=LogEntry.from_bytes(c.slot, raw).ts)
+            except (OSError, ValueError):
+                pass
+        out.append(c)
+    return tuple(out)
+
+
+def fault_fact(raw: Any) -> FaultFact:
+    rank, step = _get(raw, "rank", -1), _get(raw, "step", -1)
+    return FaultFact(fault=str(_get(raw, "fault", "?")), node=str(_get(raw, "node", "") or ""),
+                     rank=rank if isinstance(rank, int) else -1,
+                     step=step if isinstance(step, int) else -1,
+                     signature=str(_get(raw, "signature", "") or ""),
+                     detail=str(_get(raw, "detail", "") or ""), ts=_num(_get(raw, "ts")))
+
+
+def facts_from_record(record: Any, *, rpo_s: float | None = None) -> RecordFacts:
+    """:class:`RecordFacts` from the control plane's run record (object or mapping)."""
+    state = _get(record, "state", "UNKNOWN")
+    cursor = _get(record, "cursor") or {}
+    return RecordFacts(
+        run_id=str(_get(record, "run_id", "?")), state=str(getattr(state, "value", state)),
+        generation=int(_get(record, "generation", 0) or 0),
+        job_ids=tuple(str(j) for j in (_get(record, "job_ids") or ())),
+        restarts=int(_get(record, "restarts", 0) or 0),
+        requeues=int(_get(record, "requeues", 0) or 0),
+        step=int(_get(record, "step", 0) or 0), tokens=int(_get(record, "tokens", 0) or 0),
+        checkpoints=tuple(checkpoint_fact(c) for c in (_get(record, "checkpoints") or ())),
+        cursor=cursor if isinstance(cursor, Mapping) else _as_mapping(cursor),
+        faults=tuple(fault_fact(f) for f in (_get(record, "faults") or ())),
+        quarantined=tuple(str(n) for n in (_get(record, "quarantined") or ())), rpo_s=rpo_s)
+
+
+def _as_mapping(obj: Any) -> Mapping[str, Any]:
+    to_dict = getattr(obj, "to_dict", None)
+    return to_dict() if callable(to_dict) else {"value": str(obj)}
+
+
+def tail_lines(path: Path, n: int) -> list[str]:
+    """The last ``n`` non-empty lines of a text file, reading only its end."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        size = min(end, _TAIL_CHUNK)
+        while True:
+            f.seek(end - size)
+            lines = [ln for ln in f.read(size).decode("utf-8", "replace").splitlines() if ln]
+            if len(lines) > n or size == end:
+                return lines[-n:] if n > 0 else []
+            size = min(end, size * 4)
+
+
+def rank_log_files(run_dir: Path) -> dict[int, tuple[str, Path]]:
+    """Each rank's output file (``logs/<node>/rank-00003.out``) with its node."""
+    root = Path(run_dir) / LOGS_DIR
+    out: dict[int, tuple[str, Path]] = {}
+    for node in sorted(os.listdir(root)) if root.is_dir() else []:
+        for name in sorted(os.listdir(root / node)) if (root / node).is_dir() else []:
+            m = _RANK_OUT_RE.match(name)
+            if m:
+                out[int(m.group(1))] = (node, root / node / name)
+    return out
+
+
+def rank_tails(run_dir: Path) -> list[RankTail]:
+    """Last output line of every rank."""
+    tails = []
+    for rank, (node, path) in sorted(rank_log_files(run_dir).items()):
+        try:
+            last = tail_lines(path, 1)
+        except OSError:
+            continue
+        tails.append(RankTail(rank=rank, node=node, line=last[0][:200] if last else ""))
+    return tails
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Collected:
+    """A status view and how long reading took."""
+
+    view: StatusView
+    """The view."""
+    read_s: float
+    """Seconds spent reading the record, events, heartbeats and tails."""
+
+
+RecordReader = Callable[[Path], Any]
+
+
+def default_record_reader(run_dir: Path) -> Any:
+    from hpcrun.control.record import read_record
+
+    return read_record(run_dir)
+
+
+def spec_rpo(run_dir: Path) -> float | None:
+    """The spec's RPO, when the spec can be loaded."""
+    try:
+        from hpcrun.control.record import load_run_spec
+
+        return load_run_spec(run_dir).checkpoint.rpo_s
+    except Exception:  # status must still render without the spec
+        return None
+
+
+def collect_status(run_dir: Path, *, now: float | None = None,
+                   read_record: RecordReader | None = None,
+                   rpo_s: float | None = None, **options: Any) -> Collected:
+    """Read a run directory and build its status view."""
+    t0 = time.perf_counter()
+    record = (read_record or default_record_reader)(run_dir)
+    facts = facts_from_record(record, rpo_s=rpo_s)
+    facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints))
+    view = build_status(facts, events=sorted_events(run_dir), heartbeats=read_heartbeats(run_dir),
+                        tails=rank_tails(run_dir), now=time.time() if now is None else now,
+                        **options)
+    return Collected(view=view, read_s=time.perf_counter() - t0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReconcileOutcome:
+    """What the bounded reconcile pass did."""
+
+    ok: bool
+    """Whether it finished in time without error."""
+    seconds: float
+    """How long it ran (or waited)."""
+    detail: str
+    """Its result or why it did not finish."""
+
+
+def run_bounded(fn: Callable[[], Any], *, timeout_s: float) -> ReconcileOutcome:
+    """Run ``fn`` in a daemon thread and stop waiting for it after ``timeout_s``."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn()
+        except Exception as exc:  # reported, never fatal to status
+            result["error"] = _one_line(f"{type(exc).__name__}: {exc}")
+
+    t0 = time.perf_counter()
+    worker = threading.Thread(target=target, name="hpcrun-reconcile", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    took = time.perf_counter() - t0
+    if worker.is_alive():
+        return ReconcileOutcome(ok=False, seconds=took,
+                                detail=f"timed out after {timeout_s:g} s; showing the record only")
+    if "error" in result:
+        return ReconcileOutcome(ok=False, seconds=took, detail=result["error"])
+    return ReconcileOutcome(ok=True, seconds=took, detail=_short(result.get("value")))
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "no action needed"
+    if isinstance(value, list | tuple):
+        return f"{len(value)} action(s): " + _one_line("; ".join(str(v) for v in value))
+    return _one_line(str(value))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]

@@ -1,0 +1,203 @@
+"""Heartbeats: ranks → their node agent (node-local files) → one file per node (shared tier).
+
+A rank writes ``<hb_dir>/rank-00003.json`` in a node-local directory at each step boundary
+(rate-limited); these files never touch the parallel filesystem. The node's agent reads them with
+a :class:`HeartbeatAggregator` and writes ONE file per node, ``<run_dir>/heartbeat/<node>.json``,
+at a bounded rate: per-rank files on Lustre/GPFS would be a metadata storm at scale.
+
+Heartbeat files are untrusted when read back: a malformed one is skipped, never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+HEARTBEAT_SCHEMA_VERSION = 1
+HEARTBEAT_DIR = "heartbeat"
+_RANK_RE = re.compile(r"^rank-(\d+)\.json$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankBeat:
+    """The latest progress report of one rank."""
+
+    rank: int
+    """Global rank."""
+    step: int
+    """Last completed global step."""
+    ts: float
+    """Wall time the step completed (the last progress)."""
+    step_time_s: float | None
+    """Duration of that step, when known."""
+    pid: int
+    """Process id of the rank on its node (for stack capture and kill)."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.pid < 0:
+            raise ValueError(f"rank and pid must be >= 0, got rank={self.rank} pid={self.pid}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeHeartbeat:
+    """One node's heartbeat as the agent publishes it."""
+
+    node: str
+    """Hostname."""
+    ts: float
+    """When the agent wrote it (the agent is alive at this time)."""
+    ranks: Mapping[int, RankBeat] = field(default_factory=dict)
+    """Latest beat of each rank of the node."""
+    generation: int = 0
+    """Generation of the writing agent."""
+    schema_version: int = HEARTBEAT_SCHEMA_VERSION
+
+    @property
+    def min_step(self) -> int | None:
+        """The slowest rank's step (the node's progress), None before any beat."""
+        return min((b.step for b in self.ranks.values()), default=None)
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        body["ranks"] = [asdict(b) for b in sorted(self.ranks.values(), key=lambda b: b.rank)]
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _rank_beat_from(raw: Any) -> RankBeat | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        rank, step, ts, pid = raw["rank"], raw["step"], raw["ts"], raw["pid"]
+        st = raw.get("step_time_s")
+    except KeyError:
+        return None
+    if not (isinstance(rank, int) and isinstance(step, int) and isinstance(pid, int)
+            and isinstance(ts, int | float) and (st is None or isinstance(st, int | float))):
+        return None
+    if rank < 0 or pid < 0:
+        return None
+    return RankBeat(rank=rank, step=step, ts=float(ts), pid=pid,
+                    step_time_s=None if st is None else float(st))
+
+
+def parse_node_heartbeat(raw_bytes: bytes) -> NodeHeartbeat | None:
+    """Parse a node heartbeat file; None when it is malformed or of an unknown schema."""
+    try:
+        raw = json.loads(raw_bytes)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(raw, dict) or raw.get("schema_version") != HEARTBEAT_SCHEMA_VERSION:
+        return None
+    node, ts, gen, ranks = raw.get("node"), raw.get("ts"), raw.get("generation", 0), raw.get(
+        "ranks")
+    if not (isinstance(node, str) and isinstance(ts, int | float) and isinstance(gen, int)
+            and isinstance(ranks, list)):
+        return None
+    beats = [b for b in map(_rank_beat_from, ranks) if b is not None]
+    return NodeHeartbeat(node=node, ts=float(ts), generation=gen,
+                         ranks={b.rank: b for b in beats})
+
+
+def write_rank_heartbeat(hb_dir: Path, *, rank: int, step: int, ts: float,
+                         step_time_s: float | None, pid: int) -> None:
+    """Report a rank's progress to its node agent (node-local file, atomic replace).
+
+    No fsync: the file is node-local and only needs to be whole, not durable.
+    """
+    beat = RankBeat(rank=rank, step=step, ts=ts, step_time_s=step_time_s, pid=pid)
+    hb_dir = Path(hb_dir)
+    hb_dir.mkdir(parents=True, exist_ok=True)
+    target = hb_dir / f"rank-{rank:05d}.json"
+    tmp = hb_dir / f".rank-{rank:05d}.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(asdict(beat), separators=(",", ":")), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+class RankHeartbeat:
+    """A rank's rate-limited heartbeat: call :meth:`beat` at every step boundary."""
+
+    def __init__(self, hb_dir: Path, *, rank: int, pid: int | None = None,
+                 clock: Clock = SYSTEM_CLOCK, min_interval_s: float = 1.0) -> None:
+        self._hb_dir, self._rank = Path(hb_dir), rank
+        self._pid = os.getpid() if pid is None else pid
+        self._clock, self._min_interval = clock, min_interval_s
+        self._last: float | None = None
+
+    def beat(self, step: int, step_time_s: float | None = None, *, force: bool = False) -> bool:
+        """Write the beat unless one was written less than ``min_interval_s`` ago."""
+        mono = self._clock.monotonic()
+        if not force and self._last is not None and mono - self._last < self._min_interval:
+            return False
+        write_rank_heartbeat(self._hb_dir, rank=self._rank, step=step, ts=self._clock.now(),
+                             step_time_s=step_time_s, pid=self._pid)
+        self._last = mono
+        return True
+
+
+def read_rank_beats(hb_dir: Path) -> dict[int, RankBeat]:
+    """The latest beat of every rank that reported into ``hb_dir``."""
+    out: dict[int, RankBeat] = {}
+    names = sorted(os.listdir(hb_dir)) if Path(hb_dir).is_dir() else []
+    for name in names:
+        if not _RANK_RE.match(name):
+            continue
+        try:
+            raw = json.loads((Path(hb_dir) / name).read_bytes())
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        beat = _rank_beat_from(raw)
+        if beat is not None:
+            out[beat.rank] = beat
+    return out
+
+
+class HeartbeatAggregator:
+    """The agent's side: fold the node's rank beats into one node file at a bounded rate."""
+
+    def __init__(self, run_dir: Path, *, node: str, hb_dir: Path, generation: int = 0,
+                 clock: Clock = SYSTEM_CLOCK, min_interval_s: float = 5.0,
+                 storage: Storage = LOCAL_STORAGE) -> None:
+        self.path = Path(run_dir) / HEARTBEAT_DIR / f"{node}.json"
+        self._node, self._hb_dir, self._generation = node, Path(hb_dir), generation
+        self._clock, self._min_interval, self._storage = clock, min_interval_s, storage
+        self._last: float | None = None
+
+    def collect(self) -> NodeHeartbeat:
+        """The node's heartbeat as of now, without writing it."""
+        return NodeHeartbeat(node=self._node, ts=self._clock.now(), generation=self._generation,
+                             ranks=read_rank_beats(self._hb_dir))
+
+    def poll(self, *, force: bool = False) -> NodeHeartbeat | None:
+        """Collect and publish the node file if ``min_interval_s`` has passed; else None."""
+        mono = self._clock.monotonic()
+        if not force and self._last is not None and mono - self._last < self._min_interval:
+            return None
+        hb = self.collect()
+        self._storage.makedirs(self.path.parent)
+        self._storage.write_atomic(self.path, hb.to_json().encode())
+        self._last = mono
+        return hb
+
+
+def read_heartbeats(run_dir: Path) -> dict[str, NodeHeartbeat]:
+    """Every node's published heartbeat, by node; malformed files are skipped."""
+    root = Path(run_dir) / HEARTBEAT_DIR
+    out: dict[str, NodeHeartbeat] = {}
+    for name in sorted(os.listdir(root)) if root.is_dir() else []:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        try:
+            hb = parse_node_heartbeat((root / name).read_bytes())
+        except OSError:
+            continue
+        if hb is not None:
+            out[hb.node] = hb
+    return out

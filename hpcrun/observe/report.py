@@ -1,0 +1,252 @@
+"""``hpcrun report``: one self-contained HTML page with the run's plots (embedded PNGs).
+
+Plots: the timeline of allocations (generations) with time charged by bucket and incidents
+marked; step time per rank (heatmap); input wait per step; checkpoint stall and drain lag; the
+ETTR waste breakdown; and the Young waste curve for the run's measured C and M with the chosen
+interval marked. Plots are drawn with matplotlib's Agg backend, so no display is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure  # Figure, not pyplot: no global state, no display needed
+from matplotlib.patches import Rectangle
+
+from hpcrun.checkpoint.cadence import choose_interval, expected_waste, format_duration
+from hpcrun.observe.ettr import Bucket, EttrReport, compute_ettr, gang_steps, timeline
+from hpcrun.observe.status import RecordFacts
+from hpcrun.protocols import Event
+
+COLORS = {Bucket.PRODUCTIVE: "#2ca02c", Bucket.RECOVERY: "#d62728", Bucket.CHECKPOINT: "#1f77b4",
+          Bucket.REPLAY: "#ff7f0e", Bucket.INPUT_WAIT: "#9467bd", Bucket.STARTUP: "#8c564b",
+          Bucket.STALL: "#e377c2", Bucket.IDLE: "#bbbbbb"}
+INCIDENT_KINDS = ("fault", "hang", "straggler")
+DEFAULT_MTBF_S = 6 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plot:
+    """One figure of the report."""
+
+    title: str
+    """Section heading."""
+    png: bytes
+    """The rendered PNG."""
+    caption: str
+    """One sentence on how to read it."""
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _empty(ax: Any, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes)
+
+
+def plot_timeline(events: Sequence[Event]) -> bytes:
+    """Allocations by generation, time coloured by bucket, incidents as red marks."""
+    fig = Figure(figsize=(10, 2.8))
+    ax = fig.subplots()
+    segments = timeline(events)
+    origin = min((a.start for a, _ in segments), default=0.0)
+    for alloc, segs in segments:
+        for bucket in Bucket:
+            bars = [(s.start - origin, s.end - s.start) for s in segs if s.bucket == bucket]
+            if bars:
+                ax.broken_barh(bars, (alloc.generation - 0.4, 0.8), color=COLORS[bucket])
+    for e in events:
+        if e.kind in INCIDENT_KINDS:
+            ax.plot(e.ts - origin, e.generation + 0.45, marker="v", color="red", markersize=9)
+            ax.annotate(e.kind, (e.ts - origin, e.generation + 0.45), fontsize=7, color="red",
+                        xytext=(3, 3), textcoords="offset points")
+    if not segments:
+        _empty(ax, "allocations")
+    ax.set_yticks(sorted({a.generation for a, _ in segments}))
+    ax.set_xlabel("seconds since the first allocation")
+    ax.set_ylabel("generation")
+    ax.legend(handles=[Rectangle((0, 0), 1, 1, color=COLORS[b], label=b) for b in Bucket],
+              ncol=8, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    return _png(fig)
+
+
+def plot_heatmap(events: Sequence[Event]) -> bytes:
+    """Step time per rank (rows) and step (columns)."""
+    cells: dict[tuple[int, int], float] = {}
+    for e in events:
+        if e.kind == "step" and e.rank >= 0 and isinstance(e.data.get("dur_s"), int | float):
+            cells[(e.rank, e.step)] = float(e.data["dur_s"])
+    fig = Figure(figsize=(10, 3))
+    ax = fig.subplots()
+    if cells:
+        ranks = sorted({r for r, _ in cells})
+        steps = sorted({s for _, s in cells})
+        ri, si = {r: i for i, r in enumerate(ranks)}, {s: i for i, s in enumerate(steps)}
+        grid = [[float("nan")] * len(steps) for _ in ranks]
+        for (r, s), v in cells.items():
+            grid[ri[r]][si[s]] = v
+        im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                       extent=(steps[0] - 0.5, steps[-1] + 0.5, len(ranks) - 0.5, -0.5))
+        ax.set_yticks(range(len(ranks)), [str(r) for r in ranks] if len(ranks) <= 32 else None)
+        fig.colorbar(im, ax=ax, label="step time (s)")
+    else:
+        _empty(ax, "steps")
+    ax.set_xlabel("step")
+    ax.set_ylabel("rank")
+    return _png(fig)
+
+
+def plot_input_wait(events: Sequence[Event]) -> bytes:
+    """Gang input wait per step (the slowest rank's)."""
+    steps = gang_steps(events)
+    fig = Figure(figsize=(10, 2.5))
+    ax = fig.subplots()
+    if steps:
+        ax.plot([s.step for s in steps], [s.input_wait_s for s in steps], ".-", color="#9467bd")
+    else:
+        _empty(ax, "steps")
+    ax.set_xlabel("step")
+    ax.set_ylabel("input wait (s)")
+    return _png(fig)
+
+
+def plot_checkpoints(events: Sequence[Event]) -> bytes:
+    """Exposed checkpoint stall (stage) and drain lag per checkpoint."""
+    stall = [(e.step, float(e.data.get("dur_s", 0.0))) for e in events if e.kind == "ckpt_stage"]
+    drain = [(e.step, float(e.data.get("lag_s", e.data.get("dur_s", 0.0))))
+             for e in events if e.kind == "drain"]
+    fig = Figure(figsize=(10, 2.5))
+    ax = fig.subplots()
+    if stall:
+        ax.bar([s for s, _ in stall], [v for _, v in stall], color="#1f77b4", label="stage stall")
+    if drain:
+        ax.plot([s for s, _ in drain], [v for _, v in drain], "o-", color="#ff7f0e",
+                label="drain lag")
+    if stall or drain:
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "checkpoints")
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    return _png(fig)
+
+
+def plot_waste(report: EttrReport) -> bytes:
+    """Allocated seconds by bucket."""
+    fig = Figure(figsize=(10, 2.8))
+    ax = fig.subplots()
+    items = [(b, report.seconds.get(b, 0.0)) for b in Bucket]
+    ax.barh([b.value for b, _ in items], [v for _, v in items],
+            color=[COLORS[b] for b, _ in items])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"seconds (ETTR {report.ettr:.1%} of {report.allocated_s:.0f} s allocated)")
+    return _png(fig)
+
+
+def measured_cost_mtbf(events: Sequence[Event], report: EttrReport) -> tuple[float, float]:
+    """(C, M): mean exposed stage time, and allocated time per interruption (prior if none)."""
+    stages = [float(e.data["dur_s"]) for e in events if e.kind == "ckpt_stage"
+              and isinstance(e.data.get("dur_s"), int | float) and e.data["dur_s"] > 0]
+    cost = statistics.mean(stages) if stages else 30.0
+    interruptions = max(0, len(report.allocations) - 1)
+    mtbf = report.allocated_s / interruptions if interruptions else DEFAULT_MTBF_S
+    return cost, max(mtbf, 2 * cost)
+
+
+def plot_young(cost_s: float, mtbf_s: float, rpo_s: float | None) -> bytes:
+    """W(T) over a range of intervals, with Young's and the chosen interval marked."""
+    plan = choose_interval(cost_s=cost_s, mtbf_s=mtbf_s, rpo_s=rpo_s)
+    lo, hi = max(cost_s / 4, 1.0), max(plan.young_s * 6, plan.interval_s * 2)
+    ts = [lo * (hi / lo) ** (i / 199) for i in range(200)]
+    fig = Figure(figsize=(10, 3))
+    ax = fig.subplots()
+    ax.plot(ts, [100 * expected_waste(t, cost_s=cost_s, mtbf_s=mtbf_s) for t in ts],
+            color="#333333")
+    ax.axvline(plan.young_s, color="#1f77b4", ls="--",
+               label=f"Young {format_duration(plan.young_s)}")
+    ax.axvline(plan.interval_s, color="#d62728",
+               label=f"chosen {format_duration(plan.interval_s)}"
+                     + (" (RPO)" if plan.limited_by_rpo else ""))
+    ax.set_xscale("log")
+    ax.set_xlabel(f"checkpoint interval T (s); C = {cost_s:.3g} s, M = {mtbf_s:.0f} s")
+    ax.set_ylabel("expected waste (%)")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def build_plots(events: Sequence[Event], report: EttrReport,
+                rpo_s: float | None) -> list[Plot]:
+    """All plots of the report."""
+    cost, mtbf = measured_cost_mtbf(events, report)
+    makers: list[tuple[str, Callable[[], bytes], str]] = [
+        ("Timeline", lambda: plot_timeline(events),
+         "Each row is one generation (allocation); colour shows where its time went; red marks "
+         "are incidents."),
+        ("Step time per rank", lambda: plot_heatmap(events),
+         "A straggler is a bright row; a slow node shows as a band of rows."),
+        ("Input wait", lambda: plot_input_wait(events),
+         "Time the slowest rank waited for its batch in each step."),
+        ("Checkpoint stall and drain lag", lambda: plot_checkpoints(events),
+         "Bars: training paused for the host copy; line: time to make a checkpoint durable."),
+        ("Where the allocated time went", lambda: plot_waste(report),
+         "Every allocated second is charged to exactly one bucket."),
+        ("Checkpoint interval", lambda: plot_young(cost, mtbf, rpo_s),
+         "Expected waste W(T) = C/T + T/2M for the measured C and M."),
+    ]
+    return [Plot(title=t, png=make(), caption=c) for t, make, c in makers]
+
+
+def _summary_rows(facts: RecordFacts | None, report: EttrReport) -> list[tuple[str, str]]:
+    rows = []
+    if facts is not None:
+        rows += [("run", facts.run_id), ("state", facts.state),
+                 ("generation", str(facts.generation)), ("step", str(facts.step)),
+                 ("restarts / requeues", f"{facts.restarts} / {facts.requeues}")]
+    rows += [("ETTR", f"{report.ettr:.1%}"), ("accepted steps", str(report.accepted_steps)),
+             ("replayed steps", str(report.replayed_steps)),
+             ("accepted tokens", str(report.accepted_tokens)),
+             ("throughput", f"{report.throughput:.4g} tokens/s"),
+             ("node-hours", f"{report.node_hours:.3f}")]
+    return rows
+
+
+def render_html(plots: Sequence[Plot], rows: Sequence[tuple[str, str]], *, title: str) -> str:
+    """The page: a summary table and one section per plot, images inline as data URIs."""
+    esc = html.escape
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    sections = "".join(
+        f'<section><h2>{esc(p.title)}</h2><img alt="{esc(p.title)}" '
+        f'src="data:image/png;base64,{base64.b64encode(p.png).decode()}">'
+        f"<p>{esc(p.caption)}</p></section>" for p in plots)
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>body{{font-family:sans-serif;max-width:1000px;"
+            "margin:2em auto}}img{max-width:100%}th{text-align:left;padding-right:1em}</style>"
+            f"</head><body><h1>{esc(title)}</h1><table>{table}</table>{sections}</body></html>\n")
+
+
+def build_report(events: Sequence[Event], *, facts: RecordFacts | None = None,
+                 node_hour_price: float | None = None) -> str:
+    """The whole report page for a run's events (and record facts when known)."""
+    report = compute_ettr(events, node_hour_price=node_hour_price)
+    plots = build_plots(events, report, facts.rpo_s if facts else None)
+    title = f"hpcrun report: {facts.run_id}" if facts else "hpcrun report"
+    return render_html(plots, _summary_rows(facts, report), title=title)
+
+
+def write_report(path: Path, page: str) -> Path:
+    """Write the page (replacing an older one atomically)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+    return path

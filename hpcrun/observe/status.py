@@ -1,0 +1,345 @@
+"""What ``hpcrun status`` shows: a pure view built from record facts and observations.
+
+:func:`build_status` takes values (record facts, events, node heartbeats, rank tails, now) and
+returns a :class:`StatusView`; :func:`render_text` and :func:`status_json` render it. The only
+effectful helpers here locate run directories (:func:`resolve_run_dir`, :func:`runs_root`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcrun.errors import RecordError
+from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evaluate_alerts
+from hpcrun.observe.ettr import GangStep, compute_ettr, gang_steps
+from hpcrun.observe.hang import detect_hangs
+from hpcrun.observe.heartbeat import NodeHeartbeat
+from hpcrun.observe.stragglers import find_stragglers, step_times_from_events, straggler_scores
+from hpcrun.protocols import Event
+
+DEFAULT_RUNS_ROOT = "~/hpcrun-runs"
+STATUS_SCHEMA_VERSION = 1
+ACTIVE_STATES = frozenset({"STARTING", "RUNNING", "RECOVERING"})
+StepTimes = tuple[dict[int, list[float]], dict[int, str]]
+"""Per-rank step durations and each rank's node (see ``step_times_from_events``)."""
+
+
+def runs_root(environ: Mapping[str, str]) -> Path:
+    """The runs root: ``$HPCRUN_RUNS`` or ``~/hpcrun-runs``."""
+    return Path(os.path.expanduser(environ.get("HPCRUN_RUNS") or DEFAULT_RUNS_ROOT))
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` looks like a run directory (it holds the run log)."""
+    return (path / "log").is_dir()
+
+
+def resolve_run_dir(arg: str, *, environ: Mapping[str, str] | None = None) -> Path:
+    """A run directory from a run id under the runs root or a path to a run directory."""
+    env = os.environ if environ is None else environ
+    as_path = Path(os.path.expanduser(arg))
+    if is_run_dir(as_path):
+        return as_path.resolve()
+    root = runs_root(env)
+    if "/" not in arg and is_run_dir(root / arg):
+        return (root / arg).resolve()
+    raise RecordError(f"no run {arg!r}: expected a run id under {root} ($HPCRUN_RUNS) or a path "
+                      "to a run directory holding log/; see `hpcrun list` for runs")
+
+
+def list_run_dirs(root: Path) -> list[Path]:
+    """Run directories directly under ``root``, newest first (by log mtime)."""
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p)]
+    return sorted(runs, key=lambda p: ((p / "log").stat().st_mtime, p.name), reverse=True)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointFact:
+    """A committed checkpoint as the record lists it."""
+
+    ckpt_id: str
+    """Checkpoint id."""
+    step: int
+    """Step it captures."""
+    tier: str
+    """Tier it is committed on."""
+    ts: float | None = None
+    """Commit wall time, when known."""
+    slot: int = -1
+    """Log slot of the commit entry."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultFact:
+    """A recorded fault."""
+
+    fault: str
+    """Fault class."""
+    node: str = ""
+    """Node, when known."""
+    rank: int = -1
+    """Rank, when known."""
+    step: int = -1
+    """Step, when known."""
+    signature: str = ""
+    """Signature for repeat detection."""
+    detail: str = ""
+    """One line for people."""
+    ts: float | None = None
+    """When it was recorded."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordFacts:
+    """The run-record fields status needs, independent of the record's own classes."""
+
+    run_id: str
+    """Run id."""
+    state: str
+    """Run state."""
+    generation: int = 0
+    """Generation in force."""
+    job_ids: tuple[str, ...] = ()
+    """Scheduler job ids, oldest first."""
+    restarts: int = 0
+    """In-allocation restarts."""
+    requeues: int = 0
+    """Requeues."""
+    step: int = 0
+    """Last validated step."""
+    tokens: int = 0
+    """Tokens of validated steps."""
+    checkpoints: tuple[CheckpointFact, ...] = ()
+    """Committed checkpoints, oldest first."""
+    cursor: Mapping[str, Any] = field(default_factory=dict)
+    """Data position at the newest committed step."""
+    faults: tuple[FaultFact, ...] = ()
+    """Recorded faults, oldest first."""
+    quarantined: tuple[str, ...] = ()
+    """Quarantined nodes."""
+    rpo_s: float | None = None
+    """The spec's RPO."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankTail:
+    """The last output line of one rank."""
+
+    rank: int
+    """Global rank."""
+    node: str
+    """Its node."""
+    line: str
+    """Last non-empty line of its output."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatusView:
+    """Everything ``hpcrun status`` shows."""
+
+    facts: RecordFacts
+    """From the record."""
+    now: float
+    """When the view was built."""
+    step_rate: float | None
+    """Steps per second over recent steps of the current generation."""
+    token_rate: float | None
+    """Tokens per second over the same steps."""
+    checkpoint_age_s: dict[str, float]
+    """Age of the newest committed checkpoint per tier."""
+    rpo_exposure_s: float | None
+    """Work at risk: age of the newest durable (shared-tier, else any) checkpoint."""
+    input_wait_ratio: float | None
+    """Input wait / step time over recent steps."""
+    ettr: float | None
+    """ETTR so far (None without events)."""
+    waste_s: dict[str, float]
+    """Waste seconds by cause so far."""
+    tails: tuple[RankTail, ...]
+    """Last line of every rank."""
+    incidents: tuple[str, ...]
+    """Open incidents: live hangs, stragglers, recent faults."""
+    alerts: tuple[str, ...]
+    """Alert rules that fire."""
+    nodes: dict[str, dict[str, Any]]
+    """Per node: heartbeat age and slowest rank's step."""
+
+
+def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
+                 window: int = 20) -> tuple[float | None, float | None]:
+    """(steps/s, tokens/s) over the last ``window`` gang steps of ``generation``."""
+    steps = [s for s in all_steps if s.generation == generation][-window:]
+    if len(steps) < 2:
+        return None, None
+    span = steps[-1].end - steps[0].end
+    if span <= 0:
+        return None, None
+    return (len(steps) - 1) / span, sum(s.tokens for s in steps[1:]) / span
+
+
+def checkpoint_ages(checkpoints: Sequence[CheckpointFact], now: float) -> dict[str, float]:
+    """Age of the newest committed checkpoint on each tier (tiers without a commit time omitted)."""
+    newest: dict[str, float] = {}
+    for c in checkpoints:
+        if c.ts is not None:
+            newest[c.tier] = max(newest.get(c.tier, c.ts), c.ts)
+    return {tier: max(0.0, now - ts) for tier, ts in sorted(newest.items())}
+
+
+def rpo_exposure(ages: Mapping[str, float]) -> float | None:
+    """Work at risk on loss of every node: shared-tier age, else the newest of any tier."""
+    if "shared" in ages:
+        return ages["shared"]
+    return min(ages.values()) if ages else None
+
+
+def input_wait_fraction(events: Sequence[Event], *, window: int = 200) -> float | None:
+    """Input wait / step time over the last ``window`` rank step events."""
+    steps = [e for e in events if e.kind == "step"][-window:]
+    total = sum(float(e.data.get("dur_s", 0.0) or 0.0) for e in steps)
+    wait = sum(float(e.data.get("input_wait_s", 0.0) or 0.0) for e in steps)
+    return wait / total if total > 0 else None
+
+
+def live_incidents(facts: RecordFacts, step_times: StepTimes,
+                   heartbeats: Mapping[str, NodeHeartbeat], now: float, *,
+                   hang_threshold_s: float, straggler_threshold: float,
+                   window: int) -> list[str]:
+    """Hangs (while active), stragglers of the current generation, and the last faults."""
+    out: list[str] = []
+    if facts.state in ACTIVE_STATES:
+        current = {n: hb for n, hb in heartbeats.items() if hb.generation == facts.generation}
+        out += [f"hang: node {h.node} rank {h.rank} no progress for {h.stalled_s:.0f} s at step "
+                f"{h.step}" for h in detect_hangs(current, now, threshold_s=hang_threshold_s)]
+    times, nodes = step_times
+    out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}"
+            for s in find_stragglers(times, straggler_threshold, window, nodes=nodes)]
+    out += [f"fault: {f.fault} node {f.node or '?'} rank {f.rank} step {f.step}: {f.detail}"
+            for f in facts.faults[-5:]]
+    return out
+
+
+def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
+                  ages: Mapping[str, float], window: int,
+                  step_times: StepTimes) -> AlertSignals:
+    """Measure the alert signals from the record facts and events."""
+    last_step = max((e.ts for e in events if e.kind == "step"), default=None)
+    active = facts.state in ACTIVE_STATES
+    times, _ = step_times
+    scores = straggler_scores(times, window=window) if times else {}
+    exposure = rpo_exposure(ages)
+    sigs: dict[str, int] = {}
+    for f in facts.faults:
+        if f.signature:
+            sigs[f.signature] = sigs.get(f.signature, 0) + 1
+    return AlertSignals(
+        no_progress_s=now - last_step if active and last_step is not None else None,
+        worst_straggler_score=max(scores.values(), default=None),
+        input_wait_fraction=input_wait_fraction(events),
+        checkpoint_lag_ratio=(exposure / facts.rpo_s if exposure is not None and facts.rpo_s
+                              else None),
+        fault_signatures=sigs)
+
+
+def build_status(facts: RecordFacts, *, events: Sequence[Event],
+                 heartbeats: Mapping[str, NodeHeartbeat], tails: Sequence[RankTail],
+                 now: float, rules: Sequence[AlertRule] | None = None,
+                 hang_threshold_s: float = 900.0, straggler_threshold: float = 1.5,
+                 window: int = 20) -> StatusView:
+    """Assemble the status view (pure)."""
+    steps = gang_steps(events)
+    step_rate, token_rate = recent_rates(steps, generation=facts.generation, window=window)
+    ages = checkpoint_ages(facts.checkpoints, now)
+    report = compute_ettr(events, steps=steps) if events else None
+    step_times = step_times_from_events(events, generation=facts.generation)
+    signals = alert_signals(facts, events, now, ages=ages, window=window, step_times=step_times)
+    alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
+    return StatusView(
+        facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,
+        rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=signals.input_wait_fraction,
+        ettr=report.ettr if report else None,
+        waste_s={k: v for k, v in report.waste_s.items() if v > 0} if report else {},
+        tails=tuple(sorted(tails, key=lambda t: t.rank)),
+        incidents=tuple(live_incidents(facts, step_times, heartbeats, now,
+                                       hang_threshold_s=hang_threshold_s,
+                                       straggler_threshold=straggler_threshold, window=window)),
+        alerts=tuple(a.message for a in alerts),
+        nodes={n: {"age_s": now - hb.ts, "step": hb.min_step, "ranks": len(hb.ranks)}
+               for n, hb in sorted(heartbeats.items())})
+
+
+def status_json(view: StatusView) -> dict[str, Any]:
+    """The view as a JSON-ready dict (``hpcrun status --json``)."""
+    body = asdict(view)
+    body["schema_version"] = STATUS_SCHEMA_VERSION
+    return body
+
+
+def _fmt_age(seconds: float | None) -> str:
+    # Not hpcrun.checkpoint.cadence.format_duration: importing the checkpoint plane pulls in
+    # torch and h5py, which would cost a login-node `hpcrun status` about two seconds.
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s // 3600}h {(s % 3600) // 60}m"
+
+
+def _checkpoint_lines(view: StatusView) -> list[str]:
+    f = view.facts
+    if not f.checkpoints:
+        return ["checkpoint  none committed yet"]
+    last = f.checkpoints[-1]
+    tiers = sorted({c.tier for c in f.checkpoints if c.ckpt_id == last.ckpt_id})
+    ages = ", ".join(f"{t} {_fmt_age(a)} ago" for t, a in view.checkpoint_age_s.items())
+    rpo = f" (RPO {_fmt_age(f.rpo_s)})" if f.rpo_s else ""
+    return [f"checkpoint  {last.ckpt_id} step {last.step} on {'+'.join(tiers)}"
+            + (f"; {ages}" if ages else ""),
+            f"exposure    {_fmt_age(view.rpo_exposure_s)} of work at risk{rpo}"]
+
+
+def render_text(view: StatusView) -> str:
+    """The human status block."""
+    f = view.facts
+    rate = (f"{view.step_rate:.3g} steps/s, {view.token_rate:.4g} tok/s"
+            if view.step_rate is not None and view.token_rate is not None else "-")
+    lines = [
+        f"run         {f.run_id}",
+        f"state       {f.state}  generation {f.generation}  job "
+        f"{f.job_ids[-1] if f.job_ids else '-'}  restarts {f.restarts}  requeues {f.requeues}",
+        f"progress    step {f.step}  tokens {f.tokens}  rate {rate}",
+        *_checkpoint_lines(view),
+        f"data        {_cursor_summary(f.cursor)}",
+        f"ettr        {'-' if view.ettr is None else f'{view.ettr:.1%}'}"
+        + (("  waste " + ", ".join(f"{k} {_fmt_age(v)}" for k, v in view.waste_s.items()))
+           if view.waste_s else ""),
+    ]
+    lines += [f"node        {n} step {d['step']} heartbeat {_fmt_age(d['age_s'])} ago"
+              for n, d in view.nodes.items()]
+    if f.quarantined:
+        lines.append(f"quarantine  {', '.join(f.quarantined)}")
+    lines += [f"incident    {i}" for i in view.incidents] or ["incidents   none open"]
+    lines += [f"alert       {a}" for a in view.alerts]
+    lines += [f"rank {t.rank:>5} {t.node:<12} | {t.line}" for t in view.tails]
+    return "\n".join(lines)
+
+
+def _cursor_summary(cursor: Mapping[str, Any]) -> str:
+    if not cursor:
+        return "-"
+    inner = cursor.get("cursor", cursor)  # the record keeps {"step", "cursor": envelope}
+    state = inner.get("state", inner) if isinstance(inner, Mapping) else inner
+    if isinstance(state, Mapping):
+        keys = [k for k in ("epoch", "position", "batch", "samples") if k in state]
+        if keys:
+            return " ".join(f"{k} {state[k]}" for k in keys)
+    return str(dict(cursor))[:100]

@@ -1,0 +1,349 @@
+"""The per-node agent: ``python -m hpcrun.runtime.agent --run-dir DIR`` (one per node).
+
+Each agent spawns its node's ranks, relays the preemption signal to them, folds their heartbeats
+into one file per node, runs the node's drain in its own process, and reports how its ranks ended
+in the run log. The node-0 agent also supervises: it claims each incarnation's generation, reads
+every node's outcome, and decides between success, an in-allocation restart, a requeue and
+failure (:mod:`hpcrun.runtime.supervisor`). Agents coordinate only through the run log: the other
+agents find their incarnation by its fence's holder key, and a newer fence tells them to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.log import EntryKind, RunLog, new_holder
+from hpcrun.errors import HpcrunError, StaleGenerationError
+from hpcrun.runtime.drainer import DrainTarget, drain_round_safely
+from hpcrun.runtime.gang import Gang, RankExit
+from hpcrun.runtime.incarnation import (
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_STALE,
+    EXIT_USER_ERROR,
+    Incarnation,
+)
+from hpcrun.runtime.logview import LogView
+from hpcrun.runtime.node import NodeInfo
+
+POLL_S = 0.2
+FENCE_WAIT_S = 300.0
+
+
+class Agent:
+    """One node's agent. Constructed with its parts; :meth:`run` does the work."""
+
+    def __init__(self, *, run_dir: Path, node: NodeInfo, spec: Any, site: Any, log: RunLog,
+                 requeuer: Any, environ: Mapping[str, str], clock: Clock = SYSTEM_CLOCK,
+                 python: str = sys.executable) -> None:
+        self.run_dir = run_dir
+        self.node = node
+        self.spec = spec
+        self.site = site
+        self.log = log
+        self.view = LogView(log)
+        self.requeuer = requeuer
+        self.environ = dict(environ)
+        self.clock = clock
+        self.python = python
+        from hpcrun.launch.signals import StopFlag, signal_number
+
+        self.preempt_signal = signal_number(site.preempt_signal)
+        self.stop = StopFlag()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run incarnations until the run ends here; return the agent's exit status."""
+        from hpcrun.launch.signals import stop_on
+
+        attempt = 0
+        with stop_on([self.preempt_signal, signal.SIGTERM], self.stop):
+            while True:
+                try:
+                    inc = self._establish(attempt)
+                    if inc is None:
+                        return EXIT_OK
+                    status, next_attempt = self._run_incarnation(inc)
+                except StaleGenerationError as exc:
+                    print(f"hpcrun agent {self.node.node}: {exc}", file=sys.stderr)
+                    return EXIT_STALE
+                if next_attempt is None:
+                    return status
+                attempt = next_attempt
+
+    def _establish(self, attempt: int) -> Incarnation | None:
+        key = self.node.incarnation_key(attempt)
+        if self.node.is_supervisor:
+            fence = self.log.claim(new_holder(key))
+            self._publish_start(fence.generation, fence.holder, attempt)
+            return self._incarnation(fence.generation, fence.holder, fence.slot, attempt)
+        deadline = self.clock.monotonic() + FENCE_WAIT_S
+        while self.clock.monotonic() < deadline:
+            self.view.refresh()
+            fence = self.view.fence_with_prefix(key)
+            if fence is not None:
+                return self._incarnation(fence.generation, fence.holder, fence.slot, attempt)
+            if self.view.terminal():
+                return None
+            self.clock.sleep(POLL_S)
+        raise HpcrunError(f"node {self.node.node}: no fence for {key} appeared within "
+                          f"{FENCE_WAIT_S:.0f} s; the node-0 agent did not start the gang")
+
+    def _publish_start(self, generation: int, holder: str, attempt: int) -> None:
+        if attempt == 0:
+            self.log.publish(EntryKind.JOB, generation=generation, holder=holder,
+                             payload={"job_id": self.node.job_id, "backend": self.node.backend,
+                                      "restart_count": self.node.restart_count,
+                                      "nodes": list(self.node.nodes)})
+        self.log.publish(EntryKind.STATE, generation=generation, holder=holder,
+                         payload={"state": "STARTING", "attempt": attempt,
+                                  "reason": f"job {self.node.job_id} restart "
+                                            f"{self.node.restart_count} attempt {attempt}"})
+
+    def _incarnation(self, generation: int, holder: str, slot: int, attempt: int) -> Incarnation:
+        return Incarnation(
+            run_dir=self.run_dir, run_id=self.run_dir.name, generation=generation, holder=holder,
+            fence_slot=slot, job_id=self.node.job_id, restart_count=self.node.restart_count,
+            attempt=attempt, node=self.node.node, node_local_root=self.node.node_local_root)
+
+    # -- one incarnation ---------------------------------------------------------------------
+    def _run_incarnation(self, inc: Incarnation) -> tuple[int, int | None]:
+        gang = self._gang(inc)
+        gang.start()
+        drainer = self._start_drainer(inc)
+        try:
+            outcome = self._watch(inc, gang)
+        finally:
+            gang.kill(grace_s=float(self.environ.get("HPCRUN_KILL_GRACE_S", "5")))
+            self._stop_drainer(drainer)
+        if isinstance(outcome, tuple):
+            return outcome
+        status = self._node_status(gang, outcome)
+        if status in ("succeeded", "preempted") and drainer is not None:
+            drain_round_safely(self._drain_target(inc), self.log)
+        self._report_node_exit(inc, status)
+        from hpcrun.runtime.supervisor import conclude, follow
+
+        if self.node.is_supervisor:
+            return conclude(self, inc)
+        return follow(self, inc)
+
+    def _watch(self, inc: Incarnation, gang: Gang) -> Any:
+        """Supervise the ranks until they all end, one fails, or the run moves on."""
+        from hpcrun.observe.heartbeat import HeartbeatAggregator
+
+        agg = HeartbeatAggregator(self.run_dir, node=self.node.node, hb_dir=inc.heartbeat_dir(),
+                                  generation=inc.generation, clock=self.clock)
+        relayed = False
+        hang = self._hang_watch(inc, gang)
+        while True:
+            failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
+            if failed:
+                self._record_rank_faults(inc, failed)
+                return "failed"
+            if self.stop.is_set and not relayed:
+                gang.signal(self.preempt_signal)
+                relayed = True
+            agg.poll()
+            moved = self._run_moved_on(inc)
+            if moved is not None:
+                return moved
+            if hang():
+                return "failed"
+            if not gang.running:
+                return "done"
+            self.clock.sleep(POLL_S)
+
+    def _run_moved_on(self, inc: Incarnation) -> tuple[int, int | None] | str | None:
+        """A newer fence, a terminal state, or another node's fault ends this incarnation."""
+        self.view.refresh()
+        if self.view.fence.generation != inc.generation:
+            return self._after_fenced_out(inc)
+        if self.view.terminal():
+            return (EXIT_OK, None)
+        if self.node.is_supervisor and any(
+                e.payload.get("node") != self.node.node
+                for e in self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)):
+            return "peer_failed"
+        return None
+
+    def _after_fenced_out(self, inc: Incarnation) -> tuple[int, int | None]:
+        """A newer incarnation fenced this one: join it if it is this job's restart."""
+        for attempt in range(inc.attempt + 1, inc.attempt + 64):
+            if self.view.fence_with_prefix(self.node.incarnation_key(attempt)) is not None:
+                return (EXIT_OK, attempt)
+        if self.view.terminal():
+            return (EXIT_OK, None)
+        return (EXIT_STALE, None)
+
+    def _hang_watch(self, inc: Incarnation, gang: Gang) -> Any:
+        from hpcrun.observe.hang import detect_hangs, respond_to_hang
+        from hpcrun.observe.heartbeat import NodeHeartbeat, read_rank_beats
+
+        threshold = float(self.environ.get("HPCRUN_HANG_S", "0") or 0) or _hang_threshold(
+            self.spec)
+        started = self.clock.now()
+
+        def check() -> bool:
+            beats = read_rank_beats(inc.heartbeat_dir())
+            if not beats or threshold <= 0:
+                return False
+            # A rank that has not reported since this incarnation began is judged from its start.
+            beats = {r: b for r, b in beats.items() if b.ts >= started - 1}
+            hb = NodeHeartbeat(node=self.node.node, ts=self.clock.now(), ranks=beats)
+            hangs = detect_hangs({self.node.node: hb}, self.clock.now(), threshold_s=threshold)
+            return bool(respond_to_hang(
+                hangs, pids=gang.pids, kill_gang=lambda: gang.kill(grace_s=1.0),
+                record_fault=lambda payload: self._append_fault(inc, payload),
+                threshold_s=threshold, clock=self.clock))
+
+        return check
+
+    # -- reporting ---------------------------------------------------------------------------
+    def _record_rank_faults(self, inc: Incarnation, failed: list[RankExit]) -> None:
+        for ex in failed[:1]:  # the first failure is the cause; the rest are its echoes
+            how = (f"killed by signal {-ex.returncode}" if ex.returncode < 0
+                   else f"exited {ex.returncode}")
+            self._append_fault(inc, {
+                "fault": ex.fault, "node": self.node.node, "rank": ex.rank,
+                "step": ex.report.get("step"),
+                "signature": f"{ex.fault}:rank{ex.rank}:{ex.returncode}",
+                "detail": str(ex.report.get("detail") or how)[-2000:]})
+
+    def _append_fault(self, inc: Incarnation, payload: Mapping[str, Any]) -> None:
+        self.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
+                        payload=dict(payload))
+
+    def _node_status(self, gang: Gang, outcome: str) -> str:
+        if outcome in ("failed", "peer_failed"):
+            return "failed"
+        exits = gang.exits.values()
+        if exits and all(e.succeeded for e in exits):
+            return "succeeded"
+        if exits and all(e.succeeded or e.preempted for e in exits):
+            return "preempted"
+        return "failed"
+
+    def _report_node_exit(self, inc: Incarnation, status: str) -> None:
+        self.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+                        payload={"event": "node_exit", "node": self.node.node,
+                                 "status": status, "attempt": inc.attempt})
+
+    # -- processes ---------------------------------------------------------------------------
+    def _gang(self, inc: Incarnation) -> Gang:
+        k = self.spec.resources.tasks_per_node
+        first = self.node.node_rank * k
+        return Gang(ranks=list(range(first, first + k)), env_for=lambda r: self._rank_env(inc, r),
+                    log_dir=inc.logs_dir(), exit_report_for=inc.exit_report, python=self.python,
+                    cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
+
+    def _rank_env(self, inc: Incarnation, rank: int) -> dict[str, str]:
+        from hpcrun.launch.env import DistEnv, derive_master_port
+
+        k = self.spec.resources.tasks_per_node
+        dist = DistEnv(
+            rank=rank, local_rank=rank % k, node_rank=self.node.node_rank,
+            world_size=k * len(self.node.nodes), local_world_size=k,
+            num_nodes=len(self.node.nodes), nodes=self.node.nodes,
+            master_addr=self.node.master_addr,
+            master_port=derive_master_port(self.node.job_id, self.node.restart_count,
+                                           inc.attempt),
+            job_id=self.node.job_id, restart_count=self.node.restart_count, attempt=inc.attempt)
+        env = {k_: v for k_, v in self.environ.items() if not k_.startswith("HPCRUN_AGENT_")}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(dist.to_environ())
+        env.update(inc.to_environ())
+        env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
+        if self.node.backend == "local":
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        return env
+
+    def _drain_target(self, inc: Incarnation) -> DrainTarget:
+        assert self.node.node_local_root is not None
+        return DrainTarget(run_dir=self.run_dir, node=self.node.node,
+                           node_local_root=self.node.node_local_root,
+                           generation=inc.generation, holder=inc.holder,
+                           num_nodes=len(self.node.nodes), supervisor=self.node.is_supervisor)
+
+    def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
+        if self.node.node_local_root is None:
+            return None
+        argv = self._drain_target(inc).argv(self.python, interval_s=2.0)
+        out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
+        try:
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        finally:
+            out.close()
+
+    @staticmethod
+    def _stop_drainer(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _hang_threshold(spec: Any) -> float:
+    rto = getattr(spec.checkpoint, "rto_s", None)
+    return float(rto) if rto else 600.0
+
+
+def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
+    """Wire an agent from the run directory and this process's environment."""
+    from hpcrun.control.record import load_run_spec
+    from hpcrun.launch.site import load_site_snapshot
+
+    spec = load_run_spec(run_dir)
+    site = load_site_snapshot(run_dir)
+    node = NodeInfo.from_environ(environ, node_local_template=site.node_local_path)
+    if node.node_local_root is not None:
+        node.node_local_root.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs" / node.node).mkdir(parents=True, exist_ok=True)
+    return Agent(run_dir=run_dir, node=node, spec=spec, site=site, log=RunLog(run_dir),
+                 requeuer=_requeuer(node), environ=environ)
+
+
+def _requeuer(node: NodeInfo) -> Any:
+    from hpcrun.runtime.requeue import LocalRequeuer, SlurmRequeuer
+
+    if node.backend == "local":
+        return LocalRequeuer()
+    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.runner import SubprocessRunner
+
+    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id)
+
+
+def agent_main(run_dir: str) -> int:
+    """Entry for submitit and the job script: run this node's agent; return its status."""
+    try:
+        return build_agent(Path(run_dir), dict(os.environ)).run()
+    except HpcrunError as exc:
+        print(f"hpcrun agent: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="hpcrun agent", description="Run this node's hpcrun agent.")
+    p.add_argument("--run-dir", required=True, help="run directory on the shared filesystem")
+    a = p.parse_args(argv)
+    sys.exit(agent_main(a.run_dir))
+
+
+if __name__ == "__main__":
+    main()
+
+__all__ = ["EXIT_PREEMPTED", "EXIT_USER_ERROR", "Agent", "agent_main", "build_agent"]

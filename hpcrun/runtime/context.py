@@ -1,0 +1,203 @@
+"""The object a training ``main(ctx)`` receives.
+
+A training script builds its model, optimizer and loader, then::
+
+    start = ctx.restore(model=model, optim=optim, data=loader)
+    for step in ctx.steps(total):
+        loss = train_one_step(...)
+        ctx.step_done(tokens=n_tokens, loss=loss)
+
+hpcrun does the rest at step boundaries: heartbeats, events, checkpoint cadence and commits, the
+stop agreement after a preemption signal (one tiny all-reduce per step), and a final commit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import HpcrunError, NonFiniteError
+from hpcrun.runtime import faults
+from hpcrun.runtime.incarnation import Incarnation
+
+
+@dataclass(kw_only=True, slots=True)
+class _Progress:
+    step: int = 0
+    tokens: int = 0
+    restored_step: int = 0
+    committed_step: int = -1
+    step_started: float = 0.0
+    validated: bool = False
+    in_step: bool = False
+
+
+class Context:
+    """Implements :class:`hpcrun.protocols.RunContext` for one rank."""
+
+    def __init__(self, *, env: Any, incarnation: Incarnation, spec: Any, log: RunLog,
+                 checkpointer: Any, cadence: Any, events: Any, stop: Any, heartbeat: Any,
+                 device: Any, group: Any = None, preempt_signal: int = 10,
+                 injections: tuple[faults.Injection, ...] = (), clock: Clock = SYSTEM_CLOCK,
+                 ) -> None:
+        self.rank: int = env.rank
+        self.local_rank: int = env.local_rank
+        self.node_rank: int = env.node_rank
+        self.world_size: int = env.world_size
+        self.generation: int = incarnation.generation
+        self.inc = incarnation
+        self._spec = spec
+        self._log = log
+        self._ckpt = checkpointer
+        self._cadence = cadence
+        self._events = events
+        self._stop = stop
+        self._heartbeat = heartbeat
+        self._device = device
+        self._group = group
+        self._preempt_signal = preempt_signal
+        self._injections = injections
+        self._clock = clock
+        self._state: dict[str, Any] = {}
+        self._p = _Progress()
+        self.stopped = False
+
+    # -- RunContext API ---------------------------------------------------------------------
+    @property
+    def device(self) -> Any:
+        return self._device
+
+    @property
+    def spec(self) -> Any:
+        return self._spec
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return self._spec.config
+
+    @property
+    def step(self) -> int:
+        """Number of optimizer steps completed (the next step's index)."""
+        return self._p.step
+
+    def restore(self, **state: Any) -> int:
+        """Register ``state`` for checkpoints and load the newest committed checkpoint into it."""
+        self._state = dict(state)
+        with self._events.span("restore", self._p.step):
+            result = self._ckpt.restore(self._state)
+        if result is not None:
+            self._p.step = self._p.restored_step = self._p.committed_step = int(result.step)
+            self._p.tokens = int((result.extra or {}).get("tokens", 0))
+            self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier)
+        return self._p.step
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield step indices up to ``total``; end early (after a commit) when a stop is agreed."""
+        while self._p.step < total:
+            if self._agree_to_stop():
+                self._commit_and_stop()
+                return
+            self._p.step_started = self._clock.monotonic()
+            self._p.in_step = True
+            yield self._p.step
+            if self._p.in_step:
+                raise HpcrunError(
+                    f"step {self._p.step} ended without ctx.step_done(); call ctx.step_done() "
+                    "after each optimizer step so hpcrun can track progress and checkpoint"
+                )
+        self._final_commit()
+
+    def step_done(self, *, tokens: int = 0, loss: float | None = None, **metrics: float) -> None:
+        """Report the optimizer step as done: heartbeat, events, cadence, maybe a checkpoint."""
+        self._p.in_step = False
+        self._p.step += 1
+        self._p.tokens += int(tokens)
+        dur = self._clock.monotonic() - self._p.step_started
+        if loss is not None and not math.isfinite(loss):
+            raise NonFiniteError(
+                f"loss is {loss} at step {self._p.step}; refusing to continue or checkpoint. "
+                "Lower the learning rate or enable gradient clipping, then resume"
+            )
+        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=loss, **metrics)
+        self._heartbeat(step=self._p.step, step_time_s=dur)
+        self._cadence.observe_step(self._p.step, dur)
+        self._finish_async(self._ckpt.poll())
+        if self._cadence.due(self._p.step, self._clock.monotonic()):
+            self._save(blocking=False)
+        self._validate_once()
+        self._fire_injections()
+
+    # -- internals --------------------------------------------------------------------------
+    def _agree_to_stop(self) -> bool:
+        from hpcrun.launch.signals import agree_to_stop
+
+        with self._events.span("collective", self._p.step, what="stop_agreement"):
+            return bool(agree_to_stop(self._stop, group=self._group))
+
+    def _extra(self) -> dict[str, Any]:
+        return {"tokens": self._p.tokens}
+
+    def _save(self, *, blocking: bool) -> None:
+        with self._events.span("ckpt_stage", self._p.step, blocking=blocking):
+            result = self._ckpt.save(self._p.step, self._state, extra=self._extra(),
+                                     blocking=blocking)
+        self._finish_async(result)
+
+    def _finish_async(self, result: Any) -> None:
+        if result is None or not getattr(result, "committed", False):
+            return
+        self._p.committed_step = int(result.step)
+        self._cadence.observe_save(float(getattr(result, "pause_s", 0.0)))
+        self._events.emit("checkpoint", int(result.step), ckpt_id=result.ckpt_id,
+                          pause_s=getattr(result, "pause_s", None),
+                          write_s=getattr(result, "write_s", None),
+                          bytes=getattr(result, "bytes", None))
+        if self.rank == 0:
+            self._log.publish(EntryKind.PROGRESS, generation=self.generation,
+                              holder=self.inc.holder,
+                              payload={"step": int(result.step), "tokens": self._p.tokens})
+
+    def _ensure_committed(self) -> None:
+        self._finish_async(self._ckpt.wait())
+        if self._p.committed_step != self._p.step and self._state:
+            self._save(blocking=True)
+
+    def _commit_and_stop(self) -> None:
+        with self._events.span("ckpt_commit", self._p.step, reason="stop"):
+            self._ensure_committed()
+        self.stopped = True
+
+    def _final_commit(self) -> None:
+        with self._events.span("ckpt_commit", self._p.step, reason="final"):
+            self._ensure_committed()
+
+    def _validate_once(self) -> None:
+        # RUNNING means a step was validated after any restore: rank 0 says so once per
+        # incarnation, under the incarnation's fence.
+        if self._p.validated or self.rank != 0:
+            self._p.validated = True
+            return
+        self._p.validated = True
+        self._log.publish(EntryKind.STATE, generation=self.generation, holder=self.inc.holder,
+                          payload={"state": "RUNNING", "reason": f"step {self._p.step} validated",
+                                   "restored_step": self._p.restored_step})
+
+    def _fire_injections(self) -> None:
+        first = self.inc.restart_count == 0 and self.inc.attempt == 0
+        for inj in faults.due(self._injections, rank=self.rank, step=self._p.step,
+                              first_incarnation=first):
+            self._events.emit("fault_injected", self._p.step, kind=inj.kind.value)
+            self._events.flush()
+            faults.fire(inj, preempt_signal=self._preempt_signal)
+
+    def close(self) -> None:
+        """Finish the in-flight checkpoint (if any) and release resources."""
+        try:
+            self._finish_async(self._ckpt.wait())
+        finally:
+            self._ckpt.close()
+            self._events.close()

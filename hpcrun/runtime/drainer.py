@@ -1,0 +1,110 @@
+"""A node's background drain: ``python -m hpcrun.runtime.drainer`` (started by its agent).
+
+Runs in its own process, never in a training process: h5py serialises every HDF5 call of a
+process under one lock, so a drain inside training would stall the data loader's reads. Every
+``--interval`` seconds it copies this node's newly committed tier-0 shards to the shared tier
+(verified with reads that bypass the page cache) and, on the supervising node, appends the tier-1
+commit once every node has drained. A failing drain is recorded as a ``storage_error`` fault and
+retried on the next round; training goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import HpcrunError, StaleGenerationError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrainTarget:
+    """What one drainer drains, under which fencing token."""
+
+    run_dir: Path
+    """Run directory (tier 1 lives under it)."""
+    node: str
+    """This node's name."""
+    node_local_root: Path
+    """This node's tier-0 directory."""
+    generation: int
+    """Fencing token: generation."""
+    holder: str
+    """Fencing token: holder."""
+    num_nodes: int
+    """Nodes in the gang (for the tier-1 commit)."""
+    supervisor: bool
+    """Whether this node appends tier-1 commits."""
+
+    def argv(self, python: str, interval_s: float) -> list[str]:
+        return [python, "-m", "hpcrun.runtime.drainer", "--run-dir", str(self.run_dir),
+                "--node", self.node, "--node-local", str(self.node_local_root),
+                "--generation", str(self.generation), "--holder", self.holder,
+                "--num-nodes", str(self.num_nodes), "--interval", str(interval_s)] + (
+                    ["--supervisor"] if self.supervisor else [])
+
+
+def drain_round(target: DrainTarget, log: RunLog) -> list[str]:
+    """Drain what is pending once; return the checkpoint ids committed on tier 1 this round."""
+    from hpcrun.checkpoint import drain_pending, finalize_tier1
+
+    drain_pending(target.run_dir, target.node_local_root, node=target.node, log=log,
+                  generation=target.generation, holder=target.holder)
+    if not target.supervisor:
+        return []
+    return list(finalize_tier1(target.run_dir, log=log, generation=target.generation,
+                               holder=target.holder, num_nodes=target.num_nodes))
+
+
+def drain_round_safely(target: DrainTarget, log: RunLog) -> list[str]:
+    """:func:`drain_round`, with a failure recorded as a storage fault instead of raised."""
+    try:
+        return drain_round(target, log)
+    except StaleGenerationError:
+        raise
+    except (HpcrunError, OSError) as exc:
+        log.append(EntryKind.FAULT, generation=target.generation, holder=target.holder,
+                   payload={"fault": "storage_error", "node": target.node, "rank": None,
+                            "step": None, "signature": f"drain:{type(exc).__name__}",
+                            "detail": f"drain to the shared tier failed, will retry: {exc}"})
+        return []
+
+
+def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
+    p = argparse.ArgumentParser(prog="hpcrun-drainer")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--node", required=True)
+    p.add_argument("--node-local", required=True)
+    p.add_argument("--generation", type=int, required=True)
+    p.add_argument("--holder", required=True)
+    p.add_argument("--num-nodes", type=int, required=True)
+    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--supervisor", action="store_true")
+    a = p.parse_args(argv)
+    return DrainTarget(run_dir=Path(a.run_dir), node=a.node, node_local_root=Path(a.node_local),
+                       generation=a.generation, holder=a.holder, num_nodes=a.num_nodes,
+                       supervisor=a.supervisor), a.interval
+
+
+def main(argv: list[str] | None = None) -> int:
+    target, interval = _parse(sys.argv[1:] if argv is None else argv)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    log = RunLog(target.run_dir)
+    while not stopping:
+        try:
+            drain_round_safely(target, log)
+        except StaleGenerationError:
+            return 3
+        deadline = time.monotonic() + interval
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""This node's rank processes: spawn, watch, signal, stop.
+
+Only processes this agent started are ever signalled, by PID. Each rank runs in its own process
+group so a stop reaches the rank and its helpers (data loader workers) and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankExit:
+    """How one rank ended."""
+
+    rank: int
+    """Global rank."""
+    returncode: int
+    """Exit status; negative when killed by a signal (-9 is SIGKILL)."""
+    report: Mapping[str, Any] = field(default_factory=dict)
+    """The rank's own exit report (fault class, detail, step), when it left one."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.returncode == EXIT_OK
+
+    @property
+    def preempted(self) -> bool:
+        return self.returncode == EXIT_PREEMPTED
+
+    @property
+    def fault(self) -> str:
+        """Fault class: from the report, or process_crash for a signal death."""
+        if self.report.get("fault"):
+            return str(self.report["fault"])
+        return "process_crash" if self.returncode < 0 else "user_error"
+
+
+def read_exit_report(path: Path) -> dict[str, Any]:
+    """A rank's exit report, validated; {} when absent or malformed (untrusted input)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+class Gang:
+    """The K rank processes of this node for one incarnation."""
+
+    def __init__(self, *, ranks: list[int], env_for: Any, log_dir: Path,
+                 exit_report_for: Any, python: str = sys.executable,
+                 cwd: str | None = None) -> None:
+        self.ranks = ranks
+        self._env_for = env_for
+        self._log_dir = log_dir
+        self._exit_report_for = exit_report_for
+        self._python = python
+        self._cwd = cwd
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._files: list[IO[bytes]] = []
+        self.exits: dict[int, RankExit] = {}
+
+    def start(self) -> None:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        for rank in self.ranks:
+            self._exit_report_for(rank).unlink(missing_ok=True)
+            out = open(self._log_dir / f"rank-{rank:05d}.out", "ab")  # noqa: SIM115
+            self._files.append(out)
+            self.procs[rank] = subprocess.Popen(
+                [self._python, "-m", "hpcrun.runtime.worker"], env=self._env_for(rank),
+                stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd, start_new_session=True,
+            )
+
+    def poll(self) -> list[RankExit]:
+        """Ranks that ended since the last poll."""
+        new = []
+        for rank, proc in self.procs.items():
+            if rank in self.exits or proc.poll() is None:
+                continue
+            ex = RankExit(rank=rank, returncode=proc.returncode,
+                          report=read_exit_report(self._exit_report_for(rank)))
+            self.exits[rank] = ex
+            new.append(ex)
+        return new
+
+    @property
+    def running(self) -> list[int]:
+        return [r for r, p in self.procs.items() if p.poll() is None]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.poll() is None]
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every running rank (its process only)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+    def kill(self, *, grace_s: float = 5.0) -> None:
+        """SIGTERM each rank's process group, then SIGKILL what is left after ``grace_s``."""
+        self._signal_groups(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal_groups(signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait()
+        self.poll()
+        self.close()
+
+    def _signal_groups(self, signum: int) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signum)  # the rank leads its own session
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files.clear()

@@ -1,0 +1,105 @@
+"""Who a process is within a run: the incarnation it belongs to and where its files go.
+
+An incarnation is one start of the gang (a job start, a requeue, or an in-allocation restart).
+It holds one fencing token, ``(generation, holder)``, claimed by the node-0 agent in the run log;
+every agent and rank of that incarnation writes under that token. The token reaches ranks through
+their environment (``HPCRUN_*``), read once by :meth:`Incarnation.from_environ`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcrun.errors import EnvError
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 1
+EXIT_STALE = 3
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a step boundary after committing; run again later
+"""Exit statuses of ranks and agents."""
+
+
+_ENV_KEYS = {
+    "run_dir": "HPCRUN_RUN_DIR", "run_id": "HPCRUN_RUN_ID", "generation": "HPCRUN_GENERATION",
+    "holder": "HPCRUN_HOLDER", "fence_slot": "HPCRUN_FENCE_SLOT", "job_id": "HPCRUN_JOB_ID",
+    "restart_count": "HPCRUN_RESTART_COUNT", "attempt": "HPCRUN_ATTEMPT",
+    "node": "HPCRUN_NODE", "node_local_root": "HPCRUN_NODE_LOCAL",
+}
+"""Incarnation field → environment variable."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Incarnation:
+    """The fencing token and file locations shared by every process of one gang start."""
+
+    run_dir: Path
+    """Run directory on the shared tier."""
+    run_id: str
+    """Run identifier (the run directory's name)."""
+    generation: int
+    """Generation claimed by this incarnation's fence."""
+    holder: str
+    """Holder id of this incarnation's fence."""
+    fence_slot: int
+    """Log slot of the fence; the restore point is chosen from entries before it."""
+    job_id: str
+    """Scheduler job id (Slurm id, or ``local-<pid>``)."""
+    restart_count: int
+    """Times the scheduler restarted the job (SLURM_RESTART_COUNT)."""
+    attempt: int
+    """In-allocation restart attempt (0 for the first gang start of an allocation)."""
+    node: str
+    """Name of this process's node."""
+    node_local_root: Path | None
+    """This node's node-local tier directory (tier 0), or None when the run has no tier 0."""
+
+    def to_environ(self) -> dict[str, str]:
+        """The ``HPCRUN_*`` variables a rank of this incarnation receives."""
+        out = {}
+        for field, var in _ENV_KEYS.items():
+            value = getattr(self, field)
+            out[var] = "" if value is None else str(value)
+        return out
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> Incarnation:
+        """Read the incarnation from an environment; raise EnvError naming a missing variable."""
+        raw: dict[str, str] = {}
+        for field, var in _ENV_KEYS.items():
+            if var not in env:
+                raise EnvError(
+                    f"{var} is not set: this process was not started by an hpcrun agent; "
+                    "start training with `hpcrun submit`, not by running the worker directly"
+                )
+            raw[field] = env[var]
+        try:
+            return cls(
+                run_dir=Path(raw["run_dir"]), run_id=raw["run_id"],
+                generation=int(raw["generation"]), holder=raw["holder"],
+                fence_slot=int(raw["fence_slot"]), job_id=raw["job_id"],
+                restart_count=int(raw["restart_count"]), attempt=int(raw["attempt"]),
+                node=raw["node"],
+                node_local_root=Path(raw["node_local_root"]) if raw["node_local_root"] else None,
+            )
+        except ValueError as exc:
+            raise EnvError(f"malformed HPCRUN_* variable: {exc}; expected integers for "
+                           "generation, fence slot, restart count and attempt") from exc
+
+    def logs_dir(self) -> Path:
+        """Where this node's rank stdout/stderr go."""
+        return self.run_dir / "logs" / self.node
+
+    def events_path(self, rank: int) -> Path:
+        """This rank's event log (JSON Lines)."""
+        return self.run_dir / "events" / self.node / f"rank-{rank:05d}.jsonl"
+
+    def heartbeat_dir(self) -> Path:
+        """Node-local directory where ranks leave heartbeats for their agent."""
+        base = self.node_local_root if self.node_local_root is not None else self.run_dir / "tmp"
+        return base / self.run_id / "hb" / self.node
+
+    def exit_report(self, rank: int) -> Path:
+        """Where a rank leaves a JSON note on how it ended, for its agent."""
+        return self.heartbeat_dir().parent.parent / "exits" / f"rank-{rank:05d}.json"

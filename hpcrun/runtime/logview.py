@@ -1,0 +1,56 @@
+"""An incremental view of the run log for processes that watch it (agents, the local launcher)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hpcrun.control.fencing import Fence, fold_fences
+from hpcrun.control.log import EntryKind, LogEntry, RunLog
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+class LogView:
+    """Reads only new slots on each refresh and keeps the fencing fold current."""
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+        self.entries: list[LogEntry] = []
+        self.fence: Fence = fold_fences(())[0]
+        self.valid: list[LogEntry] = []
+
+    def refresh(self) -> list[LogEntry]:
+        """Read new slots; return the new entries that count."""
+        since = self.entries[-1].slot + 1 if self.entries else 0
+        new = self.log.read(since_slot=since)
+        if not new:
+            return []
+        self.entries.extend(new)
+        before = len(self.valid)
+        self.fence, self.valid = fold_fences(self.entries)
+        return self.valid[before:]
+
+    def valid_of(self, generation: int, holder: str, kind: str) -> list[LogEntry]:
+        """Entries of ``kind`` written under the token ``(generation, holder)`` that count."""
+        return [e for e in self.valid
+                if e.kind == kind and e.generation == generation and e.holder == holder]
+
+    def state(self) -> str | None:
+        """The last state that counts."""
+        states = [e.payload.get("state") for e in self.valid if e.kind == EntryKind.STATE]
+        return str(states[-1]) if states else None
+
+    def terminal(self) -> str | None:
+        st = self.state()
+        return st if st in TERMINAL_STATES else None
+
+    def fence_with_prefix(self, prefix: str) -> LogEntry | None:
+        """The newest valid fence whose holder starts with ``prefix``."""
+        found = [e for e in self.valid if e.kind == EntryKind.FENCE and e.holder.startswith(prefix)]
+        return found[-1] if found else None
+
+
+def node_exits(entries: Iterable[LogEntry]) -> dict[str, str]:
+    """node → status from ``node_exit`` notes."""
+    return {str(e.payload.get("node")): str(e.payload.get("status")) for e in entries
+            if e.kind == EntryKind.NOTE and e.payload.get("event") == "node_exit"}

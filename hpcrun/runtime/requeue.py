@@ -1,0 +1,66 @@
+"""How the supervising agent puts its own job back in the queue, once.
+
+On Slurm the job requeues itself with ``scontrol requeuehold``, then ``scontrol update`` of
+``StartTime`` (backoff) and ``ExcNodeList`` (quarantine), then ``scontrol release``: the hold
+keeps the job from starting again before the updates land, so they cannot race the requeue. The
+hold also makes Slurm kill this job's processes, so the agent ignores SIGTERM for the few
+milliseconds the three commands take. When the job is no longer RUNNING, Slurm has already
+requeued it (``PreemptMode=REQUEUE``): hpcrun never requeues twice.
+
+On the local backend the launcher is the scheduler: the agent exits with EXIT_PREEMPTED and the
+launcher reads the requeue operation from the run log.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from typing import Protocol
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+
+
+class Requeuer(Protocol):
+    """Puts the current job back in the queue after ``delay_s``, avoiding ``exclude``."""
+
+    def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
+        """Do it; return a short description of what was done (for the log)."""
+        ...
+
+
+class LocalRequeuer:
+    """The local launcher relaunches on EXIT_PREEMPTED; nothing to do here."""
+
+    def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
+        return f"local launcher relaunches after {delay_s:.1f} s"
+
+
+class SlurmRequeuer:
+    """requeuehold → update StartTime/ExcNodeList → release, on this job id."""
+
+    def __init__(self, client: object, job_id: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._client = client
+        self._job_id = job_id
+        self._clock = clock
+
+    def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
+        client = self._client
+        obs = client.observe(self._job_id)  # type: ignore[attr-defined]
+        state = str(getattr(obs, "state", "")).upper()
+        if state and "RUNNING" not in state and "COMPLETING" not in state:
+            return f"job {self._job_id} is {state}: Slurm already requeued it, not requeueing"
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            client.requeuehold(self._job_id)  # type: ignore[attr-defined]
+            fields: dict[str, str] = {}
+            if delay_s > 0:
+                fields["StartTime"] = f"now+{max(1, round(delay_s))}"
+            if exclude:
+                fields["ExcNodeList"] = ",".join(exclude)
+            if fields:
+                client.update_job(self._job_id, **fields)  # type: ignore[attr-defined]
+            client.release(self._job_id)  # type: ignore[attr-defined]
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
+                f"exclude {','.join(exclude) or '-'}, release)")

@@ -1,0 +1,174 @@
+"""A rank's entry point: ``python -m hpcrun.runtime.worker`` (started by its node's agent).
+
+Reads its identity from the environment once, bootstraps torch.distributed, builds the
+:class:`~hpcrun.runtime.context.Context`, runs the user's ``main(ctx)`` and exits with a status
+its agent understands (:mod:`hpcrun.runtime.incarnation`), after leaving a short JSON exit report
+that names the fault class of a failure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from hpcrun.errors import (
+    DataError,
+    HpcrunError,
+    NonFiniteError,
+    SpecError,
+    StaleGenerationError,
+    StorageError,
+)
+from hpcrun.runtime.incarnation import (
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_STALE,
+    EXIT_USER_ERROR,
+    Incarnation,
+)
+
+_FAULT_OF = (
+    (StaleGenerationError, "stale"),
+    (NonFiniteError, "nonfinite"),
+    (DataError, "data_error"),
+    (StorageError, "storage_error"),
+)
+
+
+def resolve_entrypoint(entrypoint: str, code_path: str | None = None) -> Callable[[Any], Any]:
+    """Import ``pkg.module:function``; raise SpecError saying what could not be found."""
+    if code_path and code_path not in sys.path:
+        sys.path.insert(0, code_path)
+    module_name, _, func_name = entrypoint.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(f"entrypoint module {module_name!r} cannot be imported ({exc}); "
+                        "check `entrypoint` in run.yaml and that the code is on the "
+                        "compute nodes") from exc
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise SpecError(f"entrypoint {entrypoint!r}: {module_name} has no callable "
+                        f"{func_name!r}; expected `module:function` taking ctx")
+    return fn  # type: ignore[no-any-return]
+
+
+def classify(exc: BaseException) -> str:
+    """Fault class of an exception that ended a rank (pure)."""
+    for cls, fault in _FAULT_OF:
+        if isinstance(exc, cls):
+            return fault
+    return "user_error"
+
+
+def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(report), sort_keys=True))
+    os.replace(tmp, path)
+
+
+def build_context(environ: Mapping[str, str]) -> tuple[Any, Any, Any]:
+    """Wire a Context from the environment. Returns (context, stop flag, incarnation)."""
+    from hpcrun.checkpoint import Checkpointer, Layout
+    from hpcrun.checkpoint.cadence import CadenceTimer
+    from hpcrun.control.log import RunLog
+    from hpcrun.control.record import load_run_spec
+    from hpcrun.launch.dist import device_for, init_process_group
+    from hpcrun.launch.env import DistEnv
+    from hpcrun.launch.signals import StopFlag, signal_number
+    from hpcrun.observe.events import EventWriter
+    from hpcrun.observe.heartbeat import write_rank_heartbeat
+    from hpcrun.runtime import faults
+    from hpcrun.runtime.context import Context
+
+    env = DistEnv.from_environ(environ)
+    inc = Incarnation.from_environ(environ)
+    spec = load_run_spec(inc.run_dir)
+    preempt = signal_number(environ.get("HPCRUN_PREEMPT_SIGNAL", "USR1"))
+    init_process_group(env, timeout_s=float(environ.get("HPCRUN_PG_TIMEOUT_S", "120")))
+    log = RunLog(inc.run_dir)
+    layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
+                    local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
+    policy = spec.checkpoint
+    ckpt = Checkpointer(
+        run_dir=inc.run_dir, node_local_root=inc.node_local_root, layout=layout, log=log,
+        generation=inc.generation, holder=inc.holder, fence_slot=inc.fence_slot,
+        run_id=inc.run_id, spec_id=spec.spec_id, dataset_id=spec.data.dataset_id or "",
+        contract=str(spec.data.contract), keep_last=policy.keep_last,
+        async_policy=str(policy.async_policy),
+    )
+    events = EventWriter(inc.events_path(env.rank), run_id=inc.run_id,
+                         generation=inc.generation, rank=env.rank, node=inc.node,
+                         dataset_id=spec.data.dataset_id or "")
+    hb_dir = inc.heartbeat_dir()
+    heartbeat = partial(write_rank_heartbeat, hb_dir, rank=env.rank, pid=os.getpid())
+    stop = StopFlag()
+    ctx = Context(
+        env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
+        cadence=CadenceTimer(policy), events=events, stop=stop,
+        heartbeat=_timestamped(heartbeat), device=device_for(env), preempt_signal=preempt,
+        injections=faults.from_environ(environ),
+    )
+    return ctx, stop, inc
+
+
+def _timestamped(write: Callable[..., None]) -> Callable[..., None]:
+    import time
+
+    def beat(*, step: int, step_time_s: float | None) -> None:
+        write(step=step, ts=time.time(), step_time_s=step_time_s)
+
+    return beat
+
+
+def run(environ: Mapping[str, str]) -> int:
+    """Run one rank to completion; return its exit status."""
+    from hpcrun.launch.dist import destroy_process_group
+    from hpcrun.launch.signals import signal_number, stop_on
+
+    inc = Incarnation.from_environ(environ)
+    rank = int(environ.get("HPCRUN_RANK", "0"))
+    report_path = inc.exit_report(rank)
+    preempt = signal_number(environ.get("HPCRUN_PREEMPT_SIGNAL", "USR1"))
+    ctx = None
+    try:
+        ctx, stop, _ = build_context(environ)
+        with stop_on([preempt, signal.SIGTERM], stop):
+            fn = resolve_entrypoint(ctx.spec.entrypoint, environ.get("HPCRUN_CODE_PATH"))
+            fn(ctx)
+            ctx.close()
+        status = EXIT_PREEMPTED if ctx.stopped else EXIT_OK
+        write_exit_report(report_path, {"rank": rank, "status": "preempted" if ctx.stopped
+                                        else "succeeded", "step": ctx.step})
+        return status
+    except BaseException as exc:  # every way out leaves a report for the agent
+        fault = classify(exc)
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        write_exit_report(report_path, {"rank": rank, "status": "failed", "fault": fault,
+                                        "detail": detail[-2000:],
+                                        "step": ctx.step if ctx is not None else None})
+        traceback.print_exc()
+        if isinstance(exc, StaleGenerationError):
+            return EXIT_STALE
+        if isinstance(exc, HpcrunError | Exception):
+            return EXIT_USER_ERROR
+        raise
+    finally:
+        destroy_process_group()
+
+
+def main() -> None:
+    sys.exit(run(dict(os.environ)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Integration tests on the real Slurm testbed (``hpcrun testbed``).
+
+The testbed is brought up once per pytest session, the first time a test asks for it, and
+brought down at the end (unless it was already up when the session started, or
+``HPCRUN_TESTBED_KEEP=1`` is set). It needs root: without root the tests that use it are skipped;
+as root a failed bring-up FAILS them. ``HPCRUN_TESTBED_DIR`` picks the state directory.
+
+Cluster: 4 nodes ``node1..node4`` (4 CPUs each, all on 127.0.0.1), partitions ``batch``
+(default, preemptible, PriorityTier=1, GraceTime=15 s) and ``high`` (PriorityTier=2, never
+preempted), accounting on (``sacct`` works), ``cred_expire=5`` so a requeued job runs again
+~7 s later. Jobs run as root with the submitting environment (``--export=ALL``).
+
+Fixtures:
+    testbed (session): the :class:`hpcrun.testbed.Testbed`. ``testbed.env`` is what to add to a
+        client's environment (SLURM_CONF); ``testbed.nodes``; ``testbed.shared_dir`` (same path
+        on host and nodes: the "parallel filesystem"); ``testbed.node_local_path`` (the path a
+        job sees for its node's own storage, ``/scratch/local``); ``testbed.node_local_dir(node)``
+        (its host path); ``testbed.crash(node)`` / ``testbed.boot(node)`` (boot it again in
+        your test's cleanup so later tests have all nodes).
+    slurm (function): a :class:`hpcrun.testbed.JobClient` bound to the testbed:
+        ``slurm.submit(script_text, *sbatch_args) -> job_id``,
+        ``slurm.wait_for_state(job_id, {"COMPLETED"}, timeout=60) -> state`` (raises at once on
+        an unwanted terminal state), ``slurm.state(job_id)``, ``slurm.history(job_id)`` (sacct
+        records, one per run of a requeued job), ``slurm.wait_for_accounting(job_id, states,
+        timeout=...)``, ``slurm.run("scontrol", ...)``. Jobs it submitted that are still queued
+        or running when the test ends are cancelled.
+    wait_for_state (function): ``slurm.wait_for_state``.
+    job_dir (function): a fresh directory under the shared dir, for scripts, markers, outputs.
+    free_port (function): a callable returning a TCP port free on 127.0.0.1 right now (all
+        nodes share 127.0.0.1, so every multi-node job needs its own port).
+
+Every test using these is marked ``@pytest.mark.slurm`` (and ``@pytest.mark.slow`` when it waits
+for grace times or node failures; ``make test`` runs ``-m "not slow"``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcrun.errors import HpcrunError
+from hpcrun.testbed import JobClient, Testbed, TestbedConfig
+from hpcrun.testbed.config import default_state_dir
+from hpcrun.testbed.jobs import TERMINAL_STATES
+
+KEEP_ENV = "HPCRUN_TESTBED_KEEP"
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """The running testbed, for the whole session."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root (it starts munged, slurmctld and slurmd in "
+                    "namespaces); run the slurm tests as root")
+    tb = Testbed(TestbedConfig(state_dir=default_state_dir(os.environ)))
+    try:
+        result = tb.up()
+    except HpcrunError as exc:
+        pytest.fail(f"testbed bring-up failed: {exc}", pytrace=False)
+    yield tb
+    if result.cold and os.environ.get(KEEP_ENV) != "1":
+        tb.down()
+
+
+class _TrackingJobClient(JobClient):
+    """A JobClient that remembers what it submitted, so teardown can cancel leftovers."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env)
+        self.submitted: list[int] = []
+
+    def submit(self, script: str, *sbatch_args: str) -> int:
+        job_id = super().submit(script, *sbatch_args)
+        self.submitted.append(job_id)
+        return job_id
+
+
+@pytest.fixture
+def slurm(testbed: Testbed) -> Iterator[JobClient]:
+    client = _TrackingJobClient(testbed.env)
+    yield client
+    leftovers = [j for j in client.submitted if client.state(j) not in TERMINAL_STATES]
+    if leftovers:
+        client.run("scancel", *map(str, leftovers))
+
+
+@pytest.fixture
+def wait_for_state(slurm: JobClient) -> Callable[..., str]:
+    return slurm.wait_for_state
+
+
+@pytest.fixture
+def job_dir(testbed: Testbed, request: pytest.FixtureRequest) -> Path:
+    path = testbed.shared_dir / "tests" / f"{request.node.name[:60]}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    return _free_port

@@ -1,0 +1,50 @@
+#!/bin/bash
+# hpcrun job script for run tiny on site preemptible.
+# Spec <spec-id>; operation tiny.submit.0.
+# Submit with `sbatch <this file>`; it starts one hpcrun agent per node.
+#SBATCH --job-name=tiny
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=32
+#SBATCH --gres=gpu:4
+#SBATCH --time=720
+#SBATCH --partition=scavenger
+#SBATCH --account=proj42
+#SBATCH --qos=scavenger
+#SBATCH --begin=now+120
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --open-mode=append
+#SBATCH --comment=hpcrun:tiny.submit.0
+#SBATCH --output=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.out
+#SBATCH --error=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.err
+
+# No `set -e`: this shell must reach the wait loop below whatever happens before it.
+set -uo pipefail
+
+# Site modules.
+module load cuda/12.4 || { echo "hpcrun: module load cuda/12.4 failed" >&2; exit 1; }
+
+export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
+export HPCRUN_SITE=preemptible
+export HPCRUN_OP_ID=tiny.submit.0
+export OMP_NUM_THREADS=4
+
+# Preemption: Slurm sends SIGUSR2 to the job steps (--signal without B:), so every agent
+# gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
+# SIGTERM (preemption grace, time limit) must not end this shell before the agents have
+# committed: it is logged and the shell keeps waiting.
+srun_pid=""
+forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR2 "$srun_pid" 2>/dev/null; fi; }
+trap forward_preempt USR2
+trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
+
+srun -n 4 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 \
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+srun_pid=$!
+while true; do
+    wait "$srun_pid"
+    rc=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+exit "$rc"

@@ -1,0 +1,183 @@
+"""The job script: one set of flags, golden renderings, and a batch shell that behaves.
+
+Golden files live in ``tests/unit/launch/golden/``. When a rendering changes on purpose, accept
+it with ``HPCRUN_ACCEPT_GOLDEN=1 .venv/bin/pytest tests/unit/launch/test_sbatch.py
+tests/unit/launch/test_submit.py -q`` and review the diff in version control.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcrun.control.spec import RunSpec
+from hpcrun.errors import ConfigError
+from hpcrun.launch.sbatch import format_flag, render_sbatch, sbatch_args
+from hpcrun.launch.site import SiteConfig, load_site
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+RUN_DIR = Path("/shared/runs/tiny-20250101-000000-abcd")
+PYTHON = "/opt/hpcrun/venv/bin/python"
+
+
+def assert_golden(name: str, text: str) -> None:
+    """Compare ``text`` with ``golden/<name>``; print a unified diff and how to accept it."""
+    path = GOLDEN_DIR / name
+    if os.environ.get("HPCRUN_ACCEPT_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    expected = path.read_text() if path.exists() else ""
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            f"golden/{name}", "rendered now"))
+        pytest.fail(f"rendering differs from golden/{name}:\n{diff}\nIf the change is intended, "
+                    "accept it with: HPCRUN_ACCEPT_GOLDEN=1 .venv/bin/pytest "
+                    "tests/unit/launch/test_sbatch.py tests/unit/launch/test_submit.py -q",
+                    pytrace=False)
+
+
+def make_spec(**resources: object) -> RunSpec:
+    base: dict[str, object] = {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1,
+                               "time_limit_min": 30}
+    base.update(resources)
+    return RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny_lm.train:main",
+                              "resources": base})
+
+
+def rendered(spec: RunSpec, site: SiteConfig, **kw: object) -> str:
+    text = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="tiny.submit.0", python=PYTHON,
+                         **kw)  # type: ignore[arg-type]
+    return text.replace(spec.spec_id, "<spec-id>")  # the spec schema has its own golden tests
+
+
+def test_golden_testbed_script() -> None:
+    text = rendered(make_spec(exclude=["node4"]), load_site("testbed"), exclude=["node3"])
+    assert_golden("sbatch_testbed.sh", text)
+
+
+def test_golden_gpu_site_with_gres_and_modules() -> None:
+    spec = make_spec(nodes=4, tasks_per_node=4, gpus_per_node=4, cpus_per_task=8,
+                     time_limit_min=720, account="proj42")
+    assert_golden("sbatch_preemptible.sh", rendered(spec, load_site("preemptible"),
+                                                    begin="now+120"))
+
+
+def test_golden_gpu_site_with_gpus_per_node() -> None:
+    spec = make_spec(nodes=2, tasks_per_node=8, gpus_per_node=8, cpus_per_task=12,
+                     spare_nodes=1)
+    assert_golden("sbatch_generic_gpu.sh", rendered(spec, load_site("generic-gpu")))
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in script.splitlines()
+            if line.startswith("#SBATCH ")]
+
+
+def test_script_flags_are_exactly_sbatch_args() -> None:
+    spec, site = make_spec(), load_site("testbed")
+    args = sbatch_args(spec, site, run_dir=RUN_DIR, op_id="op-7", exclude=["node2"])
+    script = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="op-7", exclude=["node2"])
+    assert sbatch_lines(script) == [format_flag(k, v) for k, v in args]
+
+
+def test_flags_carry_gang_signal_requeue_and_tags() -> None:
+    spec = make_spec(nodes=3, tasks_per_node=2, cpus_per_task=2, exclude=["node9", "node1"])
+    flags = dict(sbatch_args(spec, load_site("testbed"), run_dir=RUN_DIR, op_id="op-1",
+                             exclude=["node1", "node5"]))
+    assert flags["nodes"] == "3" and flags["ntasks-per-node"] == "1"
+    assert flags["cpus-per-task"] == "4", "the agent's step holds all of its node's ranks"
+    assert flags["signal"] == "USR1@60", "to the steps (no B:), where the agents are"
+    assert flags["requeue"] == "" and flags["open-mode"] == "append"
+    assert flags["comment"] == "hpcrun:op-1"
+    assert flags["exclude"] == "node1,node5,node9", "quarantine + spec, sorted, once each"
+    assert flags["output"].startswith(str(RUN_DIR / "logs"))
+    assert flags["partition"] == "batch" and flags["time"] == "30"
+
+
+def test_spec_overrides_site_defaults_and_requeue_can_be_disallowed() -> None:
+    site = SiteConfig(name="s", node_local_path="/l", shared_path="/s", partition="p",
+                      account="a", qos="q", constraint="c", requeue_allowed=False,
+                      preempt_signal="SIGUSR2", preempt_lead_s=300)
+    flags = dict(sbatch_args(make_spec(partition="big", account="mine"), site, run_dir=RUN_DIR,
+                             op_id="o"))
+    assert (flags["partition"], flags["account"], flags["qos"]) == ("big", "mine", "q")
+    assert "requeue" not in flags and flags["no-requeue"] == ""
+    assert flags["signal"] == "USR2@300"
+
+
+def test_more_gpus_than_the_site_has_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="gpus_per_node=2") as info:
+        sbatch_args(make_spec(gpus_per_node=2), load_site("testbed"), run_dir=RUN_DIR,
+                    op_id="o")
+    assert "testbed" in str(info.value)
+
+
+def test_rendered_scripts_are_valid_bash() -> None:
+    for site in ("testbed", "generic-gpu", "preemptible", "local"):
+        text = render_sbatch(make_spec(), load_site(site), run_dir=RUN_DIR, op_id="o")
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+# -- the batch shell, run for real with a stand-in srun ---------------------------------------
+
+FAKE_SRUN = """#!/bin/bash
+# Stands in for srun: records its argv and each USR1 it gets, exits 7 on SIGUSR1's second
+# delivery or after ~20 s.
+printf "%s\n" "$*" > "$MARK_DIR/argv"
+got=0
+trap 'got=$((got+1)); echo usr1 >> "$MARK_DIR/usr1"' USR1
+echo started > "$MARK_DIR/started"
+for _ in $(seq 200); do
+    sleep 0.1
+    if [ "$got" -ge 2 ]; then exit 7; fi
+done
+exit 9
+"""
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def test_batch_shell_forwards_the_signal_survives_sigterm_and_returns_srun_status(
+        tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "srun").write_text(FAKE_SRUN)
+    (bindir / "srun").chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(make_spec(), load_site("testbed"), run_dir=tmp_path,
+                                    op_id="o", python=shlex.quote("/usr/bin/python3")))
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "MARK_DIR": str(tmp_path)}
+    shell = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(tmp_path / "started")
+        shell.send_signal(signal.SIGTERM)      # preemption grace / time limit: keep waiting
+        time.sleep(0.3)
+        assert shell.poll() is None, "SIGTERM must not end the batch shell before the agents"
+        shell.send_signal(signal.SIGUSR1)      # scancel --batch --signal=USR1
+        wait_for(tmp_path / "usr1")
+        shell.send_signal(signal.SIGUSR1)
+        rc = shell.wait(timeout=10)
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+    assert rc == 7, "the job's exit status is the agent step's"
+    assert (tmp_path / "usr1").read_text().count("usr1") == 2
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[:5] == ["-n", "2", "--ntasks-per-node=1", "--cpus-per-task=2",
+                        "--kill-on-bad-exit=0"]
+    assert argv[5:] == ["/usr/bin/python3", "-m", "hpcrun.runtime.agent", "--run-dir",
+                        str(tmp_path)]
+    assert "got SIGTERM" in (shell.stderr.read() if shell.stderr else "")

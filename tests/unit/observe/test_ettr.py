@@ -1,0 +1,91 @@
+"""ETTR, goodput and waste on constructed logs with known answers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcrun.observe.ettr import Allocation, Bucket, compute_ettr, gang_steps
+from tests.unit.observe.builders import ev, span, step, two_generation_log
+
+
+def test_two_generation_log_charges_every_second_to_its_cause() -> None:
+    r = compute_ettr(two_generation_log(), node_hour_price=3.6)
+    assert r.allocated_s == pytest.approx(122.0)  # [0, 70] + [1000, 1052]
+    assert r.seconds == pytest.approx({
+        "productive": 55.0,   # 27 + 20 in gen 1, 8 in gen 2
+        "startup": 10.0,      # 5 s before admission + 5 s admission
+        "input_wait": 5.0,    # 3 × 1 s in gen 1, 2 s in gen 2
+        "checkpoint": 5.0,    # the stage only; the background write is not exposed
+        "idle": 5.0,          # from the last step to the allocation's end
+        "recovery": 20.0,     # restore
+        "replay": 20.0,       # steps 4 and 5 recomputed
+        "stall": 2.0,         # the stop agreement
+    })
+    assert r.ettr == pytest.approx(55.0 / 122.0)
+    assert (r.accepted_steps, r.replayed_steps, r.accepted_tokens) == (6, 2, 600)
+    assert r.wall_s == pytest.approx(1052.0)
+    assert r.throughput == pytest.approx(600 / 1052.0)
+    assert r.node_hours == pytest.approx((70 * 2 + 52 * 2) / 3600)
+    assert r.cost_per_token == pytest.approx((244 / 3600) * 3.6 / 600)
+
+
+def test_submission_time_counts_in_wall_time_not_in_allocated_time() -> None:
+    r = compute_ettr(two_generation_log(), submitted_ts=-948.0)
+    assert r.wall_s == pytest.approx(2000.0)
+    assert r.allocated_s == pytest.approx(122.0)
+    assert r.cost_per_token is None
+
+
+def test_ranks_of_one_step_merge_into_the_slowest_and_tokens_add_up() -> None:
+    events = [step(1, 0.0, 10.0, rank=0, input_wait_s=1.0, tokens=50),
+              step(1, 0.0, 12.0, rank=1, input_wait_s=3.0, tokens=50)]
+    (gs,) = gang_steps(events)
+    assert (gs.start, gs.end, gs.input_wait_s, gs.tokens) == (0.0, 12.0, 3.0, 100)
+    r = compute_ettr(events)
+    assert r.seconds[Bucket.PRODUCTIVE] == pytest.approx(9.0)
+    assert r.seconds[Bucket.INPUT_WAIT] == pytest.approx(3.0)
+
+
+def test_blocking_checkpoint_write_is_exposure_and_recovery_beats_steps() -> None:
+    events = [step(1, 0.0, 10.0), span("ckpt_write", 10.0, 14.0, 1, blocking=True),
+              span("recovery", 12.0, 20.0), step(2, 20.0, 30.0)]
+    r = compute_ettr(events)
+    assert r.seconds[Bucket.CHECKPOINT] == pytest.approx(2.0)  # 12..14 goes to recovery
+    assert r.seconds[Bucket.RECOVERY] == pytest.approx(8.0)
+    assert r.ettr == pytest.approx(20.0 / 30.0)
+
+
+def test_explicit_allocations_from_the_record_override_event_bounds() -> None:
+    events = [step(1, 10.0, 20.0)]
+    r = compute_ettr(events, allocations=[Allocation(generation=1, start=0.0, end=40.0,
+                                                     nodes=4)])
+    assert r.seconds[Bucket.STARTUP] == pytest.approx(10.0)
+    assert r.seconds[Bucket.IDLE] == pytest.approx(20.0)
+    assert r.node_hours == pytest.approx(160 / 3600)
+
+
+def test_no_events_means_nothing_allocated() -> None:
+    r = compute_ettr([])
+    assert (r.allocated_s, r.ettr, r.throughput) == (0.0, 0.0, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["step", "ckpt_stage", "recovery", "collective",
+                                           "admission"]),
+                          st.floats(0, 100), st.floats(0, 20), st.integers(0, 5),
+                          st.integers(1, 3)), min_size=1, max_size=30))
+def test_buckets_always_sum_to_allocated_time(items: list[tuple[str, float, float, int, int]]
+                                              ) -> None:
+    events = [span(k, s, s + d, n, gen=g, input_wait_s=d / 3) for k, s, d, n, g in items]
+    r = compute_ettr(events)
+    assert sum(r.seconds.values()) == pytest.approx(r.allocated_s, abs=1e-6)
+    assert 0.0 <= r.ettr <= 1.0 + 1e-9
+
+
+def test_an_allocation_that_never_starts_work_is_all_startup() -> None:
+    r = compute_ettr([ev("state", 0.0, state="STARTING", nodes=1), ev("fault", 30.0)])
+    assert r.allocated_s == pytest.approx(30.0)  # instant events still extend the allocation
+    assert r.seconds[Bucket.STARTUP] == pytest.approx(30.0)
+    assert r.ettr == 0.0

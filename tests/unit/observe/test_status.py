@@ -1,0 +1,110 @@
+"""``hpcrun status``: the pure view, run-dir resolution and reading a real run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcrun.errors import RecordError
+from hpcrun.observe.collect import collect_status, run_bounded, tail_lines
+from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
+from hpcrun.observe.status import (
+    CheckpointFact,
+    FaultFact,
+    RankTail,
+    RecordFacts,
+    build_status,
+    render_text,
+    resolve_run_dir,
+    status_json,
+)
+from tests.unit.observe.builders import make_run, step
+
+
+def _facts(**kw: object) -> RecordFacts:
+    base: dict[str, object] = dict(
+        run_id="r1", state="RUNNING", generation=1, job_ids=("77",), step=4, tokens=400,
+        checkpoints=(CheckpointFact(ckpt_id="c2", step=2, tier="node_local", ts=95.0),
+                     CheckpointFact(ckpt_id="c2", step=2, tier="shared", ts=80.0)),
+        faults=(FaultFact(fault="process_crash", node="n0", rank=1, step=1,
+                          signature="crash:x", detail="exited 1"),),
+        rpo_s=100.0)
+    base.update(kw)
+    return RecordFacts(**base)  # type: ignore[arg-type]
+
+
+def test_view_from_constructed_values() -> None:
+    events = [step(s, 10.0 * s, 10.0 * s + 10, tokens=50) for s in range(1, 5)]
+    hb = {"n0": NodeHeartbeat(node="n0", ts=99.0, generation=1, ranks={
+        0: RankBeat(rank=0, step=4, ts=50.0, step_time_s=10.0, pid=1)})}
+    view = build_status(_facts(), events=events, heartbeats=hb, now=100.0, hang_threshold_s=30,
+                        tails=[RankTail(rank=0, node="n0", line="loss 2.1")])
+    assert view.step_rate == pytest.approx(0.1)
+    assert view.token_rate == pytest.approx(5.0)
+    assert view.checkpoint_age_s == {"node_local": 5.0, "shared": 20.0}
+    assert view.rpo_exposure_s == 20.0  # the durable tier decides
+    assert view.ettr == pytest.approx(1.0)
+    assert view.incidents[0] == "hang: node n0 rank 0 no progress for 50 s at step 4"
+    assert view.incidents[-1].startswith("fault: process_crash node n0 rank 1")
+    text = render_text(view)
+    for needle in ("RUNNING", "generation 1", "job 77", "step 4", "c2 step 2 on node_local+shared",
+                   "RPO", "ettr        100.0%", "rank     0 n0", "loss 2.1"):
+        assert needle in text
+    body = json.loads(json.dumps(status_json(view)))
+    assert body["schema_version"] == 1 and body["facts"]["state"] == "RUNNING"
+
+
+def test_terminal_runs_report_no_hang_and_no_progress_alert() -> None:
+    events = [step(1, 0.0, 1.0)]
+    view = build_status(_facts(state="SUCCEEDED", faults=()), events=events,
+                        heartbeats={"n0": NodeHeartbeat(node="n0", ts=0.0)}, tails=[],
+                        now=1e6, hang_threshold_s=1.0)
+    assert not any(i.startswith("hang") for i in view.incidents)
+    assert not any("no_progress" in a for a in view.alerts)
+
+
+def test_resolve_run_dir_by_id_or_path(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "demo-1"
+    (run / "log").mkdir(parents=True)
+    env = {"HPCRUN_RUNS": str(tmp_path / "runs")}
+    assert resolve_run_dir("demo-1", environ=env) == run.resolve()
+    assert resolve_run_dir(str(run), environ={}) == run.resolve()
+    with pytest.raises(RecordError, match="hpcrun list"):
+        resolve_run_dir("nope", environ=env)
+
+
+def test_collect_reads_a_real_run_directory(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    got = collect_status(run_dir, now=1070.0, rpo_s=600.0)
+    v = got.view
+    assert (v.facts.state, v.facts.generation, v.facts.job_ids, v.facts.step) == (
+        "RUNNING", 1, ("4242",), 30)
+    assert v.checkpoint_age_s == {"node_local": 10.0, "shared": 10.0}  # committed at t=1060
+    assert v.step_rate == pytest.approx(0.5)
+    assert [t.line for t in v.tails] == ["rank 0 step 30 loss 1.30", "rank 1 step 30 loss 1.30",
+                                         "rank 2 step 30 loss 1.30", "rank 3 step 30 loss 1.30"]
+    assert "straggler: node n1 rank 3 score 2.00" in v.incidents
+    assert set(v.nodes) == {"n0", "n1"}
+    assert "position 2560" in render_text(v)
+
+
+def test_tail_reads_only_the_end_of_a_long_file(tmp_path: Path) -> None:
+    p = tmp_path / "out"
+    p.write_text("".join(f"line {i}\n" for i in range(100000)))
+    assert tail_lines(p, 3) == ["line 99997", "line 99998", "line 99999"]
+    p.write_text("only\n\n")
+    assert tail_lines(p, 5) == ["only"]
+
+
+def test_reconcile_is_bounded_and_reported_separately() -> None:
+    import threading
+
+    gate = threading.Event()
+    slow = run_bounded(lambda: gate.wait(5), timeout_s=0.05)
+    gate.set()
+    assert not slow.ok and "timed out" in slow.detail
+    failed = run_bounded(lambda: 1 / 0, timeout_s=1.0)
+    assert not failed.ok and "ZeroDivisionError" in failed.detail
+    assert run_bounded(lambda: [], timeout_s=1.0).ok

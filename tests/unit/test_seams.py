@@ -1,0 +1,84 @@
+"""The shared seams: durable exclusive create, the append-only log under concurrent writers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from hpcrun.control.fencing import fold_fences
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import RecordError, StaleGenerationError
+from hpcrun.storage import CountingStorage, LocalStorage
+
+
+def test_create_exclusive_refuses_a_taken_name_and_keeps_the_first_bytes(tmp_path: Path) -> None:
+    st = LocalStorage()
+    assert st.create_exclusive(tmp_path / "a", b"first")
+    assert not st.create_exclusive(tmp_path / "a", b"second")
+    assert (tmp_path / "a").read_bytes() == b"first"
+    assert sorted(os.listdir(tmp_path)) == ["a"]  # no temp debris left behind
+
+
+def _append_many(run_dir: str, writer: int, n: int) -> None:
+    log = RunLog(run_dir)
+    for i in range(n):
+        log.append(EntryKind.NOTE, generation=-1, holder="", payload={"w": writer, "i": i})
+
+
+def test_concurrent_writers_never_overwrite_each_other(tmp_path: Path) -> None:
+    (tmp_path / "log").mkdir()
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(str(tmp_path), w, 40)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    entries = RunLog(tmp_path).read()
+    assert [e.slot for e in entries] == list(range(160))
+    seen = sorted((e.payload["w"], e.payload["i"]) for e in entries)
+    assert seen == [(w, i) for w in range(4) for i in range(40)]
+    for w in range(4):  # each writer's own entries keep their order
+        mine = [e.payload["i"] for e in entries if e.payload["w"] == w]
+        assert mine == list(range(40))
+
+
+def test_malformed_entry_is_skipped_and_reported(tmp_path: Path) -> None:
+    (tmp_path / "log").mkdir()
+    log = RunLog(tmp_path)
+    log.append(EntryKind.NOTE, generation=-1, holder="", payload={"ok": 1})
+    (tmp_path / "log" / "000000001.json").write_bytes(b'{"kind": 3')
+    log.append(EntryKind.NOTE, generation=-1, holder="", payload={"ok": 2})
+    entries = log.read()
+    assert [e.payload["ok"] for e in entries] == [1, 2]
+    assert log.skipped == [1]
+
+
+def test_reading_a_directory_without_a_log_says_how_to_find_runs(tmp_path: Path) -> None:
+    with pytest.raises(RecordError, match="hpcrun list"):
+        RunLog(tmp_path).read()
+
+
+def test_a_stale_publish_after_a_new_fence_is_void_and_the_writer_is_told(tmp_path: Path) -> None:
+    (tmp_path / "log").mkdir()
+    log = RunLog(tmp_path)
+    old = log.claim("old")
+    log.publish(EntryKind.PROGRESS, generation=old.generation, holder="old", payload={"step": 1})
+    new = log.claim("new")
+    with pytest.raises(StaleGenerationError, match="void"):
+        log.publish(EntryKind.PROGRESS, generation=old.generation, holder="old",
+                    payload={"step": 2})
+    fence, valid = fold_fences(log.read())
+    assert (fence.generation, fence.holder) == (new.generation, "new")
+    assert [e.payload.get("step") for e in valid if e.kind == EntryKind.PROGRESS] == [1]
+
+
+def test_counting_storage_counts_metadata_operations(tmp_path: Path) -> None:
+    st = CountingStorage(LocalStorage())
+    (tmp_path / "log").mkdir()
+    log = RunLog(tmp_path, storage=st)
+    log.append(EntryKind.NOTE, generation=-1, holder="", payload={})
+    assert st.counts["create_exclusive"] == 1
+    assert st.counts["listdir"] >= 1
