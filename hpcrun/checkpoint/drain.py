@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +39,20 @@ from hpcrun.storage import LOCAL_STORAGE, Storage
 _log = logging.getLogger(__name__)
 
 
-def _check_bytes(data: np.ndarray, rec: ShardRecord, algorithm: str, where: Path) -> None:
+def _check_bytes(data: np.ndarray, rec: ShardRecord, algorithm: str, where: Path,
+                 ckpt_id: str) -> None:
+    """Check a shard image: size, contiguous datasets here, the rest through HDF5."""
     if data.size != rec.bytes:
         raise CorruptCheckpointError(f"{where} is {data.size} bytes, manifest says {rec.bytes}")
     for d in rec.datasets:
         if d.offset >= 0 and checksum(algorithm, data[d.offset:d.offset + d.nbytes]) != d.checksum:
             raise CorruptCheckpointError(f"{where}: dataset {d.key!r} fails its checksum")
+    small = replace(rec, datasets=tuple(d for d in rec.datasets if d.offset < 0))
+    read_shard(where, small, [np.empty(d.nbytes, dtype=np.uint8) for d in small.datasets],
+               ckpt_id=ckpt_id, algorithm=algorithm)
 
 
-def copy_verified(src: Path, dst: Path, rec: ShardRecord, *, algorithm: str,
+def copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algorithm: str,
                   storage: Storage = LOCAL_STORAGE) -> None:
     """Copy one shard durably and prove the copy by a cold read-back.
 
@@ -56,7 +61,7 @@ def copy_verified(src: Path, dst: Path, rec: ShardRecord, *, algorithm: str,
         StorageError: a tier failed.
     """
     data = read_file_cold(src)
-    _check_bytes(data, rec, algorithm, src)
+    _check_bytes(data, rec, algorithm, src, ckpt_id)
     want = checksum(algorithm, data)
     storage.makedirs(dst.parent)
     tmp = dst.with_name(f".{dst.name}.drain")
@@ -79,7 +84,7 @@ def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node:
         return False  # this node holds no complete tier-0 copy (lost, or never written here)
     for s in mine:
         copy_verified(src_dir / s.path, shared_root(run_dir) / ckpt.ckpt_id / s.path, s,
-                      algorithm=m.checksum, storage=storage)
+                      ckpt_id=m.ckpt_id, algorithm=m.checksum, storage=storage)
     return True
 
 

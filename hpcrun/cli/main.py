@@ -29,8 +29,8 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from hpcrun.cli import run as run_cmds
     from hpcrun.cli import data as data_cmds
+    from hpcrun.cli import run as run_cmds
     from hpcrun.cli import testbed as testbed_cmds
 
     cli.add_command(data_cmds.data)

@@ -134,9 +134,14 @@ class RunLog:
                          ts=self._clock.now(), writer=f"{socket.gethostname()}:{os.getpid()}",
                          payload=dict(payload or {}))
         data = entry.to_bytes()
-        slot = max(self._next_hint, self._last_slot() + 1)
-        while not self._storage.create_exclusive(self.log_dir / slot_name(slot), data):
-            slot += 1
+        # Every slot below this writer's hint is taken (slots are taken in order), so trying
+        # the hint first is safe and spares a directory listing per append on a long log; on
+        # a collision, list once to jump past the other writers.
+        slot = self._next_hint
+        if slot == 0 or not self._storage.create_exclusive(self.log_dir / slot_name(slot), data):
+            slot = max(slot, self._last_slot() + 1)
+            while not self._storage.create_exclusive(self.log_dir / slot_name(slot), data):
+                slot += 1
         self._next_hint = slot + 1
         return LogEntry(slot=slot, kind=entry.kind, generation=generation, holder=holder,
                         ts=entry.ts, writer=entry.writer, payload=entry.payload)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -108,17 +109,19 @@ def scan_object(path: str, fmt: str, with_hashes: bool = False) -> ObjectScan:
 class ObjectReader:
     """Random access to the records of one object; keeps the object open (thread-safe reads).
 
-    ``npy`` is memory-mapped, ``jsonl`` is read with ``pread`` at indexed offsets, ``hdf5``
-    keeps one read-only handle (h5py serialises its calls internally).
+    ``npy`` keeps only its parsed header and reads a record with one ``pread`` (no mapping
+    or descriptor held, so a million one-document objects cost no file handles), ``jsonl``
+    reads with ``pread`` at indexed offsets, ``hdf5`` keeps one read-only handle (h5py
+    serialises its calls internally).
     """
 
     def __init__(self, path: str, fmt: ObjectFormat, offsets: np.ndarray) -> None:
         self.path, self.fmt, self._offsets = path, fmt, offsets
-        self._npy: np.ndarray | None = None
+        self._npy: _NpyLayout | None = None
         self._fd: int | None = None
         self._h5: h5py.File | None = None
         if fmt is ObjectFormat.NPY:
-            self._npy = np.load(path, mmap_mode="r", allow_pickle=False)
+            self._npy = _npy_layout(path)
         elif fmt is ObjectFormat.JSONL:
             self._fd = os.open(path, os.O_RDONLY)
         else:
@@ -127,8 +130,7 @@ class ObjectReader:
     def read(self, record: int) -> np.ndarray:
         """Tokens of physical record ``record``, as ``int64``."""
         if self._npy is not None:
-            arr = self._npy
-            return np.asarray(arr if arr.ndim == 1 else arr[record], dtype=np.int64)
+            return self._npy.read(self.path, record)
         if self._fd is not None:
             lo, hi = int(self._offsets[record]), int(self._offsets[record + 1])
             return _tokens_of_line(os.pread(self._fd, hi - lo, lo), self.path, record)
@@ -146,15 +148,68 @@ class ObjectReader:
         self._npy = None
 
 
+@dataclass(frozen=True, slots=True)
+class _NpyLayout:
+    """Where the records of a C-ordered ``.npy`` file lie: data offset, dtype, shape."""
+
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    def read(self, path: str, record: int) -> np.ndarray:
+        per = self.shape[1] if len(self.shape) == 2 else self.shape[0]
+        start = self.offset + (record * per * self.dtype.itemsize if len(self.shape) == 2 else 0)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, per * self.dtype.itemsize, start)
+        finally:
+            os.close(fd)
+        if len(raw) != per * self.dtype.itemsize:
+            raise DataError(f"{path}: record {record} is truncated ({len(raw)} bytes); the "
+                            "object changed since the manifest was built")
+        return np.frombuffer(raw, dtype=self.dtype).astype(np.int64)
+
+
+_NPY_HEADER = re.compile(r"^\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "
+                         r"'shape': \((\d+),?(?: (\d+))?\), \}\s*$")
+
+
+def _npy_layout(path: str) -> _NpyLayout:
+    """Parse the header with a regex (numpy's own writer format) or fall back to numpy."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = os.pread(fd, 4096, 0)
+    finally:
+        os.close(fd)
+    if head[:8] == b"\x93NUMPY\x01\x00":
+        size = int.from_bytes(head[8:10], "little")
+        match = _NPY_HEADER.match(head[10:10 + size].decode("latin-1"))
+        if match and 10 + size <= len(head):
+            shape = tuple(int(g) for g in match.groups()[1:] if g is not None)
+            return _NpyLayout(offset=10 + size, dtype=np.dtype(match.group(1)), shape=shape)
+    return _npy_layout_slow(path)
+
+
+def _npy_layout_slow(path: str) -> _NpyLayout:
+    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    if arr.ndim not in (1, 2) or not arr.flags.c_contiguous or not isinstance(arr, np.memmap):
+        raise DataError(f"{path}: expected a C-ordered 1-D or 2-D token array, found shape "
+                        f"{arr.shape}; rewrite it with numpy.save")
+    layout = _NpyLayout(offset=int(arr.offset), dtype=arr.dtype, shape=tuple(arr.shape))
+    del arr  # release the mapping at once
+    return layout
+
+
 def _empty() -> np.ndarray:
     return np.empty(0, dtype=np.int64)
 
 
 def _scan_npy(path: str, with_hashes: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer):
-        raise DataError(f"{path}: expected a 1-D or 2-D integer token array, found "
-                        f"shape {arr.shape} dtype {arr.dtype}")
+    if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer) \
+            or not arr.flags.c_contiguous:
+        raise DataError(f"{path}: expected a C-ordered 1-D or 2-D integer token array, found "
+                        f"shape {arr.shape} dtype {arr.dtype}; rewrite it with numpy.save")
     rows = [arr] if arr.ndim == 1 else list(arr)
     lengths = np.asarray([r.shape[0] for r in rows], dtype=np.int64)
     hashes = _hashes(rows) if with_hashes else _empty()

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_local(run_dir=run_dir, nodes=spec.resources.nodes,
                       tasks_per_node=spec.resources.tasks_per_node,
                       node_local_base=expand_path(site.node_local_path, os.environ))
-    return LocalLauncher(plan, environ=os.environ,
+    return LocalLauncher(plan, environ={**os.environ, **dict(site.env)},
                          max_restarts=spec.budgets.max_requeues + 1).run()
 
 

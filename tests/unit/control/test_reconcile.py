@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from hpcrun.control.reconcile import (
     Release,
     Requeue,
     Submit,
+    execute,
     reconcile,
+    script_submitter,
     watch_once,
 )
 from hpcrun.control.record import RunRecord, create_run, read_record
@@ -135,6 +138,12 @@ class Crash(BaseException):
     """A process dying mid-pass (not an error hpcrun handles)."""
 
 
+def _heartbeat_at(run_dir: Path, ts: float) -> None:
+    path = run_dir / "heartbeat" / "n1.json"
+    path.write_text("{}")
+    os.utime(path, (ts, ts))
+
+
 @pytest.fixture
 def live_run(tmp_path: Path) -> Path:
     spec = RunSpec.from_dict({"name": "t", "entrypoint": "m:f",
@@ -157,7 +166,7 @@ def test_rerun_after_crash_never_double_submits(live_run: Path, crash_after_send
 
     def crashing(action: Submit, comment: str) -> str:
         if crash_after_send:
-            slurm.sbatch(live_run / "job.sh", [f"--comment={comment}"])
+            script_submitter(live_run, slurm)(action, comment)
         raise Crash
 
     with pytest.raises(Crash):  # job 101 vanished: record fault, mark REQUEUED, submit... crash
@@ -184,7 +193,6 @@ def test_concurrent_pass_that_lost_the_intent_race_does_nothing(live_run: Path) 
     RunLog(live_run).append(EntryKind.OP, generation=-1, holder="", payload={
         "op_id": submit.op_id, "action": "submit", "phase": "intent", "try": 0,
         "attempt": submit.attempt})  # another watcher got there first (and is still working)
-    from hpcrun.control.reconcile import execute
     outcomes = execute(first.actions, log=RunLog(live_run), slurm=slurm, record=first.record,
                        submitter=lambda a, c: slurm.sbatch(live_run / "job.sh", []))
     assert outcomes[-1].status == "elsewhere" and cluster.count("sbatch") == 0
@@ -193,7 +201,7 @@ def test_concurrent_pass_that_lost_the_intent_race_does_nothing(live_run: Path) 
 def test_hang_requeue_holds_updates_then_releases(live_run: Path) -> None:
     cluster, clock = FakeCluster(), FakeClock(NOW)
     cluster.jobs["101"] = Job(state="RUNNING", nodes="n[1-2]")
-    (live_run / "heartbeat" / "n1.json").write_text("{}")
+    _heartbeat_at(live_run, NOW)
     clock.advance(3600)
     result = watch_once(live_run, SlurmClient(cluster), clock, hang_timeout_s=600)
     assert [type(a) for a in result.actions] == [RecordFault, MarkState, Requeue]
@@ -210,7 +218,7 @@ def test_refused_update_still_releases_and_says_why(live_run: Path) -> None:
     cluster, clock = FakeCluster(), FakeClock(NOW)
     cluster.jobs["101"] = Job(state="RUNNING")
     cluster.refuse_update = True
-    (live_run / "heartbeat" / "n1.json").write_text("{}")
+    _heartbeat_at(live_run, NOW)
     clock.advance(3600)
     with pytest.raises(SchedulerError, match="restricts"):
         watch_once(live_run, SlurmClient(cluster), clock, hang_timeout_s=600)

@@ -57,7 +57,7 @@ def test_concat_split_is_the_stream_cut_every_seq_len(lengths: list[int], seq_le
 
 def test_residual_document_continues_in_the_next_call() -> None:
     fetch = fetcher([10, 3, 7])
-    seg, _, state = pack(fetch, PackState(draw=0, offset=0), 1, 4)  # type: ignore[misc]
+    _, _, state = pack(fetch, PackState(draw=0, offset=0), 1, 4)  # type: ignore[misc]
     assert state == PackState(draw=0, offset=4)
     assert pack(fetch, state, 1, 6)[2] == PackState(draw=1, offset=0)  # type: ignore[index]
     assert pack(fetch, PackState(draw=0, offset=0), 3, 4)[2] == PackState(draw=1, offset=2)  # type: ignore[index]

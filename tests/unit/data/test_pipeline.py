@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcrun.data import DATA_ALGORITHM_VERSION, Dataset, DataPipeline, MixtureSpec
+from hpcrun.data import DATA_ALGORITHM_VERSION, DataPipeline, Dataset, MixtureSpec
 from hpcrun.data.batches import DocStream
 from hpcrun.data.mixture import Mixture
 from hpcrun.errors import DataError

@@ -1,0 +1,1 @@
+"""hpcrun benchmarks: speed targets live here, not in timed tests."""

@@ -1,0 +1,73 @@
+"""Tier 0 → tier 1: drain with cold-read verification, tier-1 commit, restore after node loss."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from hpcrun.checkpoint import Tier, drain_pending, finalize_tier1, fold_checkpoints
+from hpcrun.checkpoint.retention import collect_run
+from hpcrun.control.log import EntryKind, RunLog
+
+from .conftest import same_state, trained
+
+
+def _save(ck, step: int) -> str:
+    model, opt = trained(step)
+    return ck.save(step, {"model": model, "optim": opt}, blocking=True).ckpt_id
+
+
+def test_drain_finalize_and_restore_after_node_loss(run_dir: Path, tmp_path: Path, log: RunLog,
+                                                    incarnation) -> None:
+    nvme = tmp_path / "nvme"
+    ck = incarnation(node_local_root=nvme)
+    first = _save(ck, 1)
+    assert fold_checkpoints(log.read())[0].tiers == {Tier.NODE_LOCAL}
+    assert not list((run_dir / "ckpt" / first).rglob("*.h5"))  # only the manifest is shared
+
+    gen, holder = ck.id.generation, ck.id.holder
+    assert drain_pending(run_dir, nvme, node="node0", log=log, generation=gen,
+                         holder=holder) == [first]
+    assert drain_pending(run_dir, nvme, node="node0", log=log, generation=gen,
+                         holder=holder) == []  # idempotent
+    assert finalize_tier1(run_dir, log=log, generation=gen, holder=holder, num_nodes=1) == [first]
+    assert fold_checkpoints(log.read())[0].tiers == {Tier.NODE_LOCAL, Tier.SHARED}
+
+    model, opt = trained(5)
+    assert incarnation(node_local_root=nvme).restore({"model": model, "optim": opt}).tier == \
+        "node_local"
+    shutil.rmtree(nvme)  # the node is gone, and its tier 0 with it
+    result = incarnation(node_local_root=nvme).restore({"model": model, "optim": opt})
+    assert result is not None and (result.ckpt_id, result.tier) == (first, "shared")
+    assert same_state(model.state_dict(), trained(1)[0].state_dict())
+
+
+def test_corrupt_tier0_copy_is_not_drained(run_dir: Path, tmp_path: Path, log: RunLog,
+                                           incarnation) -> None:
+    nvme = tmp_path / "nvme"
+    ck = incarnation(node_local_root=nvme)
+    first = _save(ck, 1)
+    [shard] = (nvme / "run1" / "ckpt" / first).rglob("rank-*.h5")
+    data = bytearray(shard.read_bytes())
+    data[len(data) * 2 // 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert drain_pending(run_dir, nvme, node="node0", log=log, generation=ck.id.generation,
+                         holder=ck.id.holder) == []
+    kinds = [e.kind for e in log.read()]
+    assert EntryKind.DRAINED not in kinds and kinds[-1] == EntryKind.FAULT
+
+
+def test_tier0_copy_deleted_only_after_tier1_commit(run_dir: Path, tmp_path: Path, log: RunLog,
+                                                    incarnation) -> None:
+    nvme = tmp_path / "nvme"
+    ck = incarnation(node_local_root=nvme)
+    ids = [_save(ck, s) for s in (1, 2, 3)]
+    local = (nvme, "run1")
+    report = collect_run(run_dir, log=log, keep_last=2, now=0.0, local=local)
+    assert report.retired == ()  # nothing is durable on tier 1 yet
+    gen, holder = ck.id.generation, ck.id.holder
+    drain_pending(run_dir, nvme, node="node0", log=log, generation=gen, holder=holder)
+    finalize_tier1(run_dir, log=log, generation=gen, holder=holder, num_nodes=1)
+    report = collect_run(run_dir, log=log, keep_last=2, now=0.0, local=local)
+    assert report.retired == (ids[0],)
+    assert sorted(p.name for p in (nvme / "run1" / "ckpt").iterdir()) == ids[1:]
