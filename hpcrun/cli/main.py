@@ -53,7 +53,7 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; an :class:`HpcrunError` becomes one line on stderr and its exit code."""
     try:
-        cli.main(args=argv, prog_name="hpcrun", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="hpcrun", standalone_mode=False)
     except HpcrunError as exc:
         click.echo(f"hpcrun: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    # Without standalone mode click returns ctx.exit(n)'s code instead of exiting.
+    if isinstance(rv, int):
+        sys.exit(rv)
 
 
 if __name__ == "__main__":
