@@ -82,7 +82,7 @@ def _cancel_op_id(run_id: str, job_id: str) -> str:
 
 def _scancel_all(log: RunLog, record: RunRecord, slurm: SlurmClient) -> tuple[str, ...]:
     done, errors = [], []
-    for job_id in record.job_ids:
+    for job_id in record.slurm_job_ids():  # the local backend stops its own gang
         op_id = _cancel_op_id(record.run_id, job_id)
         if record.op_done(op_id):
             continue

@@ -582,7 +582,10 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
     spec = load_run_spec(run_dir, storage=storage)
     record = read_record(run_dir, storage=storage, spec_id=spec.spec_id)
     now = clock.now()
-    obs = slurm.observe(record.job_ids[-1]) if record.job_ids else None
+    jobs = record.slurm_job_ids()
+    if record.job_ids and not jobs:  # a local-backend run: nothing for Slurm to reconcile
+        return WatchResult(record=record, observation=None, actions=(), outcomes=())
+    obs = slurm.observe(jobs[-1]) if jobs else None
     if obs is not None:
         obs = replace(obs, heartbeat_age_s=heartbeat_age(record, run_dir, now, storage))
     policy = ReconcilePolicy.from_spec(spec, **policy_overrides)

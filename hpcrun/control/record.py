@@ -112,6 +112,8 @@ class RunRecord:
     """Slot of the fence in force; a restore point is chosen from slots before it."""
     job_ids: tuple[str, ...] = ()
     """Scheduler job ids bound to the run, oldest first."""
+    job_backends: Mapping[str, str] = field(default_factory=dict)
+    """job id -> backend that runs it (``slurm`` or ``local``)."""
     restarts: int = 0
     """Gang restarts inside the current allocation."""
     requeues: int = 0
@@ -154,6 +156,10 @@ class RunRecord:
     def fence(self) -> Fence:
         """The fencing token in force."""
         return Fence(generation=self.generation, holder=self.holder, slot=self.fence_slot)
+
+    def slurm_job_ids(self) -> tuple[str, ...]:
+        """The job ids Slurm runs (local-backend jobs left out)."""
+        return tuple(j for j in self.job_ids if self.job_backends.get(j, "slurm") == "slurm")
 
     def op_done(self, op_id: str) -> bool:
         """Whether operation ``op_id`` is recorded as carried out."""
@@ -266,6 +272,9 @@ def _on_job(acc: _Acc, e: LogEntry) -> None:
     if job_id not in acc.v["job_ids"]:
         acc.v["job_ids"].append(job_id)
         acc.v["restarts"] = 0
+    backend = e.payload.get("backend")
+    acc.v["job_backends"] = {**acc.v["job_backends"],
+                             job_id: backend if isinstance(backend, str) else "slurm"}
     nodes = _str_list(e.payload.get("nodes"))
     if nodes:
         acc.v["membership"] = nodes

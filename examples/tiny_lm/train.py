@@ -1,0 +1,65 @@
+"""The tiny example's training main: a small GPT trained with DDP, driven by hpcrun.
+
+Everything operational (signals, checkpoint cadence and commits, the stop agreement, requeue)
+is hpcrun's; this file only builds the model, the optimizer and the data, and trains.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from examples.tiny_lm.model import GPTConfig, TinyGPT
+from hpcrun.data.pipeline import DataPipeline
+
+
+def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipeline]:
+    cfg = ctx.config
+    torch.manual_seed(int(cfg.get("seed", 0)))  # identical initial weights on every rank
+    model = TinyGPT(GPTConfig(vocab=cfg["vocab"], seq_len=cfg["seq_len"],
+                              d_model=cfg["d_model"], n_layers=cfg["n_layers"],
+                              n_heads=cfg["n_heads"]))
+    optim = torch.optim.AdamW(model.parameters(), lr=float(cfg["lr"]), weight_decay=0.01)
+    data = DataPipeline(ctx.spec.data.manifest, seed=ctx.spec.data.seed,
+                        global_batch=ctx.spec.data.global_batch, seq_len=cfg["seq_len"] + 1,
+                        replica=ctx.rank, num_replicas=ctx.world_size, workers=1,
+                        prefetch_batches=2, as_torch=True)
+    return model, optim, data
+
+
+def main(ctx: Any) -> None:
+    model, optim, data = build(ctx)
+    ctx.restore(model=model, optim=optim, data=data)
+    net = DistributedDataParallel(model) if ctx.world_size > 1 else model
+    ledger = _ledger(ctx, data)
+    for step in ctx.steps(int(ctx.config["steps"])):
+        batch = next(data)
+        tokens = batch["tokens"].long()
+        logits = net(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        ledger(step, int(batch["batch"]))
+        ctx.step_done(tokens=int(tokens[:, 1:].numel()), loss=float(loss.item()))
+    data.close()
+
+
+def _ledger(ctx: Any, data: DataPipeline) -> Any:
+    """Rank 0 records which samples each global step consumed (the sample ledger)."""
+    if not ctx.config.get("ledger") or ctx.rank != 0:
+        return lambda step, batch: None
+    path = ctx.inc.run_dir / "ledger.jsonl"
+
+    def record(step: int, batch: int) -> None:
+        ids = data.sample_ids(batch)
+        line = {"step": step, "batch": batch, "generation": ctx.generation,
+                "samples": [[int(x) for x in row] for row in ids.tolist()]}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    return record
