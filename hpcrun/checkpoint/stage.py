@@ -236,7 +236,8 @@ def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list
     bad = []
     for sp in staged:
         dt = torch_dtype(sp.piece.dtype)
-        if (dt.is_floating_point or dt.is_complex) and sp.piece.nbytes:
-            if not is_finite(tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)):
-                bad.append(sp.piece.key)
+        floating = dt.is_floating_point or dt.is_complex
+        if floating and sp.piece.nbytes and not is_finite(
+                tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)):
+            bad.append(sp.piece.key)
     return bad

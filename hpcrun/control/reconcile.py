@@ -413,9 +413,8 @@ def script_submitter(run_dir: str | os.PathLike[str], slurm: SlurmClient) -> Sub
 
 class _Executor:
     def __init__(self, *, log: RunLog, slurm: SlurmClient, record: RunRecord,
-                 fence: Fence | None, submitter: Submitter | None, clock: Clock,
-                 holder_prefix: str) -> None:
-        self.log, self.slurm, self.record, self.clock = log, slurm, record, clock
+                 fence: Fence | None, submitter: Submitter | None, holder_prefix: str) -> None:
+        self.log, self.slurm, self.record = log, slurm, record
         self.fence, self.submitter, self.holder_prefix = fence, submitter, holder_prefix
 
     def run(self, action: Action) -> Outcome:
@@ -522,7 +521,7 @@ class _Executor:
 
 def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, record: RunRecord,
             fence: Fence | None = None, submitter: Submitter | None = None,
-            clock: Clock | None = None, holder_prefix: str = "watch-") -> list[Outcome]:
+            holder_prefix: str = "watch-") -> list[Outcome]:
     """Carry out ``actions`` in order: log intent, send, log done.
 
     Args:
@@ -540,7 +539,7 @@ def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, recor
         StaleGenerationError: another incarnation fenced between planning and writing.
     """
     ex = _Executor(log=log, slurm=slurm, record=record, fence=fence, submitter=submitter,
-                   clock=clock or log._clock, holder_prefix=holder_prefix)
+                   holder_prefix=holder_prefix)
     return [ex.run(a) for a in actions]
 
 
@@ -593,7 +592,7 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
     outcomes: list[Outcome] = []
     if actions and not dry_run:
         outcomes = execute(actions, log=RunLog(run_dir, storage=storage, clock=clock),
-                           slurm=slurm, record=record, clock=clock,
+                           slurm=slurm, record=record,
                            submitter=submitter or script_submitter(run_dir, slurm))
     return WatchResult(record=record, observation=obs, actions=tuple(actions),
                        outcomes=tuple(outcomes))

@@ -31,7 +31,7 @@ from hpcrun.runtime.incarnation import (
     EXIT_USER_ERROR,
     Incarnation,
 )
-from hpcrun.runtime.logview import LogView
+from hpcrun.runtime.logview import LogView, is_gang_fault
 from hpcrun.runtime.node import NodeInfo
 
 POLL_S = 0.2
@@ -82,9 +82,9 @@ class Agent:
     def _establish(self, attempt: int) -> Incarnation | None:
         key = self.node.incarnation_key(attempt)
         if self.node.is_supervisor:
-            fence = self.log.claim(new_holder(key))
-            self._publish_start(fence.generation, fence.holder, attempt)
-            return self._incarnation(fence.generation, fence.holder, fence.slot, attempt)
+            claimed = self.log.claim(new_holder(key))
+            self._publish_start(claimed.generation, claimed.holder, attempt)
+            return self._incarnation(claimed.generation, claimed.holder, claimed.slot, attempt)
         deadline = self.clock.monotonic() + FENCE_WAIT_S
         while self.clock.monotonic() < deadline:
             self.view.refresh()
@@ -170,7 +170,7 @@ class Agent:
         if self.view.terminal():
             return (EXIT_OK, None)
         if self.node.is_supervisor and any(
-                e.payload.get("node") != self.node.node
+                e.payload.get("node") != self.node.node and is_gang_fault(dict(e.payload))
                 for e in self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)):
             return "peer_failed"
         return None

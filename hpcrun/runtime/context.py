@@ -14,7 +14,7 @@ stop agreement after a preemption signal (one tiny all-reduce per step), and a f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,8 @@ class Context:
     """Implements :class:`hpcrun.protocols.RunContext` for one rank."""
 
     def __init__(self, *, env: Any, incarnation: Incarnation, spec: Any, log: RunLog,
-                 checkpointer: Any, cadence: Any, events: Any, stop: Any, heartbeat: Any,
+                 checkpointer: Any, cadence: Callable[[int], Any], events: Any, stop: Any,
+                 heartbeat: Any,
                  device: Any, group: Any = None, preempt_signal: int = 10,
                  injections: tuple[faults.Injection, ...] = (), clock: Clock = SYSTEM_CLOCK,
                  ) -> None:
@@ -53,7 +54,8 @@ class Context:
         self._spec = spec
         self._log = log
         self._ckpt = checkpointer
-        self._cadence = cadence
+        self._new_cadence = cadence
+        self._cadence = cadence(0)
         self._events = events
         self._stop = stop
         self._heartbeat = heartbeat
@@ -93,6 +95,7 @@ class Context:
             self._p.step = self._p.restored_step = self._p.committed_step = int(result.step)
             self._p.tokens = int((result.extra or {}).get("tokens", 0))
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier)
+        self._cadence = self._new_cadence(self._p.step)
         return self._p.step
 
     def steps(self, total: int) -> Iterator[int]:
@@ -142,16 +145,21 @@ class Context:
         return {"tokens": self._p.tokens}
 
     def _save(self, *, blocking: bool) -> None:
+        t0 = self._clock.monotonic()
         with self._events.span("ckpt_stage", self._p.step, blocking=blocking):
             result = self._ckpt.save(self._p.step, self._state, extra=self._extra(),
                                      blocking=blocking)
+        # The cadence counts from the save's start: an async save is due once, not until
+        # it commits. Its cost C is the exposed pause (the whole save when blocking).
+        pause = getattr(result, "pause_s", None)
+        self._cadence.saved(self._p.step, cost_s=float(
+            pause if pause is not None else self._clock.monotonic() - t0))
         self._finish_async(result)
 
     def _finish_async(self, result: Any) -> None:
         if result is None or not getattr(result, "committed", False):
             return
         self._p.committed_step = int(result.step)
-        self._cadence.observe_save(float(getattr(result, "pause_s", 0.0)))
         self._events.emit("checkpoint", int(result.step), ckpt_id=result.ckpt_id,
                           pause_s=getattr(result, "pause_s", None),
                           write_s=getattr(result, "write_s", None),
@@ -190,8 +198,9 @@ class Context:
         first = self.inc.restart_count == 0 and self.inc.attempt == 0
         for inj in faults.due(self._injections, rank=self.rank, step=self._p.step,
                               first_incarnation=first):
-            self._events.emit("fault_injected", self._p.step, kind=inj.kind.value)
-            self._events.flush()
+            self._events.emit("fault_injected", self._p.step, fault=inj.kind.value)
+            if inj.kind in (faults.FaultKind.CRASH, faults.FaultKind.HANG):
+                self._events.close()  # flush what this rank saw before it goes
             faults.fire(inj, preempt_signal=self._preempt_signal)
 
     def close(self) -> None:

@@ -54,3 +54,18 @@ def node_exits(entries: Iterable[LogEntry]) -> dict[str, str]:
     """node → status from ``node_exit`` notes."""
     return {str(e.payload.get("node")): str(e.payload.get("status")) for e in entries
             if e.kind == EntryKind.NOTE and e.payload.get("event") == "node_exit"}
+
+
+GANG_FAULTS = frozenset({"hang", "node_failure"})
+
+
+def is_gang_fault(payload: object) -> bool:
+    """Whether a FAULT payload ends the gang: a rank's failure, a hang or a lost node.
+
+    Background faults (a drain to the shared tier that failed and will be retried) do not: the
+    drain is retried while training goes on.
+    """
+    if not isinstance(payload, dict):
+        return False
+    rank = payload.get("rank")
+    return payload.get("fault") in GANG_FAULTS or (isinstance(rank, int) and rank >= 0)

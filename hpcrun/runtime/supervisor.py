@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrun.control.log import EntryKind
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, EXIT_USER_ERROR, Incarnation
-from hpcrun.runtime.logview import node_exits
+from hpcrun.runtime.logview import is_gang_fault, node_exits
 
 if TYPE_CHECKING:
     from hpcrun.runtime.agent import Agent
@@ -73,7 +73,8 @@ def _gather(agent: Agent, inc: Incarnation) -> tuple[dict[str, str], list[dict[s
         agent.view.refresh()
         exits = node_exits(agent.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
         faults = [dict(e.payload)
-                  for e in agent.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)]
+                  for e in agent.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)
+                  if is_gang_fault(dict(e.payload))]
         if faults or nodes <= set(exits):
             return exits, faults
         if agent.clock.monotonic() > deadline:
@@ -108,13 +109,15 @@ def _on_fault(agent: Agent, inc: Incarnation, fault: dict[str, Any], *,
 
 def _fault_record(record: Any, fault: dict[str, Any], now: float) -> Any:
     from hpcrun.control.record import FaultRecord
+    from hpcrun.control.retry import FaultClass
 
     for known in reversed(record.faults):
         if (known.signature, known.node, known.rank) == (
                 fault.get("signature"), fault.get("node"), fault.get("rank")):
             return known
-    return FaultRecord(fault=str(fault["fault"]), node=fault.get("node"), rank=fault.get("rank"),
-                       step=fault.get("step"), signature=str(fault.get("signature", "")),
+    return FaultRecord(fault=FaultClass(str(fault["fault"])), node=fault.get("node"),
+                       rank=fault.get("rank"), step=fault.get("step"),
+                       signature=str(fault.get("signature", "")),
                        detail=str(fault.get("detail", "")), ts=now, slot=-1, generation=-1)
 
 

@@ -114,7 +114,7 @@ def build_context(environ: Mapping[str, str]) -> tuple[Any, Any, Any]:
     stop = StopFlag()
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
-        cadence=CadenceTimer(policy), events=events, stop=stop,
+        cadence=lambda start: CadenceTimer(policy, start_step=start), events=events, stop=stop,
         heartbeat=_timestamped(heartbeat), device=device_for(env), preempt_signal=preempt,
         injections=faults.from_environ(environ),
     )

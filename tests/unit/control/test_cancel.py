@@ -109,3 +109,13 @@ def test_only_owner_and_cancel_authority_may_cancel(run: tuple[Path, FakeCluster
     with pytest.raises(PermissionDeniedError, match="'mallory' may not cancel"):
         cancel_run(run_dir, slurm=SlurmClient(cluster), user="mallory")
     assert read_record(run_dir).state == RunState.STARTING and cluster.count("scancel") == 0
+
+
+def test_local_backend_jobs_are_not_scancelled(tmp_path: Path) -> None:
+    spec = RunSpec.from_dict({"name": "t", "entrypoint": "m:f"})
+    run_dir = create_run(tmp_path, spec, run_id="t-1", owner="alice")
+    RunLog(run_dir).append(EntryKind.JOB, generation=-1, holder="",
+                           payload={"job_id": "local-4242", "backend": "local"})
+    cluster = FakeCluster()
+    result = cancel_run(run_dir, slurm=SlurmClient(cluster), user="alice")
+    assert result.state == RunState.CANCELLED and cluster.calls == []
