@@ -89,9 +89,19 @@ def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node:
 
 
 def pending_drains(committed: list[CommittedCheckpoint], node: str) -> list[CommittedCheckpoint]:
-    """Checkpoints this node still has to drain (pure)."""
-    return [c for c in committed if Tier.NODE_LOCAL in c.tiers and Tier.SHARED not in c.tiers
-            and node in c.nodes and node not in c.drained]
+    """The checkpoint this node still has to drain, if any (pure).
+
+    Only the newest checkpoint committed on tier 0 is drained: an older one that is not on
+    tier 1 yet is superseded (tier-1 RPO is set by the newest), and retention may already have
+    retired it, so copying it would spend shared-tier bandwidth on state nobody restores.
+    """
+    local = [c for c in committed if Tier.NODE_LOCAL in c.tiers]
+    if not local:
+        return []
+    newest = local[-1]
+    if Tier.SHARED in newest.tiers or node not in newest.nodes or node in newest.drained:
+        return []
+    return [newest]
 
 
 def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLog,
@@ -112,9 +122,10 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
                 continue
         except HpcrunError as exc:
             _log.warning("drain of %s on %s failed: %s", ckpt.ckpt_id, node, exc)
-            log.append(EntryKind.FAULT, generation=generation, holder=holder,
-                       payload={"fault": "storage_error", "node": node, "rank": -1,
-                                "step": ckpt.step, "signature": "ckpt:drain",
+            # A background incident, not a gang fault: training goes on, the drain is retried
+            # next round, and the tier-1 RPO exposure grows until it succeeds.
+            log.append(EntryKind.NOTE, generation=generation, holder=holder,
+                       payload={"event": "drain_error", "node": node, "step": ckpt.step,
                                 "ckpt_id": ckpt.ckpt_id, "detail": str(exc)[:2000]})
             continue
         log.publish(EntryKind.DRAINED, generation=generation, holder=holder,

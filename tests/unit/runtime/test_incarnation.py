@@ -28,7 +28,7 @@ def test_environ_round_trip(local: Path | None) -> None:
 def test_missing_variable_is_named_with_the_fix() -> None:
     env = _inc().to_environ()
     del env["HPCRUN_HOLDER"]
-    with pytest.raises(EnvError, match="HPCRUN_HOLDER is not set.*hpcrun submit"):
+    with pytest.raises(EnvError, match=r"HPCRUN_HOLDER is not set.*hpcrun submit"):
         Incarnation.from_environ(env)
 
 
