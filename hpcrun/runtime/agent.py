@@ -36,6 +36,7 @@ from hpcrun.runtime.node import NodeInfo
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
+RELAY_EVERY_S = 2.0  # a rank still starting up ignores the signal: say it again
 
 
 class Agent:
@@ -142,16 +143,17 @@ class Agent:
 
         agg = HeartbeatAggregator(self.run_dir, node=self.node.node, hb_dir=inc.heartbeat_dir(),
                                   generation=inc.generation, clock=self.clock)
-        relayed = False
+        relayed_at: float | None = None
         hang = self._hang_watch(inc, gang)
         while True:
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
             if failed:
                 self._record_rank_faults(inc, failed)
                 return "failed"
-            if self.stop.is_set and not relayed:
+            if self.stop.is_set and (relayed_at is None
+                                     or self.clock.monotonic() - relayed_at > RELAY_EVERY_S):
                 gang.signal(self.preempt_signal)
-                relayed = True
+                relayed_at = self.clock.monotonic()
             agg.poll()
             moved = self._run_moved_on(inc)
             if moved is not None:
@@ -243,7 +245,8 @@ class Agent:
         first = self.node.node_rank * k
         return Gang(ranks=list(range(first, first + k)), env_for=lambda r: self._rank_env(inc, r),
                     log_dir=inc.logs_dir(), exit_report_for=inc.exit_report, python=self.python,
-                    cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
+                    cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
+                    preempt_signal=self.preempt_signal)
 
     def _rank_env(self, inc: Incarnation, rank: int) -> dict[str, str]:
         from hpcrun.launch.env import DistEnv, derive_master_port

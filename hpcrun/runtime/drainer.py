@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     target, interval = _parse(sys.argv[1:] if argv is None else argv)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    # Slurm may signal every process of the step on a preemption; the drain is not a rank and
+    # must survive it to make the stop checkpoint durable on the shared tier.
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
     log = RunLog(target.run_dir)
     while not stopping:
         try:

@@ -62,13 +62,14 @@ class Gang:
 
     def __init__(self, *, ranks: list[int], env_for: Any, log_dir: Path,
                  exit_report_for: Any, python: str = sys.executable,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, preempt_signal: int = signal.SIGUSR1) -> None:
         self.ranks = ranks
         self._env_for = env_for
         self._log_dir = log_dir
         self._exit_report_for = exit_report_for
         self._python = python
         self._cwd = cwd
+        self._preempt_signal = preempt_signal
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._files: list[IO[bytes]] = []
         self.exits: dict[int, RankExit] = {}
@@ -82,7 +83,14 @@ class Gang:
             self.procs[rank] = subprocess.Popen(
                 [self._python, "-m", "hpcrun.runtime.worker"], env=self._env_for(rank),
                 stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd, start_new_session=True,
+                preexec_fn=self._ignore_preempt,
             )
+
+    def _ignore_preempt(self) -> None:
+        # In the child before exec: a rank ignores the preemption signal until its handler is
+        # installed (the disposition survives exec), so a relay during interpreter start-up
+        # cannot kill it. The agent relays again until the ranks have stopped.
+        signal.signal(self._preempt_signal, signal.SIG_IGN)
 
     def poll(self) -> list[RankExit]:
         """Ranks that ended since the last poll."""

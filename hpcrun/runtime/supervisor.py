@@ -31,9 +31,12 @@ _RNG = random.Random()
 def conclude(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
     """Node 0: decide how this incarnation ended and act on it."""
     exits, faults = _gather(agent, inc)
-    if faults:
+    if faults and not agent.stop.is_set:
         return _on_fault(agent, inc, faults[0])
-    if exits and all(s == "succeeded" for s in exits.values()):
+    # A preemption is pending (the supervisor got the signal): restarting inside this
+    # allocation is pointless, so whatever else happened the run commits what it has and
+    # requeues; the newest committed checkpoint is the restore point.
+    if not faults and exits and all(s == "succeeded" for s in exits.values()):
         _await_tier1(agent, inc)
         _publish(agent, inc, EntryKind.STATE, state="SUCCEEDED", reason="all ranks finished")
         _publish(agent, inc, EntryKind.RESULT, state="SUCCEEDED")

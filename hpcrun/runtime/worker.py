@@ -76,15 +76,15 @@ def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def build_context(environ: Mapping[str, str]) -> tuple[Any, Any, Any]:
-    """Wire a Context from the environment. Returns (context, stop flag, incarnation)."""
+def build_context(environ: Mapping[str, str], stop: Any) -> Any:
+    """Wire a Context from the environment around the process's stop flag."""
     from hpcrun.checkpoint import Checkpointer, Layout
     from hpcrun.checkpoint.cadence import CadenceTimer
     from hpcrun.control.log import RunLog
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.dist import device_for, init_process_group
     from hpcrun.launch.env import DistEnv
-    from hpcrun.launch.signals import StopFlag, signal_number
+    from hpcrun.launch.signals import signal_number
     from hpcrun.observe.events import EventWriter
     from hpcrun.observe.heartbeat import write_rank_heartbeat
     from hpcrun.runtime import faults
@@ -111,14 +111,12 @@ def build_context(environ: Mapping[str, str]) -> tuple[Any, Any, Any]:
                          dataset_id=spec.data.dataset_id or "")
     hb_dir = inc.heartbeat_dir()
     heartbeat = partial(write_rank_heartbeat, hb_dir, rank=env.rank, pid=os.getpid())
-    stop = StopFlag()
-    ctx = Context(
+    return Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
         cadence=lambda start: CadenceTimer(policy, start_step=start), events=events, stop=stop,
         heartbeat=_timestamped(heartbeat), device=device_for(env), preempt_signal=preempt,
         injections=faults.from_environ(environ),
     )
-    return ctx, stop, inc
 
 
 def _timestamped(write: Callable[..., None]) -> Callable[..., None]:
@@ -133,19 +131,24 @@ def _timestamped(write: Callable[..., None]) -> Callable[..., None]:
 def run(environ: Mapping[str, str]) -> int:
     """Run one rank to completion; return its exit status."""
     from hpcrun.launch.dist import destroy_process_group
-    from hpcrun.launch.signals import signal_number, stop_on
+    from hpcrun.launch.signals import StopFlag, signal_number, stop_on
 
     inc = Incarnation.from_environ(environ)
     rank = int(environ.get("HPCRUN_RANK", "0"))
     report_path = inc.exit_report(rank)
     preempt = signal_number(environ.get("HPCRUN_PREEMPT_SIGNAL", "USR1"))
     ctx = None
+    stop = StopFlag()
     try:
-        ctx, stop, _ = build_context(environ)
+        # The handler is in place before anything slow happens (process group, restore), and
+        # after the stop commit the signal is ignored: Slurm may deliver it to every process of
+        # the step and the agent relays it again, and neither must kill a rank that is exiting.
         with stop_on([preempt, signal.SIGTERM], stop):
+            ctx = build_context(environ, stop)
             fn = resolve_entrypoint(ctx.spec.entrypoint, environ.get("HPCRUN_CODE_PATH"))
             fn(ctx)
             ctx.close()
+            signal.signal(preempt, signal.SIG_IGN)
         status = EXIT_PREEMPTED if ctx.stopped else EXIT_OK
         write_exit_report(report_path, {"rank": rank, "status": "preempted" if ctx.stopped
                                         else "succeeded", "step": ctx.step})
