@@ -211,12 +211,18 @@ class Agent:
 
     # -- reporting ---------------------------------------------------------------------------
     def _record_rank_faults(self, inc: Incarnation, failed: list[RankExit]) -> None:
+        from hpcrun.observe.heartbeat import read_rank_beats
+
+        beats = read_rank_beats(inc.heartbeat_dir())
         for ex in failed[:1]:  # the first failure is the cause; the rest are its echoes
             how = (f"killed by signal {-ex.returncode}" if ex.returncode < 0
                    else f"exited {ex.returncode}")
+            # A rank killed outright leaves no report: its last heartbeat says where it was.
+            step = ex.report.get("step")
+            if step is None and ex.rank in beats:
+                step = beats[ex.rank].step
             self._append_fault(inc, {
-                "fault": ex.fault, "node": self.node.node, "rank": ex.rank,
-                "step": ex.report.get("step"),
+                "fault": ex.fault, "node": self.node.node, "rank": ex.rank, "step": step,
                 "signature": f"{ex.fault}:rank{ex.rank}:{ex.returncode}",
                 "detail": str(ex.report.get("detail") or how)[-2000:]})
 

@@ -15,7 +15,6 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Mapping
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +85,7 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.signals import signal_number
     from hpcrun.observe.events import EventWriter
-    from hpcrun.observe.heartbeat import write_rank_heartbeat
+    from hpcrun.observe.heartbeat import RankHeartbeat
     from hpcrun.runtime import faults
     from hpcrun.runtime.context import Context
 
@@ -109,23 +108,14 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     events = EventWriter(inc.events_path(env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
                          dataset_id=spec.data.dataset_id or "")
-    hb_dir = inc.heartbeat_dir()
-    heartbeat = partial(write_rank_heartbeat, hb_dir, rank=env.rank, pid=os.getpid())
+    beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
     return Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
         cadence=lambda start: CadenceTimer(policy, start_step=start), events=events, stop=stop,
-        heartbeat=_timestamped(heartbeat), device=device_for(env), preempt_signal=preempt,
+        heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
+        device=device_for(env), preempt_signal=preempt,
         injections=faults.from_environ(environ),
     )
-
-
-def _timestamped(write: Callable[..., None]) -> Callable[..., None]:
-    import time
-
-    def beat(*, step: int, step_time_s: float | None) -> None:
-        write(step=step, ts=time.time(), step_time_s=step_time_s)
-
-    return beat
 
 
 def run(environ: Mapping[str, str]) -> int:
