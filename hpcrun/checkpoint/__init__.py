@@ -2,23 +2,27 @@
 
 A reader sees the previous complete checkpoint or the new complete one, never a mixture, and a
 stale worker can never publish one. See ``README.md`` in this package.
+
+Names are imported on first use (PEP 562): most of this plane needs torch and h5py, and a
+login-node command such as ``hpcrun status`` should not pay for them.
 """
 
 from __future__ import annotations
 
-from hpcrun.checkpoint.checkpointer import AsyncPolicy, Checkpointer
-from hpcrun.checkpoint.commit import FAULT_STAGES, read_manifest
-from hpcrun.checkpoint.drain import VerifyResult, drain_pending, finalize_tier1, verify_checkpoint
-from hpcrun.checkpoint.manifest import Manifest
-from hpcrun.checkpoint.retention import GcReport, collect_run
-from hpcrun.checkpoint.state import (
-    Layout,
-    RankLocal,
-    RestoreResult,
-    RowShard,
-    SaveResult,
-)
-from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, fold_checkpoints
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",
+    "FAULT_STAGES": "commit", "read_manifest": "commit",
+    "VerifyResult": "drain", "drain_pending": "drain", "finalize_tier1": "drain",
+    "verify_checkpoint": "drain",
+    "Manifest": "manifest",
+    "GcReport": "retention", "collect_run": "retention",
+    "Layout": "state", "RankLocal": "state", "RestoreResult": "state", "RowShard": "state",
+    "SaveResult": "state",
+    "CommittedCheckpoint": "tiers", "Tier": "tiers", "fold_checkpoints": "tiers",
+}
 
 __all__ = [
     "FAULT_STAGES",
@@ -41,3 +45,27 @@ __all__ = [
     "read_manifest",
     "verify_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hpcrun.checkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"hpcrun.checkpoint.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from hpcrun.checkpoint.checkpointer import AsyncPolicy, Checkpointer
+    from hpcrun.checkpoint.commit import FAULT_STAGES, read_manifest
+    from hpcrun.checkpoint.drain import (
+        VerifyResult,
+        drain_pending,
+        finalize_tier1,
+        verify_checkpoint,
+    )
+    from hpcrun.checkpoint.manifest import Manifest
+    from hpcrun.checkpoint.retention import GcReport, collect_run
+    from hpcrun.checkpoint.state import Layout, RankLocal, RestoreResult, RowShard, SaveResult
+    from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, fold_checkpoints

@@ -5,24 +5,23 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from hpcrun.checkpoint import (
-    CommittedCheckpoint,
-    Tier,
-    collect_run,
-    fold_checkpoints,
-    verify_checkpoint,
-)
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CorruptCheckpointError, RecordError
 
+if TYPE_CHECKING:
+    from hpcrun.checkpoint import CommittedCheckpoint
+
 
 def _committed(run: Path) -> list[CommittedCheckpoint]:
+    from hpcrun.checkpoint import fold_checkpoints
+
     return fold_checkpoints(RunLog(run).read())
 
 
@@ -55,7 +54,7 @@ def render_ls(ckpts: Sequence[CommittedCheckpoint], now: float) -> Table:
         table.add_column(col, justify="right" if col in ("step", "gen", "bytes") else "left",
                          no_wrap=col == "id")
     for i, c in enumerate(ckpts):
-        tiers = ",".join(t for t in (Tier.NODE_LOCAL, Tier.SHARED) if t in c.tiers)
+        tiers = ",".join(t for t in ("node_local", "shared") if t in c.tiers)
         table.add_row(c.ckpt_id, str(c.step), str(c.generation), tiers, _human_bytes(c.bytes),
                       _human_s(now - c.committed_at), f"{len(c.drained)}/{len(c.nodes)}",
                       _human_s(rpo_exposure(ckpts, i, now)))
@@ -108,6 +107,8 @@ def _verify_all(run: Path, ckpts: Sequence[CommittedCheckpoint],
         task = progress.add_task("verifying", total=sum(c.bytes for c in ckpts) or None)
         for c in ckpts:
             progress.update(task, description=c.ckpt_id)
+            from hpcrun.checkpoint import verify_checkpoint
+
             result = verify_checkpoint(run, c, local=local,
                                        progress=lambda n: progress.advance(task, n))
             status = "ok" if result.ok else "FAILED: " + "; ".join(result.problems)
@@ -126,6 +127,8 @@ def _verify_all(run: Path, ckpts: Sequence[CommittedCheckpoint],
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 def gc_cmd(run: Path, keep_last: int, older_than: float, dry_run: bool) -> None:
     """Remove staging debris and committed checkpoints beyond --keep-last (shared tier)."""
+    from hpcrun.checkpoint import collect_run
+
     report = collect_run(run, log=RunLog(run), keep_last=keep_last, now=time.time(),
                          older_than=older_than, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"

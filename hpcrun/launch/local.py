@@ -6,13 +6,21 @@ emulated node (each with its own node-local directory), relays the preemption si
 EXIT_PREEMPTED with a requeue operation in the log) it waits the backoff and starts the gang
 again with the next restart count, which the agents turn into the next generation. The contracts
 are the ones that hold on Slurm; only the scheduler is different.
+
+A node power loss is emulated by SIGKILLing a node's agent and everything it started
+(:func:`crash_process_tree`: the ``nodecrash`` injection, ``hpcrun signal RUN --crash-node``).
+The launcher then plays the scheduler noticing a dead node: it records a ``node_failure`` fault
+for the incarnation in force, and the node comes back for the next start with an empty node-local
+directory, as a replacement node would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +34,7 @@ from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.runtime.incarnation import EXIT_PREEMPTED
 
 LAUNCHER_FILE = "local/launcher.json"
+AGENTS_FILE = "local/agents.json"
 AGENT_GRACE_S = 60.0
 
 
@@ -113,9 +122,12 @@ class LocalLauncher:
     def _run_once(self, restart: int) -> int:
         self._pending.clear()
         self.agents = [self._spawn(i, restart) for i in range(len(self.plan.nodes))]
+        self._write_agents()
         supervisor = self.agents[0]
+        lost: set[int] = set()
         while supervisor.poll() is None:
             self._relay()
+            self._notice_lost_nodes(lost)
             self.clock.sleep(0.1)
         deadline = self.clock.monotonic() + AGENT_GRACE_S
         while any(a.poll() is None for a in self.agents) and self.clock.monotonic() < deadline:
@@ -140,6 +152,26 @@ class LocalLauncher:
                  str(self.plan.run_dir)], env=env, stdout=out, stderr=subprocess.STDOUT,
                 cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
 
+    def _notice_lost_nodes(self, lost: set[int]) -> None:
+        """An agent killed by a signal is a lost node: record it as the scheduler would."""
+        for i, agent in enumerate(self.agents[1:], start=1):
+            rc = agent.poll()
+            if i in lost or rc is None or rc >= 0:
+                continue
+            lost.add(i)
+            node = self.plan.nodes[i]
+            record_node_failure(RunLog(self.plan.run_dir), node=node,
+                                detail=f"agent of {node} killed by signal {-rc}")
+            # The node comes back empty, as a replacement would: its tier 0 is gone.
+            shutil.rmtree(self.plan.node_local[node], ignore_errors=True)
+
+    def _write_agents(self) -> None:
+        path = self.plan.run_dir / AGENTS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"schema_version": 1, "agents": {
+            n: a.pid for n, a in zip(self.plan.nodes, self.agents, strict=True)}}))
+        os.replace(tmp, path)
+
     def _relay(self) -> None:
         while self._pending:
             sig = self._pending.pop(0)
@@ -155,6 +187,79 @@ class LocalLauncher:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
         path.write_text(json.dumps({"pid": os.getpid(), "job_id": self.job_id,
                                     "schema_version": 1}))
+
+
+def record_node_failure(log: RunLog, *, node: str, detail: str) -> None:
+    """Append a ``node_failure`` fault under the fence in force, so its supervisor sees it."""
+    from hpcrun.control.fencing import fold_fences
+
+    fence, _ = fold_fences(log.read())
+    log.append(EntryKind.FAULT, generation=fence.generation, holder=fence.holder,
+               payload={"fault": "node_failure", "node": node, "rank": None, "step": None,
+                        "signature": f"node_failure:{node}", "detail": detail})
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: fields start after the last ')'.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def crash_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants at once, as a node power loss would.
+
+    The tree is listed first and the root killed first, so nothing can react or respawn; each
+    descendant's process group goes too (ranks lead their own sessions with their helpers). The
+    calling process, when part of the tree, dies last.
+    """
+    tree = [pid, *descendants(pid)]
+    me = os.getpid()
+    leaders = [t for t in tree if t != me and _leads_group(t)]
+    for target in tree:
+        if target != me:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signal.SIGKILL)
+    for leader in leaders:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader, signal.SIGKILL)
+    if me in tree and _leads_group(me):
+        os.killpg(me, signal.SIGKILL)
+    elif me in tree:
+        os.kill(me, signal.SIGKILL)
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
+def read_agents(run_dir: Path) -> dict[str, int]:
+    """Node name → agent pid of the local launcher's current start; {} when absent."""
+    try:
+        raw = json.loads((run_dir / AGENTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    agents = raw.get("agents") if isinstance(raw, dict) else None
+    if not isinstance(agents, dict):
+        return {}
+    return {str(k): v for k, v in agents.items() if isinstance(v, int)}
 
 
 def read_launcher(run_dir: Path) -> dict[str, Any] | None:

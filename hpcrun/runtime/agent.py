@@ -120,6 +120,9 @@ class Agent:
         gang = self._gang(inc)
         gang.start()
         drainer = self._start_drainer(inc)
+        # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
+        # pay the checkpoint plane's import (torch, h5py) now, while the ranks start.
+        import hpcrun.checkpoint.drain  # noqa: F401
         try:
             outcome = self._watch(inc, gang)
         finally:

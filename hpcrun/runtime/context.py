@@ -195,11 +195,11 @@ class Context:
                                    "restored_step": self._p.restored_step})
 
     def _fire_injections(self) -> None:
-        first = self.inc.restart_count == 0 and self.inc.attempt == 0
         for inj in faults.due(self._injections, rank=self.rank, step=self._p.step,
-                              first_incarnation=first):
+                              restart=self.inc.restart_count, attempt=self.inc.attempt):
             self._events.emit("fault_injected", self._p.step, fault=inj.kind.value)
-            if inj.kind in (faults.FaultKind.CRASH, faults.FaultKind.HANG):
+            if inj.kind in (faults.FaultKind.CRASH, faults.FaultKind.HANG,
+                            faults.FaultKind.NODECRASH):
                 self._events.close()  # flush what this rank saw before it goes
             faults.fire(inj, preempt_signal=self._preempt_signal)
 

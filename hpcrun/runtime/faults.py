@@ -2,8 +2,12 @@
 
 ``HPCRUN_INJECT="crash@step=5,rank=1;hang@step=8,rank=0;preempt@step=12"`` makes the named rank
 SIGKILL itself, stop making progress, or signal its agent for a preemption when it reaches the
-step. Each fault fires only in the first incarnation of the job (restart 0, attempt 0) unless
-``every=1`` is given, so a recovered run does not fault again.
+step; ``nodecrash`` SIGKILLs the rank's whole node (its agent, the agent's drain process and every
+rank of the node), as a power loss would (local backend). Each fault fires only in the first
+incarnation of the job (restart 0, attempt 0) unless ``every=1`` is given, so a recovered run does
+not fault again; ``restart=N`` makes it fire in the first incarnation of the job's N-th restart
+instead, so one run can be interrupted several times
+(``preempt@step=12;preempt@step=25,restart=1;nodecrash@step=40,rank=2,restart=2``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class FaultKind(StrEnum):
     HANG = "hang"        # stop making progress without exiting
     PREEMPT = "preempt"  # send the preemption signal to this node's agent
     SLOW = "slow"        # sleep ``seconds`` in every step from ``step`` on (a straggler)
+    NODECRASH = "nodecrash"  # SIGKILL this rank's node: its agent and everything it started
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +46,14 @@ class Injection:
     """Fire in every incarnation, not only the first."""
     seconds: float = 0.0
     """Sleep per step for ``slow``."""
+    restart: int = 0
+    """Job restart count (requeues) whose first incarnation it fires in."""
+
+    def __post_init__(self) -> None:
+        if self.step < 0 or self.rank < 0 or self.restart < 0 or self.seconds < 0:
+            raise ValueError(f"step, rank, restart and seconds must be >= 0, found step="
+                             f"{self.step} rank={self.rank} restart={self.restart} "
+                             f"seconds={self.seconds}")
 
 
 def parse_injections(text: str) -> tuple[Injection, ...]:
@@ -54,22 +67,29 @@ def parse_injections(text: str) -> tuple[Injection, ...]:
                 kind=FaultKind(kind), step=int(fields.get("step", 0)),
                 rank=int(fields.get("rank", 0)), every=fields.get("every", "0") == "1",
                 seconds=float(fields.get("seconds", 0)),
+                restart=int(fields.get("restart", 0)),
             ))
         except ValueError as exc:
             raise SpecError(
                 f"HPCRUN_INJECT part {part!r} is malformed ({exc}); expected "
-                "KIND@step=N[,rank=R][,every=1][,seconds=S] with KIND one of "
+                "KIND@step=N[,rank=R][,every=1|restart=N][,seconds=S] with KIND one of "
                 f"{', '.join(k.value for k in FaultKind)}"
             ) from exc
     return tuple(out)
 
 
-def due(injections: tuple[Injection, ...], *, rank: int, step: int,
-        first_incarnation: bool) -> list[Injection]:
-    """Injections that fire for ``rank`` after ``step`` (pure)."""
+def due(injections: tuple[Injection, ...], *, rank: int, step: int, restart: int = 0,
+        attempt: int = 0, first_incarnation: bool | None = None) -> list[Injection]:
+    """Injections that fire for ``rank`` after ``step`` in incarnation (restart, attempt) (pure).
+
+    ``first_incarnation`` is the short form for callers that only know whether this is the
+    job's first incarnation: True means restart 0 attempt 0, False a later one.
+    """
+    if first_incarnation is not None:
+        restart, attempt = (0, 0) if first_incarnation else (-1, -1)
     return [
         i for i in injections
-        if i.rank == rank and (i.every or first_incarnation)
+        if i.rank == rank and (i.every or (restart, attempt) == (i.restart, 0))
         and (i.step == step or (i.kind == FaultKind.SLOW and step >= i.step))
     ]
 
@@ -85,6 +105,10 @@ def fire(injection: Injection, *, preempt_signal: int) -> None:
         os.kill(os.getppid(), preempt_signal)
     elif injection.kind == FaultKind.SLOW:
         time.sleep(injection.seconds)
+    elif injection.kind == FaultKind.NODECRASH:
+        from hpcrun.launch.local import crash_process_tree
+
+        crash_process_tree(os.getppid())
 
 
 def from_environ(env: Mapping[str, str]) -> tuple[Injection, ...]:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from hpcrun.runtime.agent import Agent
 
 NODE_EXIT_WAIT_S = 60.0
+FAULT_SETTLE_S = 2.0
 TIER1_WAIT_S = 120.0
 FOLLOW_WAIT_S = 900.0
 _RNG = random.Random()
@@ -32,7 +33,7 @@ def conclude(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
     """Node 0: decide how this incarnation ended and act on it."""
     exits, faults = _gather(agent, inc)
     if faults and not agent.stop.is_set:
-        return _on_fault(agent, inc, faults[0])
+        return _on_fault(agent, inc, root_cause(faults))
     # A preemption is pending (the supervisor got the signal): restarting inside this
     # allocation is pointless, so whatever else happened the run commits what it has and
     # requeues; the newest committed checkpoint is the restore point.
@@ -68,17 +69,33 @@ def follow(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
     return EXIT_USER_ERROR, None
 
 
+def root_cause(faults: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fault to act on: a lost node explains its peers' collective errors, so it comes
+    first; otherwise the first recorded fault (the rest are its echoes). Pure."""
+    lost = [f for f in faults if f.get("fault") == "node_failure"]
+    return lost[0] if lost else faults[0]
+
+
 def _gather(agent: Agent, inc: Incarnation) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """Wait for every node's exit note or the first fault; a silent node is a node failure."""
+    """Wait for every node's exit note or the first fault; a silent node is a node failure.
+
+    After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report: a lost node's
+    ``node_failure`` may land just after its peers' collective errors, and it is the cause.
+    """
     deadline = agent.clock.monotonic() + NODE_EXIT_WAIT_S
     nodes = set(agent.node.nodes)
+    settle_until: float | None = None
     while True:
         agent.view.refresh()
         exits = node_exits(agent.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
         faults = [dict(e.payload)
                   for e in agent.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)
                   if is_gang_fault(dict(e.payload))]
-        if faults or nodes <= set(exits):
+        if faults and settle_until is None:
+            settle_until = agent.clock.monotonic() + FAULT_SETTLE_S
+        settled = settle_until is not None and agent.clock.monotonic() >= settle_until
+        lost = any(f.get("fault") == "node_failure" for f in faults)
+        if nodes <= set(exits) or (faults and (settled or lost)):
             return exits, faults
         if agent.clock.monotonic() > deadline:
             missing = sorted(nodes - set(exits))
@@ -95,8 +112,11 @@ def _on_fault(agent: Agent, inc: Incarnation, fault: dict[str, Any], *,
     from hpcrun.control.retry import RetryAction, decide_retry
 
     record = read_record(agent.run_dir)
+    # A lost node cannot host a restart unless the allocation has spare nodes.
+    spares = fault.get("fault") != "node_failure" or agent.spec.resources.spare_nodes > 0
     decision = decide_retry(record, _fault_record(record, fault, agent.clock.now()),
                             agent.spec.retry, max_requeues=agent.spec.budgets.max_requeues,
+                            spares_available=spares,
                             rng=_RNG if agent.spec.retry.jitter else None, now=agent.clock.now())
     if decision.action == RetryAction.RESTART and not preempted:
         _publish(agent, inc, EntryKind.STATE, state="RECOVERING", reason=decision.reason)

@@ -160,7 +160,13 @@ def run(environ: Mapping[str, str]) -> int:
 
 
 def main() -> None:
-    sys.exit(run(dict(os.environ)))
+    status = run(dict(os.environ))
+    # Everything durable is committed and the exit report written; skip interpreter teardown
+    # (joining loader threads, torch finalizers), which takes seconds on a loaded node and
+    # delays the agent's view of the exit, and so the preemption path.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
