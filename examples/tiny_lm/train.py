@@ -7,8 +7,10 @@ is hpcrun's; this file only builds the model, the optimizer and the data, and tr
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -19,7 +21,13 @@ from hpcrun.data.pipeline import DataPipeline
 
 def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipeline]:
     cfg = ctx.config
-    torch.manual_seed(int(cfg.get("seed", 0)))  # identical initial weights on every rank
+    # Every RNG stream starts from the config's seed: identical initial weights on every rank,
+    # and a run that is the same bit for bit as its interrupted twin (the checkpoint carries
+    # the streams from there on; an unseeded stream would differ between the two from the start).
+    seed = int(cfg.get("seed", 0))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     model = TinyGPT(GPTConfig(vocab=cfg["vocab"], seq_len=cfg["seq_len"],
                               d_model=cfg["d_model"], n_layers=cfg["n_layers"],
                               n_heads=cfg["n_heads"]))

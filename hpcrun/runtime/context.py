@@ -30,6 +30,7 @@ class _Progress:
     step: int = 0
     tokens: int = 0
     restored_step: int = 0
+    restored_tier: str | None = None
     committed_step: int = -1
     step_started: float = 0.0
     validated: bool = False
@@ -94,6 +95,7 @@ class Context:
         if result is not None:
             self._p.step = self._p.restored_step = self._p.committed_step = int(result.step)
             self._p.tokens = int((result.extra or {}).get("tokens", 0))
+            self._p.restored_tier = str(result.tier)
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier)
         self._cadence = self._new_cadence(self._p.step)
         return self._p.step
@@ -119,6 +121,7 @@ class Context:
         self._p.in_step = False
         self._p.step += 1
         self._p.tokens += int(tokens)
+        self._fire_injections(slow=True)  # a slowed rank is slow inside its measured step
         dur = self._clock.monotonic() - self._p.step_started
         if loss is not None and not math.isfinite(loss):
             raise NonFiniteError(
@@ -132,7 +135,7 @@ class Context:
         if self._cadence.due(self._p.step, self._clock.monotonic()):
             self._save(blocking=False)
         self._validate_once()
-        self._fire_injections()
+        self._fire_injections(slow=False)
 
     # -- internals --------------------------------------------------------------------------
     def _agree_to_stop(self) -> bool:
@@ -192,11 +195,14 @@ class Context:
         self._p.validated = True
         self._log.publish(EntryKind.STATE, generation=self.generation, holder=self.inc.holder,
                           payload={"state": "RUNNING", "reason": f"step {self._p.step} validated",
-                                   "restored_step": self._p.restored_step})
+                                   "restored_step": self._p.restored_step,
+                                   "restored_tier": self._p.restored_tier})
 
-    def _fire_injections(self) -> None:
+    def _fire_injections(self, *, slow: bool) -> None:
         for inj in faults.due(self._injections, rank=self.rank, step=self._p.step,
                               restart=self.inc.restart_count, attempt=self.inc.attempt):
+            if (inj.kind == faults.FaultKind.SLOW) != slow:
+                continue
             self._events.emit("fault_injected", self._p.step, fault=inj.kind.value)
             if inj.kind in (faults.FaultKind.CRASH, faults.FaultKind.HANG,
                             faults.FaultKind.NODECRASH):
