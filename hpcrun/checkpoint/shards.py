@@ -144,7 +144,8 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
     extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
                for sp, o in zip(staged, offsets, strict=True) if o >= 0]
     half = len(extents) // 2
-    write_extents(tmp, extents[:half])
+    if half:  # the second call fsyncs the file; an empty first call would only cost opens
+        write_extents(tmp, extents[:half])
     fault("shard_write")
     write_extents(tmp, extents[half:])
     storage.rename(tmp, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import signal as _signal
 import subprocess
@@ -184,6 +185,7 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) 
     op_id = f"{run_dir.name}.submit.0"
     log.append(EntryKind.OP, generation=UNFENCED, holder="",
                payload={"op_id": op_id, "action": "submit"})
+    _job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
     os.environ.update(job_env)  # sbatch exports the submitting environment to the job
     job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id)
     log.append(EntryKind.JOB, generation=UNFENCED, holder="",
@@ -202,17 +204,27 @@ def sbatch(spec_path: str, site_name: str | None, runs_root: str | None) -> None
       hpcrun sbatch run.yaml > job.sh && sbatch job.sh
     The script starts the same per-node agents as `hpcrun submit`.
     """
-    from hpcrun.launch.sbatch import render_sbatch
-
     sub = _prepare(spec_path, site_name, "slurm", runs_root)
     run_dir, spec, job_env = _create(sub, _repo_root(Path.cwd()))
-    script = render_sbatch(spec, sub.site, run_dir=run_dir, op_id=f"{run_dir.name}.submit.0")
-    exports = "".join(f"export {k}={v}\n" for k, v in job_env.items())
+    script = _job_script(run_dir, spec, sub.site, job_env, op_id=f"{run_dir.name}.submit.0")
+    click.echo(script, nl=False)
+    click.echo(f"hpcrun: created run {run_dir.name} at {run_dir}", err=True)
+
+
+def _job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
+                op_id: str) -> str:
+    """The run's batch script, also kept as ``RUN_DIR/job.sh``: a reconcile pass resubmits
+    that file when the run's job is gone (``hpcrun status`` / ``hpcrun watch``)."""
+    from hpcrun.launch.sbatch import render_sbatch
+
+    script = render_sbatch(spec, site, run_dir=run_dir, op_id=op_id)
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in job_env.items())
     lines = script.splitlines(keepends=True)
     body_at = next((i for i, ln in enumerate(lines)
                     if not ln.startswith("#") and ln.strip()), len(lines))
-    click.echo("".join(lines[:body_at]) + exports + "".join(lines[body_at:]), nl=False)
-    click.echo(f"hpcrun: created run {run_dir.name} at {run_dir}", err=True)
+    text = "".join(lines[:body_at]) + exports + "".join(lines[body_at:])
+    (run_dir / "job.sh").write_text(text)
+    return text
 
 
 @click.command()
@@ -264,6 +276,52 @@ def signal_cmd(run: str, signame: str | None) -> None:
     click.echo(f"sent SIG{name.removeprefix('SIG')} to job {job} steps")
 
 
+@click.command()
+@click.argument("runs", nargs=-1)
+@click.option("--interval", type=float, default=None,
+              help="Repeat every INTERVAL seconds (default: one pass, for cron).")
+@click.option("--dry-run", is_flag=True, help="Plan the actions but send nothing.")
+def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
+    """Reconcile runs with Slurm from the login node: one bounded pass per run.
+
+    \b
+    Finds jobs that vanished, were held, failed or hung while their record says otherwise, and
+    acts (requeue with backoff, resubmit, mark failed), logging each action's operation id before
+    sending it so a pass that crashed half-way is never repeated. Lock-free and idempotent:
+    safe under cron, e.g. `*/5 * * * * hpcrun watch`. Without RUNS, every unfinished run.
+    """
+    import time
+
+    while True:
+        for run_dir in _watch_targets(runs):
+            click.echo(_watch_one(run_dir, dry_run=dry_run))
+        if interval is None:
+            return
+        time.sleep(interval)
+
+
+def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
+    from hpcrun.control.record import read_record
+    from hpcrun.control.states import is_terminal
+    from hpcrun.observe.status import list_run_dirs, resolve_run_dir, runs_root
+
+    if runs:
+        return [resolve_run_dir(r) for r in runs]
+    return [d for d in list_run_dirs(runs_root(os.environ))
+            if not is_terminal(read_record(d).state)]
+
+
+def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
+    from hpcrun.clock import SYSTEM_CLOCK
+    from hpcrun.control.reconcile import watch_once
+    from hpcrun.launch.slurm import SlurmClient
+
+    result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run)
+    seen = result.observation.state if result.observation is not None else "no slurm job"
+    acts = ", ".join(type(a).__name__ for a in result.actions) or "nothing to do"
+    return f"{run_dir.name}: {result.record.state}, slurm {seen}: {acts}"
+
+
 @click.command(hidden=True)
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False))
 def agent(run_dir: str) -> None:
@@ -273,4 +331,4 @@ def agent(run_dir: str) -> None:
     sys.exit(agent_main(run_dir))
 
 
-COMMANDS = (submit, sbatch, cancel, signal_cmd, agent)
+COMMANDS = (submit, sbatch, cancel, signal_cmd, watch, agent)

@@ -282,16 +282,10 @@ def status_json(view: StatusView) -> dict[str, Any]:
 
 
 def _fmt_age(seconds: float | None) -> str:
-    # Not hpcrun.checkpoint.cadence.format_duration: importing the checkpoint plane pulls in
-    # torch and h5py, which would cost a login-node `hpcrun status` about two seconds.
-    if seconds is None:
-        return "-"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    return f"{s // 3600}h {(s % 3600) // 60}m"
+    # hpcrun.checkpoint imports lazily, so this pulls in neither torch nor h5py.
+    from hpcrun.checkpoint.cadence import format_duration
+
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def _checkpoint_lines(view: StatusView) -> list[str]:

@@ -85,6 +85,7 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.signals import signal_number
     from hpcrun.observe.events import EventWriter
+    from hpcrun.observe.hang import install_stack_dump, stacks_path
     from hpcrun.observe.heartbeat import RankHeartbeat
     from hpcrun.runtime import faults
     from hpcrun.runtime.context import Context
@@ -93,6 +94,8 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     inc = Incarnation.from_environ(environ)
     spec = load_run_spec(inc.run_dir)
     preempt = signal_number(environ.get("HPCRUN_PREEMPT_SIGNAL", "USR1"))
+    # The agent asks a hung rank for its stacks with DUMP_SIGNAL, whose default action kills.
+    install_stack_dump(stacks_path(inc.run_dir, generation=inc.generation, rank=env.rank))
     init_process_group(env, timeout_s=float(environ.get("HPCRUN_PG_TIMEOUT_S", "120")))
     log = RunLog(inc.run_dir)
     layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
