@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import pickle
 import statistics
 import tempfile
@@ -138,9 +139,9 @@ def bypass_log() -> Iterator[list[tuple[str, str]]]:
 def rank_state(cfg: ScaleConfig, rank: int) -> dict[str, Any]:
     """Rank ``rank``'s state: one row block of every tensor, filled with the rank number."""
     block = torch.full((cfg.rows, cfg.width), float(rank), dtype=torch.float32)
-    return {"model": {cfg.key(i).removeprefix("model/"): RowShard(tensor=block.clone(), row_start=rank * cfg.rows,
-                                           global_rows=cfg.ranks * cfg.rows)
-                      for i in range(cfg.tensors)}}
+    start, total = rank * cfg.rows, cfg.ranks * cfg.rows
+    return {"model": {cfg.key(i).removeprefix("model/"): RowShard(
+        tensor=block.clone(), row_start=start, global_rows=total) for i in range(cfg.tensors)}}
 
 
 def shard_path(ckpt_dir: Path, cfg: ScaleConfig, rank: int) -> Path:
@@ -194,13 +195,18 @@ def synthetic_shard(cfg: ScaleConfig, rank: int, ckpt_dir: Path, cal: Calibratio
     data = np.full((cfg.rows, cfg.width), rank, dtype=np.float32).tobytes()
     digest = "xxh3:" + xxhash.xxh3_64_hexdigest(data)
     start, total = rank * cfg.rows, cfg.ranks * cfg.rows
-    records = [DatasetRecord(key=cfg.key(i), h5path="/" + cfg.key(i), placement="row",
+    records = [DatasetRecord(key=key, h5path="/" + key, placement="row",
                              dtype="float32", global_shape=(total, cfg.width), row_start=start,
                              row_stop=start + cfg.rows, offset=-1, nbytes=len(data),
-                             checksum=digest) for i in range(cfg.tensors)]
+                             checksum=digest) for key in _keys(cfg.tensors)]
     return ShardRecord(rank=rank, node=cfg.node_of(rank),
                        path=shards.shard_relpath(cfg.node_of(rank), rank), bytes=size,
                        datasets=(*records, cal.meta))
+
+
+@functools.lru_cache(maxsize=4)
+def _keys(tensors: int) -> tuple[str, ...]:
+    return tuple(ScaleConfig(ranks=1, tensors=tensors).key(i) for i in range(tensors))
 
 
 # -- the simulation ----------------------------------------------------------------------------

@@ -45,6 +45,10 @@ def _register() -> None:
 
     for observe_command in observe_cmds.COMMANDS:
         cli.add_command(observe_command)
+    from hpcrun.cli import drill as drill_cmds
+
+    for drill_command in drill_cmds.COMMANDS:
+        cli.add_command(drill_command)
 
 
 _register()

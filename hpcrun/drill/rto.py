@@ -23,6 +23,7 @@ step ``g'`` restored.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,7 @@ def rto_splits(entries: Sequence[Any], events: Iterable[Any]) -> list[RtoSplit]:
         by_gen.setdefault(int(_field(ev, "generation", -1)), []).append(ev)
     fences = [e for e in entries if _field(e, "kind") == "fence"]
     out = []
-    for old, new in zip(fences, fences[1:], strict=False):
+    for old, new in itertools.pairwise(fences):
         split = _split(entries, by_gen, int(_field(old, "generation")),
                        int(_field(new, "generation")), float(_field(new, "ts")))
         if split is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -126,16 +126,25 @@ def agree_to_stop(flag: StopFlag, *, group: Any = None) -> bool:
     called by all ranks of the group at the same step. Without an initialised process group
     (a single process) it returns ``flag.is_set``.
     """
+    return agree_any([flag.is_set], group=group)[0]
+
+
+def agree_any(votes: Sequence[bool], *, group: Any = None) -> list[bool]:
+    """For each vote, whether any rank of ``group`` voted yes: one all-reduce (MAX) for all.
+
+    Collective: every rank calls it at the same point with the same number of votes. Without an
+    initialised process group the votes come back unchanged.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return flag.is_set
+        return [bool(v) for v in votes]
     import torch
 
     device = _collective_device(dist.get_backend(group))
-    vote = torch.tensor([1 if flag.is_set else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
-    return bool(vote.item())
+    tally = torch.tensor([1 if v else 0 for v in votes], dtype=torch.int32, device=device)
+    dist.all_reduce(tally, op=dist.ReduceOp.MAX, group=group)
+    return [bool(x) for x in tally.tolist()]
 
 
 def _collective_device(backend: str) -> Any:

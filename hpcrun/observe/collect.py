@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.observe.events import sorted_events
-from hpcrun.observe.heartbeat import read_heartbeats
+from hpcrun.observe.heartbeat import NodeHeartbeat, read_heartbeats
 from hpcrun.observe.status import (
     CheckpointFact,
     FaultFact,
@@ -172,6 +172,17 @@ def spec_rpo(run_dir: Path) -> float | None:
         return None
 
 
+def current_heartbeats(heartbeats: Mapping[str, NodeHeartbeat],
+                       generation: int) -> dict[str, NodeHeartbeat]:
+    """Heartbeats of the incarnation in force; a node of an earlier allocation is history.
+
+    Falls back to every node when none has reported under ``generation`` yet (a gang that is
+    still starting), so status still shows the last known progress.
+    """
+    current = {n: hb for n, hb in heartbeats.items() if hb.generation == generation}
+    return current or dict(heartbeats)
+
+
 def collect_status(run_dir: Path, *, now: float | None = None,
                    read_record: RecordReader | None = None,
                    rpo_s: float | None = None, **options: Any) -> Collected:
@@ -180,7 +191,8 @@ def collect_status(run_dir: Path, *, now: float | None = None,
     record = (read_record or default_record_reader)(run_dir)
     facts = facts_from_record(record, rpo_s=rpo_s)
     facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints))
-    view = build_status(facts, events=sorted_events(run_dir), heartbeats=read_heartbeats(run_dir),
+    view = build_status(facts, events=sorted_events(run_dir),
+                        heartbeats=current_heartbeats(read_heartbeats(run_dir), facts.generation),
                         tails=rank_tails(run_dir), now=time.time() if now is None else now,
                         **options)
     return Collected(view=view, read_s=time.perf_counter() - t0)

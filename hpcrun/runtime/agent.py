@@ -146,8 +146,14 @@ class Agent:
 
         agg = HeartbeatAggregator(self.run_dir, node=self.node.node, hb_dir=inc.heartbeat_dir(),
                                   generation=inc.generation, clock=self.clock)
-        relayed_at: float | None = None
         hang = self._hang_watch(inc, gang)
+        try:
+            return self._watch_loop(inc, gang, agg, hang)
+        finally:
+            agg.poll(force=True)  # the node's last word: where its ranks got to
+
+    def _watch_loop(self, inc: Incarnation, gang: Gang, agg: Any, hang: Any) -> Any:
+        relayed_at: float | None = None
         while True:
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
             if failed:
@@ -217,7 +223,18 @@ class Agent:
         from hpcrun.observe.heartbeat import read_rank_beats
 
         beats = read_rank_beats(inc.heartbeat_dir())
-        for ex in failed[:1]:  # the first failure is the cause; the rest are its echoes
+        causes = [ex for ex in failed if not ex.echo]
+        if not causes:
+            # Every failure here is an echo of a peer lost elsewhere: say so, but leave the
+            # fault (and its retry budget) to the node where the cause happened.
+            self.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+                            payload={"event": "peer_lost", "node": self.node.node,
+                                     "ranks": [ex.rank for ex in failed]})
+            return
+        # One failure is the cause, the rest are its echoes. A rank killed by a signal is the
+        # cause: its peers then raise from a collective that lost it, and one poll may find
+        # them all ended, in rank order rather than time order.
+        for ex in sorted(causes, key=lambda e: e.returncode >= 0)[:1]:
             how = (f"killed by signal {-ex.returncode}" if ex.returncode < 0
                    else f"exited {ex.returncode}")
             # A rank killed outright leaves no report: its last heartbeat says where it was.

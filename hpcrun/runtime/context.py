@@ -66,6 +66,7 @@ class Context:
         self._injections = injections
         self._clock = clock
         self._state: dict[str, Any] = {}
+        self._cursors: dict[int, Any] = {}
         self._p = _Progress()
         self.stopped = False
 
@@ -103,9 +104,12 @@ class Context:
     def steps(self, total: int) -> Iterator[int]:
         """Yield step indices up to ``total``; end early (after a commit) when a stop is agreed."""
         while self._p.step < total:
-            if self._agree_to_stop():
+            stop, due = self._agree()
+            if stop:
                 self._commit_and_stop()
                 return
+            if due:
+                self._save(blocking=False)
             self._p.step_started = self._clock.monotonic()
             self._p.in_step = True
             yield self._p.step
@@ -117,7 +121,11 @@ class Context:
         self._final_commit()
 
     def step_done(self, *, tokens: int = 0, loss: float | None = None, **metrics: float) -> None:
-        """Report the optimizer step as done: heartbeat, events, cadence, maybe a checkpoint."""
+        """Report the optimizer step as done: heartbeat, events, progress.
+
+        The checkpoint the cadence asks for is taken at the next step boundary, after the
+        ranks agree on it (:meth:`steps`), before the next step consumes data.
+        """
         self._p.in_step = False
         self._p.step += 1
         self._p.tokens += int(tokens)
@@ -132,22 +140,29 @@ class Context:
         self._heartbeat(step=self._p.step, step_time_s=dur)
         self._cadence.observe_step(self._p.step, dur)
         self._finish_async(self._ckpt.poll())
-        if self._cadence.due(self._p.step, self._clock.monotonic()):
-            self._save(blocking=False)
         self._validate_once()
         self._fire_injections(slow=False)
 
     # -- internals --------------------------------------------------------------------------
-    def _agree_to_stop(self) -> bool:
-        from hpcrun.launch.signals import agree_to_stop
+    def _agree(self) -> tuple[bool, bool]:
+        """(stop, checkpoint due), the same on every rank: one tiny all-reduce per step.
 
+        A time-based cadence (every_seconds, Young) reads each rank's own clock; a save is a
+        collective, so the ranks must agree on it as on a stop, or one would wait forever.
+        """
+        from hpcrun.launch.signals import agree_any
+
+        due = self._p.step > 0 and self._cadence.due(self._p.step, self._clock.monotonic())
         with self._events.span("collective", self._p.step, what="stop_agreement"):
-            return bool(agree_to_stop(self._stop, group=self._group))
+            stop, due = agree_any([self._stop.is_set, due], group=self._group)
+        return stop, due
 
     def _extra(self) -> dict[str, Any]:
         return {"tokens": self._p.tokens}
 
     def _save(self, *, blocking: bool) -> None:
+        if self.rank == 0:
+            self._cursors = {self._p.step: self._data_cursor()}  # one save in flight at most
         t0 = self._clock.monotonic()
         with self._events.span("ckpt_stage", self._p.step, blocking=blocking):
             result = self._ckpt.save(self._p.step, self._state, extra=self._extra(),
@@ -171,6 +186,27 @@ class Context:
             self._log.publish(EntryKind.PROGRESS, generation=self.generation,
                               holder=self.inc.holder,
                               payload={"step": int(result.step), "tokens": self._p.tokens})
+            cursor = self._cursors.pop(int(result.step), None)
+            if cursor is not None:
+                self._log.publish(EntryKind.CURSOR, generation=self.generation,
+                                  holder=self.inc.holder,
+                                  payload={"step": int(result.step), "cursor": cursor})
+
+    def _data_cursor(self) -> Any:
+        """The data cursor among the registered state (an hpcrun cursor envelope), if any.
+
+        Taken when a save starts, so an asynchronous commit publishes the position of the
+        step it saved, not of the step at which it finished.
+        """
+        for obj in self._state.values():
+            sd = getattr(obj, "state_dict", None)
+            if getattr(obj, "dataset_id", None) is None or sd is None:
+                continue
+            cursor = sd()
+            if isinstance(cursor, dict) and str(cursor.get("kind", "")).startswith(
+                    "hpcrun.data.cursor"):
+                return cursor
+        return None
 
     def _ensure_committed(self) -> None:
         self._finish_async(self._ckpt.wait())

@@ -8,6 +8,9 @@ incarnation of the job (restart 0, attempt 0) unless ``every=1`` is given, so a 
 not fault again; ``restart=N`` makes it fire in the first incarnation of the job's N-th restart
 instead, so one run can be interrupted several times
 (``preempt@step=12;preempt@step=25,restart=1;nodecrash@step=40,rank=2,restart=2``).
+``ckptcrash@step=N,rank=R,stage=S`` SIGKILLs the rank inside the first checkpoint it takes from
+step N on, when that save reaches stage S (``staging``, ``shard_write``, ``before_manifest``,
+``before_commit``, ``after_commit``; the last three happen on rank 0 only).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -30,6 +33,11 @@ class FaultKind(StrEnum):
     PREEMPT = "preempt"  # send the preemption signal to this node's agent
     SLOW = "slow"        # sleep ``seconds`` in every step from ``step`` on (a straggler)
     NODECRASH = "nodecrash"  # SIGKILL this rank's node: its agent and everything it started
+    CKPTCRASH = "ckptcrash"  # SIGKILL this rank when a checkpoint reaches ``stage``
+
+
+CKPT_STAGES = ("staging", "shard_write", "before_manifest", "before_commit", "after_commit")
+"""Checkpoint stages a ``ckptcrash`` can name (the checkpoint plane's ``FAULT_STAGES``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,8 +56,13 @@ class Injection:
     """Sleep per step for ``slow``."""
     restart: int = 0
     """Job restart count (requeues) whose first incarnation it fires in."""
+    stage: str = ""
+    """Checkpoint stage for ``ckptcrash``."""
 
     def __post_init__(self) -> None:
+        if (self.kind == FaultKind.CKPTCRASH) != (self.stage in CKPT_STAGES):
+            raise ValueError(f"stage={self.stage!r}: ckptcrash needs a stage among "
+                             f"{', '.join(CKPT_STAGES)}, and only ckptcrash takes one")
         if self.step < 0 or self.rank < 0 or self.restart < 0 or self.seconds < 0:
             raise ValueError(f"step, rank, restart and seconds must be >= 0, found step="
                              f"{self.step} rank={self.rank} restart={self.restart} "
@@ -67,12 +80,12 @@ def parse_injections(text: str) -> tuple[Injection, ...]:
                 kind=FaultKind(kind), step=int(fields.get("step", 0)),
                 rank=int(fields.get("rank", 0)), every=fields.get("every", "0") == "1",
                 seconds=float(fields.get("seconds", 0)),
-                restart=int(fields.get("restart", 0)),
+                restart=int(fields.get("restart", 0)), stage=fields.get("stage", ""),
             ))
         except ValueError as exc:
             raise SpecError(
                 f"HPCRUN_INJECT part {part!r} is malformed ({exc}); expected "
-                "KIND@step=N[,rank=R][,every=1|restart=N][,seconds=S] with KIND one of "
+                "KIND@step=N[,rank=R][,every=1|restart=N][,seconds=S][,stage=S] with KIND one of "
                 f"{', '.join(k.value for k in FaultKind)}"
             ) from exc
     return tuple(out)
@@ -90,8 +103,25 @@ def due(injections: tuple[Injection, ...], *, rank: int, step: int, restart: int
     return [
         i for i in injections
         if i.rank == rank and (i.every or (restart, attempt) == (i.restart, 0))
+        and i.kind != FaultKind.CKPTCRASH
         and (i.step == step or (i.kind == FaultKind.SLOW and step >= i.step))
     ]
+
+
+def checkpoint_hook(injections: tuple[Injection, ...], *, rank: int, restart: int, attempt: int,
+                    step: Callable[[], int]) -> Callable[[str], None]:
+    """The checkpoint plane's ``fault_hook`` for this rank: SIGKILL at a ``ckptcrash`` stage.
+
+    ``step`` reads the rank's current step (saves are taken at step boundaries).
+    """
+    mine = [i for i in injections if i.kind == FaultKind.CKPTCRASH and i.rank == rank
+            and (i.every or (restart, attempt) == (i.restart, 0))]
+
+    def hook(stage: str) -> None:
+        if any(i.stage == stage and step() >= i.step for i in mine):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
 
 
 def fire(injection: Injection, *, preempt_signal: int) -> None:

@@ -41,6 +41,11 @@ class RankExit:
         return self.returncode == EXIT_PREEMPTED
 
     @property
+    def echo(self) -> bool:
+        """Whether it failed only because a peer went away (the cause is elsewhere)."""
+        return self.report.get("fault") == "peer_lost"
+
+    @property
     def fault(self) -> str:
         """Fault class: from the report, or process_crash for a signal death."""
         if self.report.get("fault"):

@@ -71,9 +71,12 @@ def follow(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
 
 def root_cause(faults: list[dict[str, Any]]) -> dict[str, Any]:
     """The fault to act on: a lost node explains its peers' collective errors, so it comes
-    first; otherwise the first recorded fault (the rest are its echoes). Pure."""
+    first; then a rank that crashed, hung or failed otherwise, whose peers' collective errors
+    surface as user errors (on another node, possibly logged first); otherwise the first
+    recorded fault (the rest are its echoes). Pure."""
     lost = [f for f in faults if f.get("fault") == "node_failure"]
-    return lost[0] if lost else faults[0]
+    causes = [f for f in faults if f.get("fault") != "user_error"]
+    return (lost or causes or faults)[0]
 
 
 def _gather(agent: Agent, inc: Incarnation) -> tuple[dict[str, str], list[dict[str, Any]]]:
@@ -104,6 +107,17 @@ def _gather(agent: Agent, inc: Incarnation) -> tuple[dict[str, str], list[dict[s
                             "detail": f"no exit report from {', '.join(missing)} within "
                                       f"{NODE_EXIT_WAIT_S:.0f} s"}]
         agent.clock.sleep(0.2)
+
+
+def _unexplained(exits: dict[str, str]) -> list[dict[str, Any]]:
+    """A node failed but no rank recorded a cause (every failure was a peer-loss echo)."""
+    failed = sorted(n for n, s in exits.items() if s == "failed")
+    if not failed:
+        return []
+    return [{"fault": "process_crash", "node": None, "rank": None, "step": None,
+             "signature": "gang:peer_lost",
+             "detail": f"ranks on {', '.join(failed)} lost their peers; no rank recorded a "
+                       "cause (see the ranks' logs)"}]
 
 
 def _on_fault(agent: Agent, inc: Incarnation, fault: dict[str, Any], *,

@@ -60,12 +60,27 @@ def resolve_entrypoint(entrypoint: str, code_path: str | None = None) -> Callabl
     return fn  # type: ignore[no-any-return]
 
 
+PEER_LOST = "peer_lost"
+"""Not a fault class: the rank failed because a peer in a collective went away (an echo)."""
+_PEER_LOST_MARKS = ("Connection closed by peer", "Connection reset by peer",
+                    "remote worker crashed", "NCCL communicator was aborted")
+
+
 def classify(exc: BaseException) -> str:
     """Fault class of an exception that ended a rank (pure)."""
     for cls, fault in _FAULT_OF:
         if isinstance(exc, cls):
             return fault
+    if _is_peer_loss(exc):
+        return PEER_LOST
     return "user_error"
+
+
+def _is_peer_loss(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    text = str(exc)
+    return name == "DistNetworkError" or (
+        isinstance(exc, RuntimeError) and any(mark in text for mark in _PEER_LOST_MARKS))
 
 
 def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
@@ -101,24 +116,30 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
                     local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
     policy = spec.checkpoint
+    injections = faults.from_environ(environ)
+    built: list[Any] = []  # the context, once built: the checkpoint fault hook reads its step
     ckpt = Checkpointer(
         run_dir=inc.run_dir, node_local_root=inc.node_local_root, layout=layout, log=log,
         generation=inc.generation, holder=inc.holder, fence_slot=inc.fence_slot,
         run_id=inc.run_id, spec_id=spec.spec_id, dataset_id=spec.data.dataset_id or "",
         contract=str(spec.data.contract), keep_last=policy.keep_last,
         async_policy=str(policy.async_policy),
+        fault_hook=faults.checkpoint_hook(
+            injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
+            step=lambda: built[0].step if built else 0),
     )
     events = EventWriter(inc.events_path(env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
                          dataset_id=spec.data.dataset_id or "")
     beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
-    return Context(
+    ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
         cadence=lambda start: CadenceTimer(policy, start_step=start), events=events, stop=stop,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
-        device=device_for(env), preempt_signal=preempt,
-        injections=faults.from_environ(environ),
+        device=device_for(env), preempt_signal=preempt, injections=injections,
     )
+    built.append(ctx)
+    return ctx
 
 
 def run(environ: Mapping[str, str]) -> int:

@@ -1,0 +1,217 @@
+"""The recovery contracts, checked over what a run left behind (pure).
+
+Inputs are values: the run log's entries, the ranks' events, the sample ledger and a few facts
+the effectful shell measured (does the newest committed checkpoint verify). Output is one
+:class:`ContractResult` per contract, each with a one-line detail for the drill's table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcrun.drill.ledger import LedgerLine, check_ledger
+from hpcrun.drill.matrix import DrillFault, MatrixRow, Recovery
+from hpcrun.drill.rto import RtoSplit, rto_splits
+
+CONTRACTS = ("exit", "cause", "recovery", "state", "rpo", "rto", "samples", "cursor", "fencing",
+             "checkpoints", "straggler")
+"""Contract names, in table order."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ContractResult:
+    """One contract's verdict."""
+
+    name: str
+    """Contract name (one of :data:`CONTRACTS`)."""
+    ok: bool | None
+    """True held, False broken, None not applicable to this fault or run."""
+    detail: str
+    """One line: what was measured."""
+
+    @property
+    def mark(self) -> str:
+        return {True: "ok", False: "FAIL", None: "n/a"}[self.ok]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evidence:
+    """What a drilled run left behind, as values."""
+
+    run_id: str
+    """Run id."""
+    state: str
+    """Terminal (or last) run state."""
+    reason: str = ""
+    """Reason of the last state change."""
+    entries: Sequence[Any] = ()
+    """Run log entries in slot order."""
+    events: Sequence[Any] = ()
+    """Rank events."""
+    ledger: Sequence[LedgerLine] | None = None
+    """Sample ledger lines (None when the run kept none)."""
+    ledger_malformed: int = 0
+    """Unparseable ledger lines."""
+    total_steps: int | None = None
+    """Steps the run was configured to complete."""
+    newest_verifies: bool | None = None
+    """Whether the newest committed checkpoint verifies (None: none committed)."""
+    newest_detail: str = ""
+    """Why it does not."""
+    victim_rank: int | None = None
+    """Rank the fault was injected into."""
+    anomalies: Sequence[str] = field(default_factory=tuple)
+    """Record fold anomalies."""
+
+
+def _kind(e: Any) -> str:
+    return str(getattr(e, "kind", ""))
+
+
+def _payload(e: Any) -> Mapping[str, Any]:
+    p = getattr(e, "payload", {})
+    return p if isinstance(p, Mapping) else {}
+
+
+def check_contracts(ev: Evidence, row: MatrixRow, *, rto_budget_s: float | None = None,
+                    ) -> list[ContractResult]:
+    """Every contract for ``row`` over ``ev`` (pure)."""
+    from hpcrun.control.fencing import fold_fences
+
+    _, valid = fold_fences(ev.entries)
+    splits = rto_splits(valid, ev.events)
+    return [
+        _exit(ev, row), _cause(ev, row), _recovery(valid, row, splits),
+        _state(valid, splits), _rpo(splits, row), _rto(splits, row, rto_budget_s),
+        *_data(ev, row, splits), _fencing(ev, valid), _checkpoints(ev),
+        _straggler(ev, row),
+    ]
+
+
+def _exit(ev: Evidence, row: MatrixRow) -> ContractResult:
+    ok = ev.state == row.expect_state
+    why = f": {ev.reason}" if ev.reason and ev.state == "FAILED" else ""
+    return ContractResult(name="exit", ok=ok, detail=f"{ev.state} (expected "
+                          f"{row.expect_state}){why}"[:160])
+
+
+def _cause(ev: Evidence, row: MatrixRow) -> ContractResult:
+    seen = [str(_payload(e).get("fault")) for e in ev.entries if _kind(e) == "fault"]
+    if row.expect_cause is None:
+        return ContractResult(name="cause", ok=None, detail=", ".join(sorted(set(seen))) or "-")
+    ok = row.expect_cause in seen
+    return ContractResult(name="cause", ok=ok, detail=f"{row.expect_cause} "
+                          f"{'recorded' if ok else 'not recorded'} (faults: "
+                          f"{', '.join(sorted(set(seen))) or 'none'})")
+
+
+def recoveries(valid: Sequence[Any]) -> tuple[int, int]:
+    """(in-allocation restarts, requeues) from the valid log entries."""
+    states = [_payload(e).get("state") for e in valid if _kind(e) == "state"]
+    requeues, starts = states.count("REQUEUED"), states.count("STARTING")
+    return max(0, starts - 1 - requeues), requeues
+
+
+def _recovery(valid: Sequence[Any], row: MatrixRow, splits: Sequence[RtoSplit]
+              ) -> ContractResult:
+    restarts, requeues = recoveries(valid)
+    detail = f"{restarts} restart(s), {requeues} requeue(s)"
+    wanted = {Recovery.RESTART: restarts >= 1 and requeues == 0,
+              Recovery.REQUEUE: requeues >= 1,
+              Recovery.EITHER: restarts + requeues >= 1,
+              Recovery.NONE: True}
+    ok = wanted[row.recovery]
+    if row.recovery is not Recovery.NONE and not splits:
+        ok, detail = False, detail + "; no generation resumed validated progress"
+    return ContractResult(name="recovery", ok=ok, detail=f"{detail} (expected {row.recovery})")
+
+
+def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
+    """Each recovery restored the newest checkpoint committed before its fence."""
+    from hpcrun.checkpoint.tiers import fold_checkpoints
+
+    if not splits:
+        return ContractResult(name="state", ok=None, detail="no recovery")
+    bad = []
+    for s in splits:
+        fence = next(e for e in valid if _kind(e) == "fence" and e.generation == s.to_generation)
+        committed = fold_checkpoints([e for e in valid if e.slot < fence.slot])
+        newest = committed[-1].step if committed else 0
+        if newest != s.restored_step:
+            bad.append(f"g{s.to_generation} restored step {s.restored_step}, newest committed "
+                       f"{newest}")
+    steps = ", ".join(str(s.restored_step) for s in splits)
+    return ContractResult(name="state", ok=not bad, detail="; ".join(bad) if bad else
+                          f"newest committed restored each time (steps {steps})")
+
+
+def _rpo(splits: Sequence[RtoSplit], row: MatrixRow) -> ContractResult:
+    if not splits:
+        return ContractResult(name="rpo", ok=None, detail="no recovery")
+    lost = [s.steps_lost for s in splits]
+    ok = not row.graceful or max(lost) == 0
+    return ContractResult(name="rpo", ok=ok, detail=f"{max(lost)} step(s) lost"
+                          + (" (announced stop: must be 0)" if row.graceful else ""))
+
+
+def _rto(splits: Sequence[RtoSplit], row: MatrixRow, budget: float | None) -> ContractResult:
+    if not splits:
+        return ContractResult(name="rto", ok=None, detail="no recovery")
+    worst = max(splits, key=lambda s: s.total_s)
+    ok = budget is None or worst.total_s <= budget
+    limit = f" (budget {budget:.0f} s)" if budget is not None else ""
+    return ContractResult(name="rto", ok=ok, detail=f"{worst.total_s:.1f} s{limit}: {worst.row()}")
+
+
+def _data(ev: Evidence, row: MatrixRow, splits: Sequence[RtoSplit]) -> list[ContractResult]:
+    if ev.ledger is None or not row.ledger:
+        why = "no ledger (set config.ledger: true)" if ev.ledger is None else "not applicable"
+        return [ContractResult(name="samples", ok=None, detail=why),
+                ContractResult(name="cursor", ok=None, detail=why)]
+    rep = check_ledger(ev.ledger, total_steps=ev.total_steps or 0, malformed=ev.ledger_malformed)
+    samples_ok = not (rep.missing_steps or rep.duplicated_samples or rep.replay_mismatches)
+    first: dict[int, int] = {}
+    for line in ev.ledger:
+        first.setdefault(line.generation, line.step)
+    resumed = [f"g{s.to_generation}" for s in splits
+               if first.get(s.to_generation, s.restored_step) != s.restored_step]
+    cursor_ok = not rep.cursor_breaks and not resumed
+    cursor = (f"resumed at the restored step each time, {len(rep.cursor_breaks)} breaks"
+              if cursor_ok else f"breaks at {list(rep.cursor_breaks)[:5]}, "
+              f"resumed elsewhere in {resumed}")
+    return [ContractResult(name="samples", ok=samples_ok, detail=rep.summary()),
+            ContractResult(name="cursor", ok=cursor_ok, detail=cursor)]
+
+
+def _fencing(ev: Evidence, valid: Sequence[Any]) -> ContractResult:
+    void = len(ev.entries) - len(valid)
+    gens = [e.generation for e in valid if _kind(e) == "fence"]
+    ordered = gens == sorted(set(gens))
+    ok = ordered and not ev.anomalies
+    detail = f"{len(gens)} generation(s), {void} void entr{'y' if void == 1 else 'ies'}"
+    if ev.anomalies:
+        detail += f"; anomalies: {ev.anomalies[0]}"
+    return ContractResult(name="fencing", ok=ok, detail=detail)
+
+
+def _checkpoints(ev: Evidence) -> ContractResult:
+    if ev.newest_verifies is None:
+        return ContractResult(name="checkpoints", ok=None, detail="none committed")
+    return ContractResult(name="checkpoints", ok=ev.newest_verifies,
+                          detail="newest committed verifies" if ev.newest_verifies
+                          else f"newest committed is torn: {ev.newest_detail}"[:160])
+
+
+def _straggler(ev: Evidence, row: MatrixRow) -> ContractResult:
+    if row.fault != DrillFault.STRAGGLER:
+        return ContractResult(name="straggler", ok=None, detail="-")
+    from hpcrun.observe.stragglers import find_stragglers, step_times_from_events
+
+    times, nodes = step_times_from_events(ev.events)
+    found = find_stragglers(times, 1.5, 5, nodes=nodes)
+    ranks = [s.rank for s in found]
+    ok = ev.victim_rank in ranks
+    return ContractResult(name="straggler", ok=ok, detail=f"reported ranks {ranks} "
+                          f"(slowed rank {ev.victim_rank})")

@@ -1,0 +1,281 @@
+"""``hpcrun preflight`` and ``hpcrun canary``: what can fail early, checked before a long run.
+
+Preflight checks the pieces in isolation on the machine it runs on (a login node, or a compute
+node of the target allocation): a process group forms and an all-reduce completes, both storage
+tiers are writable (measured bandwidth, cold reads), every data object is present with its
+digest, a checkpoint commits and restores bit for bit, telemetry is written. The canary runs the
+spec itself for a few steps with one committed checkpoint, a stop and a restore, and checks the
+sample and mixture accounting.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpcrun.drill.contracts import ContractResult
+from hpcrun.errors import HpcrunError
+
+Check = ContractResult
+PROBE_BYTES = 32 << 20
+"""Bytes written per tier for the bandwidth probe."""
+_PG_SCRIPT = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method=os.environ["PF_INIT"], rank=int(os.environ["PF_RANK"]),
+                        world_size=int(os.environ["PF_WORLD"]))
+t = torch.ones(1)
+dist.all_reduce(t)
+assert int(t.item()) == dist.get_world_size(), t
+dist.destroy_process_group()
+"""
+
+
+def _guard(name: str, fn: Callable[[], Check]) -> Check:
+    try:
+        return fn()
+    except (HpcrunError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        return Check(name=name, ok=False, detail=f"{type(exc).__name__}: {exc}"[:200])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def process_group_check(world: int, *, timeout_s: float = 120.0) -> Check:
+    """``world`` local processes form a gloo group and all-reduce once."""
+    t0 = time.monotonic()
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-c", _PG_SCRIPT], env={
+        **os.environ, "PF_INIT": init, "PF_RANK": str(r), "PF_WORLD": str(world),
+        "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for r in range(world)]
+    outs = [p.communicate(timeout=timeout_s)[0].decode(errors="replace") for p in procs]
+    failed = [(r, o) for r, (p, o) in enumerate(zip(procs, outs, strict=True)) if p.returncode]
+    if failed:
+        return Check(name="process group", ok=False, detail=f"rank {failed[0][0]} failed: "
+                     f"{failed[0][1].strip().splitlines()[-1] if failed[0][1].strip() else ''}")
+    return Check(name="process group", ok=True, detail=f"{world} ranks, gloo all-reduce ok in "
+                 f"{time.monotonic() - t0:.1f} s (devices: "
+                 f"{_devices()})")
+
+
+def _devices() -> str:
+    import torch
+
+    return f"{torch.cuda.device_count()} cuda" if torch.cuda.is_available() else "cpu"
+
+
+def storage_check(name: str, directory: Path, *, nbytes: int = PROBE_BYTES) -> Check:
+    """Write ``nbytes`` durably under ``directory``, read them back cold; report MB/s."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".hpcrun-preflight-{os.getpid()}"
+    chunk = os.urandom(1 << 20) * 4
+    try:
+        t0 = time.monotonic()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for _ in range(nbytes // len(chunk)):
+                os.write(fd, chunk)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        write_s = time.monotonic() - t0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a cached read proves nothing
+            t0 = time.monotonic()
+            while os.read(fd, 4 << 20):
+                pass
+            read_s = time.monotonic() - t0
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    mb = nbytes / 1e6
+    return Check(name=name, ok=True, detail=f"{directory}: write {mb / write_s:.0f} MB/s "
+                 f"(fsync'd), cold read {mb / max(read_s, 1e-6):.0f} MB/s")
+
+
+def data_check(manifest: str | None) -> Check:
+    """Every data object present with the digest the manifest records."""
+    if not manifest:
+        return Check(name="data objects", ok=None, detail="the spec names no data manifest")
+    from hpcrun.data.dataset import Dataset
+
+    t0 = time.monotonic()
+    ds = Dataset.open(manifest)
+    m = ds.manifest
+    objects = sum(len(s.objects) for s in m.sources)
+    return Check(name="data objects", ok=True, detail=f"{objects} objects of {len(m.sources)} "
+                 f"source(s) verified in {time.monotonic() - t0:.1f} s ({m.dataset_id})")
+
+
+def checkpoint_check(scratch: Path, *, spec_id: str = "preflight") -> Check:
+    """A checkpoint commits through the real protocol and restores bit for bit."""
+    import torch
+
+    from hpcrun.checkpoint import Checkpointer, Layout
+    from hpcrun.control.log import RunLog, new_holder
+
+    run_dir = scratch / "ckpt-roundtrip"
+    (run_dir / "log").mkdir(parents=True, exist_ok=True)
+    log = RunLog(run_dir)
+    layout = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="pf0")
+    model = torch.nn.Linear(64, 64)
+
+    def checkpointer() -> Any:
+        fence = log.claim(new_holder("preflight."))
+        return Checkpointer(run_dir=run_dir, node_local_root=scratch / "local", layout=layout,
+                            log=log, generation=fence.generation, holder=fence.holder,
+                            fence_slot=fence.slot, run_id=run_dir.name, spec_id=spec_id)
+
+    t0 = time.monotonic()
+    writer = checkpointer()
+    saved = writer.save(1, {"model": model}, blocking=True)
+    writer.close()
+    other = torch.nn.Linear(64, 64)
+    reader = checkpointer()
+    restored = reader.restore({"model": other})
+    reader.close()
+    same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 other.state_dict().values(), strict=True))
+    ok = bool(saved and saved.committed and restored and same)
+    return Check(name="checkpoint round trip", ok=ok, detail=(
+        f"commit + restore in {time.monotonic() - t0:.2f} s, bytes equal" if ok else
+        f"committed={getattr(saved, 'committed', None)} restored={restored} equal={same}"))
+
+
+def telemetry_check(scratch: Path) -> Check:
+    """An event written by the run's event writer reads back."""
+    from hpcrun.observe.events import EventWriter, read_event_file
+
+    path = scratch / "events" / "rank-00000.jsonl"
+    writer = EventWriter(path, run_id="preflight", generation=1, rank=0, node="pf0")
+    writer.emit("step", 1, dur_s=0.1, tokens=1)
+    writer.close()
+    events = list(read_event_file(path))
+    ok = len(events) == 1 and events[0].kind == "step"
+    return Check(name="telemetry", ok=ok,
+                 detail=f"{len(events)} event(s) read back from {path.name}")
+
+
+def preflight(spec_path: Path, *, backend: str = "local") -> list[Check]:
+    """Every preflight check for the spec at ``spec_path``."""
+    from hpcrun.control.spec import load_spec
+    from hpcrun.launch.site import expand_path, load_site
+
+    spec = load_spec(spec_path)
+    site = load_site(spec.site)
+    world = spec.resources.nodes * spec.resources.tasks_per_node
+    shared = Path(os.environ.get("HPCRUN_RUNS") or expand_path(site.shared_path, os.environ))
+    local = expand_path(site.node_local_path, {**os.environ, "SLURM_JOB_ID": "preflight"})
+    with tempfile.TemporaryDirectory(prefix="hpcrun-preflight-") as tmp:
+        scratch = Path(tmp)
+        checks = [
+            _guard("process group", lambda: process_group_check(min(world, 4))
+                   if backend == "local" else Check(
+                       name="process group", ok=None,
+                       detail="checked on the allocation by `hpcrun canary --backend slurm`")),
+            _guard("shared tier", lambda: storage_check("shared tier", shared)),
+            _guard("node-local tier", lambda: storage_check("node-local tier", local)),
+            _guard("data objects", lambda: data_check(spec.data.manifest)),
+            _guard("checkpoint round trip", lambda: checkpoint_check(scratch,
+                                                                     spec_id=spec.spec_id)),
+            _guard("telemetry", lambda: telemetry_check(scratch)),
+        ]
+    return checks
+
+
+def mixture_error(meta: Any) -> float | None:
+    """Largest |realized − weight × draws| of the exact mixture in a cursor (pure); None when
+    the cursor holds no mixture."""
+    from hpcrun.drill.restore import cursor_position
+
+    pos = cursor_position(meta)
+    data = meta.get("data") if isinstance(meta, dict) else None
+    layout = (data or {}).get("state", {}).get("layout", {}) if isinstance(data, dict) else {}
+    mix = pos.get("mixture") if isinstance(pos, dict) else None
+    weights = layout.get("mixture", {}).get("weights") if isinstance(layout, dict) else None
+    if not isinstance(mix, dict) or not isinstance(weights, list):
+        return None
+    draws, counts = int(mix.get("draw", 0)), list(mix.get("counts", []))
+    total = sum(weights) or 1.0
+    return max(abs(c - w / total * draws) for c, w in zip(counts, weights, strict=False))
+
+
+def canary_plan(raw: dict[str, Any], steps: int | None) -> tuple[dict[str, Any], str, int]:
+    """The canary's spec, injection and step count (pure): a checkpoint every ``k`` steps, a
+    preemption right after the first one (stop commit, requeue, restore), ``2k + 2`` steps."""
+    every = int((raw.get("checkpoint") or {}).get("every_steps") or 5)
+    total = steps or 2 * every + 2
+    spec = dict(raw)
+    spec["config"] = {**dict(raw.get("config") or {}), "ledger": True, "steps": total}
+    spec["checkpoint"] = {**dict(raw.get("checkpoint") or {}), "cadence": "every_steps",
+                          "every_steps": every}
+    return spec, f"preempt@step={every + 1}", total
+
+
+def canary(spec_path: Path, *, backend: str = "local", steps: int | None = None,
+           timeout_s: float = 600.0) -> list[Check]:
+    """Run the spec for a few steps with a commit, a stop and a restore; check the accounting."""
+    import yaml
+
+    from hpcrun.drill.runner import load_raw_spec, resolve_run, submit, wait_terminal
+
+    spec, inject, total = canary_plan(load_raw_spec(spec_path), steps)
+    with tempfile.TemporaryDirectory(prefix="hpcrun-canary-") as tmp:
+        path = Path(tmp) / "canary.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        run_dir = resolve_run(submit(path, backend=backend, inject=inject, env={},
+                                  cwd=Path.cwd()))
+        wait_terminal(run_dir, timeout_s=timeout_s)
+    return canary_checks(run_dir, total=total)
+
+
+def canary_checks(run_dir: Path, *, total: int) -> list[Check]:
+    """The canary's verdicts over the run it left behind."""
+    from hpcrun.drill.evidence import collect
+    from hpcrun.drill.ledger import check_ledger
+    from hpcrun.drill.rto import rto_splits
+    from hpcrun.drill.states import find_committed, load_state
+    from hpcrun.observe.stragglers import step_times_from_events
+
+    ev = collect(run_dir)
+    times, _ = step_times_from_events(ev.events)
+    flat = sorted(t for ts in times.values() for t in ts)
+    median = flat[len(flat) // 2] if flat else float("nan")
+    commits = [e for e in ev.entries if e.kind == "commit"]
+    splits = rto_splits(ev.entries, ev.events)
+    out = [
+        Check(name="steps", ok=ev.state == "SUCCEEDED",
+              detail=f"{ev.state} after {total} steps; median step {median * 1000:.0f} ms over "
+                     f"{len(times)} ranks ({run_dir.name})"),
+        Check(name="checkpoint commit", ok=bool(commits),
+              detail=f"{len({e.payload.get('ckpt_id') for e in commits})} committed"),
+        Check(name="restore", ok=bool(splits) and all(s.steps_lost == 0 for s in splits),
+              detail=(f"restored step {splits[0].restored_step} after the stop; RTO "
+                      f"{splits[0].total_s:.1f} s ({splits[0].row()})") if splits
+              else "no restore happened"),
+    ]
+    if ev.ledger is not None:
+        rep = check_ledger(ev.ledger, total_steps=total, malformed=ev.ledger_malformed)
+        out.append(Check(name="samples", ok=rep.ok, detail=rep.summary()))
+    err = None
+    try:
+        err = mixture_error(load_state(run_dir, find_committed(run_dir)).ranks[0].meta)
+    except (HpcrunError, OSError) as exc:
+        out.append(Check(name="mixture accounting", ok=False, detail=str(exc)[:160]))
+    else:
+        out.append(Check(name="mixture accounting", ok=None if err is None else err < 1.0,
+                         detail="no mixture in the cursor" if err is None else
+                         f"max |realized − weight·draws| = {err:.2f} (< 1 for exact quotas)"))
+    return out

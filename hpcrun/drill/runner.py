@@ -1,0 +1,251 @@
+"""Run one drill: submit a spec at small scale with a fault, wait, check the contracts.
+
+Effectful shell around the pure matrix and contract checks. A drill submits through the real
+CLI (``python -m hpcrun.cli.main submit``) so it exercises exactly what a user runs; faults are
+scheduled with ``HPCRUN_INJECT`` (rank crashes, checkpoint-stage kills, preemption, hang,
+straggler, node crash on the local backend) or done from outside (cancel, node crash on the
+testbed, a changed data object).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.drill.contracts import ContractResult, check_contracts
+from hpcrun.drill.evidence import collect
+from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
+from hpcrun.drill.rto import RtoSplit, rto_splits
+from hpcrun.errors import HpcrunError, SpecError
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+HANG_S = 6.0
+"""Hang threshold the drill sets (``HPCRUN_HANG_S``): detection in seconds, not minutes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrillResult:
+    """The outcome of one drill."""
+
+    row: MatrixRow
+    """The fault drilled."""
+    backend: str
+    """Where it ran."""
+    run_dir: Path | None = None
+    """The drilled run (None when the row was not run)."""
+    inject: str = ""
+    """The injection schedule used."""
+    contracts: tuple[ContractResult, ...] = ()
+    """Verdicts."""
+    splits: tuple[RtoSplit, ...] = ()
+    """Measured recoveries."""
+    skipped: str = ""
+    """Why the row was not run on this backend ("" when it ran)."""
+    wall_s: float = 0.0
+    """Wall time of the drill."""
+
+    @property
+    def ok(self) -> bool | None:
+        """True when every applicable contract held; None when the row did not run."""
+        if self.skipped:
+            return None
+        return all(c.ok is not False for c in self.contracts)
+
+    def contract(self, name: str) -> ContractResult | None:
+        return next((c for c in self.contracts if c.name == name), None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrillPlan:
+    """What to submit for one drill (pure result of :func:`plan_drill`)."""
+
+    spec: Mapping[str, Any]
+    """The spec to submit (the user's, with the ledger on and the drill's adjustments)."""
+    inject: str
+    """``HPCRUN_INJECT`` schedule ("" for none)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the run."""
+    at: int = 0
+    """Step the fault is due at."""
+    victim_rank: int = 0
+    """Rank the fault targets."""
+
+
+OUTSIDE = {DrillFault.CANCEL: frozenset({"local", "slurm"}), DrillFault.NODE_LOSS:
+           frozenset({"slurm"}), DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
+"""Faults the drill does from outside the run, per backend."""
+
+
+def drillable(row: MatrixRow, backend: str) -> str:
+    """"" when this command can drill ``row`` on ``backend``, else why not (pure)."""
+    if backend not in row.backends:
+        return f"needs {'/'.join(sorted(row.backends))}"
+    probe = injection(row, at=1, world_size=4, tasks_per_node=2)
+    if not probe and backend not in OUTSIDE.get(row.fault, frozenset()):
+        return "run by the Slurm integration suite (tests/integration/test_*_slurm.py)"
+    return ""
+
+
+def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
+               backend: str = "local") -> DrillPlan:
+    """The spec, schedule and environment for drilling ``row`` on ``backend`` (pure)."""
+    res = dict(raw_spec.get("resources") or {})
+    nodes, tpn = int(res.get("nodes", 1)), int(res.get("tasks_per_node", 1))
+    every = int((raw_spec.get("checkpoint") or {}).get("every_steps") or 10)
+    step = default_at(every) if at is None else at
+    if row.fault in (DrillFault.KILL_STAGING, DrillFault.KILL_SHARD_WRITE,
+                     DrillFault.KILL_BEFORE_MANIFEST) and at is None:
+        step = every + 1  # the second checkpoint: the first one is the restore point
+    spec = dict(raw_spec)
+    spec["config"] = {**dict(raw_spec.get("config") or {}), "ledger": True}
+    env = {"HPCRUN_HANG_S": str(HANG_S)} if row.fault == DrillFault.HANG else {}
+    victim = 0 if row.fault == DrillFault.KILL_BEFORE_MANIFEST else nodes * tpn - 1
+    inject = injection(row, at=step, world_size=nodes * tpn, tasks_per_node=tpn)
+    if backend in OUTSIDE.get(row.fault, frozenset()):
+        inject = ""  # done from outside (a real node crash on the testbed, a cancel)
+    return DrillPlan(spec=spec, inject=inject, env=env, at=step, victim_rank=victim)
+
+
+def load_raw_spec(path: Path) -> dict[str, Any]:
+    """The spec file as a mapping, with a relative data manifest made absolute."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"cannot read run spec {path}: {exc}; pass a run.yaml") from exc
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path} is not a run spec (expected a mapping, found "
+                        f"{type(raw).__name__}); pass a run.yaml")
+    data = dict(raw.get("data") or {})
+    if isinstance(data.get("manifest"), str) and not Path(data["manifest"]).is_absolute():
+        data["manifest"] = str((path.parent / data["manifest"]).resolve())
+        raw["data"] = data
+    return raw
+
+
+def changed_data_manifest(manifest: Path, out_dir: Path) -> Path:
+    """A copy of ``manifest`` in which one object's recorded digest no longer matches its file.
+
+    The copy is self-consistent (its dataset id is recomputed), so what the run meets is exactly
+    an object that changed after the manifest was built. The user's data is not touched.
+    """
+    from hpcrun.data.manifest import _from_raw
+
+    raw = json.loads(manifest.read_text())
+    raw.pop("dataset_id", None)
+    obj = raw["sources"][0]["objects"][0]
+    algo = str(obj["digest"]).partition(":")[0]
+    obj["digest"] = f"{algo}:{'0' * 32}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = manifest.with_suffix(".index")
+    if index.is_dir():
+        shutil.copytree(index, out_dir / index.name, dirs_exist_ok=True)
+    target = out_dir / manifest.name
+    target.write_text(_from_raw(raw).to_json())
+    return target
+
+
+def submit(spec_path: Path, *, backend: str, inject: str, env: Mapping[str, str],
+           cwd: Path) -> str:
+    """``hpcrun submit`` in a subprocess; return the run id."""
+    argv = [sys.executable, "-m", "hpcrun.cli.main", "submit", str(spec_path),
+            "--backend", backend]
+    if inject:
+        argv += ["--inject", inject]
+    out = subprocess.run(argv, env={**os.environ, **env}, cwd=cwd, capture_output=True,
+                         text=True, timeout=300, check=False)
+    if out.returncode != 0:
+        raise HpcrunError(f"drill submit failed (exit {out.returncode}): "
+                          f"{(out.stderr or out.stdout).strip()[-400:]}")
+    return out.stdout.strip().split()[0]
+
+
+def wait_terminal(run_dir: Path, *, timeout_s: float, clock: Clock = SYSTEM_CLOCK,
+                  on_poll: Callable[[Any], None] | None = None) -> Any:
+    """Poll the record until terminal (or ``timeout_s``); return the last record."""
+    from hpcrun.control.record import read_record
+
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        record = read_record(run_dir)
+        if str(record.state) in TERMINAL or clock.monotonic() > deadline:
+            return record
+        if on_poll is not None:
+            on_poll(record)
+        clock.sleep(0.5)
+
+
+def run_drill(spec_path: Path, row: MatrixRow, *, backend: str = "local", at: int | None = None,
+              timeout_s: float = 600.0, cwd: Path | None = None,
+              rto_budget_s: float | None = None) -> DrillResult:
+    """Drill ``row`` on ``backend``: submit, inject, wait, collect, check."""
+    why = drillable(row, backend)
+    if why:
+        return DrillResult(row=row, backend=backend, skipped=why)
+    t0 = time.monotonic()
+    plan = plan_drill(load_raw_spec(spec_path), row, at=at, backend=backend)
+    with tempfile.TemporaryDirectory(prefix="hpcrun-drill-") as tmp:
+        spec = dict(plan.spec)
+        if row.fault == DrillFault.DATA_CHANGED:
+            spec["data"] = {**dict(spec.get("data") or {}), "manifest": str(
+                changed_data_manifest(Path(spec["data"]["manifest"]), Path(tmp) / "data"))}
+        path = Path(tmp) / "drill.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        run_id = submit(path, backend=backend, inject=plan.inject, env=plan.env,
+                        cwd=cwd or Path.cwd())
+        run_dir = resolve_run(run_id)
+        wait_terminal(run_dir, timeout_s=timeout_s,
+                      on_poll=_outside_action(row, run_dir, plan, backend))
+    ev = collect(run_dir, victim_rank=plan.victim_rank)
+    return DrillResult(row=row, backend=backend, run_dir=run_dir, inject=plan.inject,
+                       contracts=tuple(check_contracts(ev, row, rto_budget_s=rto_budget_s)),
+                       splits=tuple(rto_splits(ev.entries, ev.events)),
+                       wall_s=time.monotonic() - t0)
+
+
+def resolve_run(run_id: str) -> Path:
+    from hpcrun.observe.status import resolve_run_dir
+
+    return resolve_run_dir(run_id)
+
+
+def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan,
+                    backend: str) -> Callable[[Any], None] | None:
+    """Faults done from outside the run, once its progress reaches the fault step."""
+    done: list[bool] = []
+
+    def cancel(record: Any) -> None:
+        if not done and int(record.step) >= plan.at:
+            done.append(True)
+            subprocess.run([sys.executable, "-m", "hpcrun.cli.main", "cancel", str(run_dir)],
+                           capture_output=True, timeout=120, check=False)
+
+    def crash_node(record: Any) -> None:
+        if not done and int(record.step) >= plan.at and record.membership:
+            done.append(True)
+            crash_testbed_node(str(record.membership[-1]))
+
+    if row.fault == DrillFault.CANCEL:
+        return cancel
+    if row.fault == DrillFault.NODE_LOSS and backend == "slurm":
+        return crash_node
+    return None
+
+
+def crash_testbed_node(node: str) -> None:
+    """Power off ``node`` on the testbed, then boot it again (in the background)."""
+    cmd = [sys.executable, "-m", "hpcrun.cli.main", "testbed"]
+    subprocess.run([*cmd, "crash", node], capture_output=True, timeout=120, check=False)
+    subprocess.Popen([*cmd, "boot", node], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)

@@ -1,0 +1,257 @@
+"""Launch and worker runtime on the real Slurm testbed: submission paths, preemption by signal,
+by a higher-priority job and by the time limit, in-allocation restarts and spent retry budgets.
+
+Every run is the tiny example on 2 nodes x 2 ranks (site ``testbed``); what is asserted is what a
+user reads: the run's state, its final step, how often it was requeued or restarted, and from
+which step it resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcrun.control.log import EntryKind
+from hpcrun.testbed import JobClient, Testbed
+from tests.integration.helpers import (
+    RunFactory,
+    TestbedRun,
+    first_after,
+    scontrol_job,
+    testbed_spec,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
+    factory = RunFactory(testbed, job_dir)
+    yield factory
+    factory.cleanup()
+
+
+def _assert_clean_success(run: TestbedRun, slurm: JobClient, steps: int) -> None:
+    """SUCCEEDED at ``steps`` on one job, every rank stepped through every step."""
+    rec = run.wait({"SUCCEEDED"}, timeout=120)
+    assert rec.step == steps and rec.result == {"state": "SUCCEEDED"}
+    assert rec.job_ids == (run.job_id,) and (rec.requeues, rec.restarts) == (0, 0)
+    assert len(set(rec.membership)) == 2
+    steps_by_rank: dict[int, list[int]] = {}
+    for event in run.rank_events("step"):
+        steps_by_rank.setdefault(event["rank"], []).append(event["step"])
+    assert sorted(steps_by_rank) == [0, 1, 2, 3]
+    assert all(s == list(range(1, steps + 1)) for s in steps_by_rank.values())
+    assert slurm.wait_for_state(int(run.job_id), {"COMPLETED"}, timeout=60) == "COMPLETED"
+
+
+def test_submit_through_submitit_succeeds(testbed: Testbed, runs: RunFactory,
+                                          slurm: JobClient) -> None:
+    run = runs.submit(testbed_spec(testbed, steps=30, every_steps=10))
+    _assert_clean_success(run, slurm, 30)
+    assert (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").exists()
+
+
+@pytest.mark.slow
+def test_plain_sbatch_script_succeeds(testbed: Testbed, runs: RunFactory,
+                                      slurm: JobClient) -> None:
+    run = runs.sbatch(testbed_spec(testbed, steps=30, every_steps=10), slurm)
+    _assert_clean_success(run, slurm, 30)
+    assert (run.run_dir / "logs" / f"slurm-{run.job_id}.out").exists()
+    assert not (run.run_dir / "submitit" / f"{run.job_id}_0_log.out").exists()
+
+
+# -- preemption ---------------------------------------------------------------------------------
+
+
+def _ledger(run: TestbedRun) -> list[dict[str, object]]:
+    path = run.run_dir / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _assert_resumed_exactly(run: TestbedRun, *, steps: int, stopped_after: int) -> int:
+    """One preemption: committed at a step boundary, requeued once, resumed from that commit.
+
+    Returns the committed step the run resumed from.
+    """
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    assert rec.step == steps and rec.requeues == 1 and rec.job_ids == (run.job_id,)
+    states = run.states()
+    preempted = first_after(states, "PREEMPTED")
+    assert [s for s, _ in states].count("REQUEUED") <= 1  # Slurm's own requeue logs no entry
+    commits = [e for e in run.valid(EntryKind.COMMIT) if e.slot < preempted.slot]
+    committed = max(int(e.payload["step"]) for e in commits)
+    assert committed >= stopped_after
+    shared = {e.payload["ckpt_id"] for e in commits if e.payload["tier"] == "shared"}
+    assert any(e.payload["step"] == committed and e.payload["ckpt_id"] in shared
+               for e in commits), "the stop checkpoint did not reach tier 1 before the requeue"
+    resumed = first_after(states, "RUNNING", preempted.slot)
+    assert resumed.payload["restored_step"] == committed > 0
+    ledger = _ledger(run)  # rank 0's sample ledger: replayed steps consumed the same samples
+    by_step: dict[int, list[object]] = {}
+    for line in ledger:
+        by_step.setdefault(int(str(line["step"])), []).append(line["samples"])
+    assert sorted(by_step) == list(range(steps)), "a step is missing from the ledger"
+    assert all(all(s == seen[0] for s in seen) for seen in by_step.values())
+    second = [int(str(line["step"])) for line in ledger if line["generation"] != 1]
+    assert second[0] == committed, "the resumed incarnation did not start at the commit"
+    return committed
+
+
+def _preemption_timeline(run: TestbedRun, signalled_at: float) -> dict[str, float]:
+    """Seconds of each part of signal → resumed first step (ours, Slurm's, ours again)."""
+    valid = run.valid()
+    states = run.states()
+    preempted = first_after(states, "PREEMPTED")
+    commits = [e for e in valid if e.kind == EntryKind.COMMIT and e.slot < preempted.slot]
+    tier0 = [e for e in commits if e.payload["tier"] == "node_local"][-1]
+    tier1 = next(e for e in commits if e.payload["ckpt_id"] == tier0.payload["ckpt_id"]
+                 and e.payload["tier"] == "shared")
+    sent = [e for e in valid if e.kind == EntryKind.NOTE
+            and e.payload.get("event") == "requeue_sent"]
+    requeued_at = sent[0].ts if sent else preempted.ts
+    fence = next(e for e in valid if e.kind == EntryKind.FENCE and e.slot > preempted.slot)
+    span = next(e for e in run.rank_events("restore")
+                if e["rank"] == 0 and e["generation"] == fence.generation)
+    running = first_after(states, "RUNNING", preempted.slot)
+    return {
+        "ours: signal -> stop commit (tier 0)": tier0.ts - signalled_at,
+        "ours: tier 0 -> tier 1 commit": tier1.ts - tier0.ts,
+        "ours: tier 1 -> requeue sent": requeued_at - tier1.ts,
+        "slurm: requeue -> agent started": fence.ts - requeued_at,
+        "ours: agent -> ranks up (torch, pg)": span["data"]["start_ts"] - fence.ts,
+        "ours: restore": span["data"]["dur_s"],
+        "ours: restored -> first step": running.ts - span["ts"],
+        "total: signal -> first resumed step": running.ts - signalled_at,
+    }
+
+
+def _print_timeline(title: str, parts: dict[str, float]) -> None:
+    print(f"\n{title}")
+    for name, seconds in parts.items():
+        print(f"  {name:<40} {seconds:6.2f} s")
+
+
+def _preemptible_spec(testbed: Testbed, steps: int) -> dict[str, object]:
+    return testbed_spec(testbed, steps=steps, every_steps=10, config={"ledger": True})
+
+
+def test_signal_preemption_commits_requeues_once_and_resumes(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    run = runs.submit(_preemptible_spec(testbed, 240))
+    run.wait_for("training past step 20", lambda: run.record().step >= 20, timeout=90)
+    signalled_at = time.time()
+    sent = run.cli("signal", run.name)
+    assert sent.returncode == 0, sent.stderr
+    step_at_signal = run.record().step
+    committed = _assert_resumed_exactly(run, steps=240, stopped_after=step_at_signal)
+    assert slurm.wait_for_state(int(run.job_id), {"COMPLETED"}, timeout=60) == "COMPLETED"
+    assert scontrol_job(slurm, run.job_id).get("Restarts") == "1"
+    history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
+    assert [r.state for r in history] == ["REQUEUED", "COMPLETED"]
+    notes = [e for e in run.valid(EntryKind.NOTE) if e.payload.get("event") == "requeue_sent"]
+    assert len(notes) == 1 and "requeued job" in str(notes[0].payload["detail"])
+    _print_timeline(f"signal preemption at step {step_at_signal}, resumed from {committed}",
+                    _preemption_timeline(run, signalled_at))
+
+
+@pytest.mark.slow
+def test_full_scancel_signal_reaches_agents_once_per_requeue(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    run = runs.submit(_preemptible_spec(testbed, 240))
+    run.wait_for("training past step 20", lambda: run.record().step >= 20, timeout=90)
+    sent = slurm.run("scancel", "--full", "-s", "USR1", run.job_id)
+    assert sent.returncode == 0, sent.stderr
+    _assert_resumed_exactly(run, steps=240, stopped_after=20)
+    assert scontrol_job(slurm, run.job_id).get("Restarts") == "1"
+
+
+@pytest.mark.slow
+def test_high_priority_job_preempts_and_slurm_requeues_exactly_once(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    run = runs.submit(_preemptible_spec(testbed, 400))
+    run.wait_for("training past step 20", lambda: run.record().step >= 20, timeout=90)
+    victim_nodes = ",".join(run.record().membership)
+    high = slurm.submit("#!/bin/sh\nsleep 20\n", "-p", "high", "-N2", "-w", victim_nodes,
+                        "--exclusive", f"--output={run.run_dir}/high-%j.out")
+    assert slurm.wait_for_state(high, {"RUNNING", "COMPLETED"}, timeout=60)
+    committed = _assert_resumed_exactly(run, steps=400, stopped_after=20)
+    history = slurm.wait_for_accounting(int(run.job_id), {"PREEMPTED", "COMPLETED"}, timeout=30)
+    assert [r.state for r in history] == ["PREEMPTED", "COMPLETED"]  # never REQUEUED twice
+    assert scontrol_job(slurm, run.job_id).get("Restarts") == "1"
+    notes = [e for e in run.valid(EntryKind.NOTE) if e.payload.get("event") == "requeue_sent"]
+    assert all("not requeueing" in str(n.payload["detail"]) for n in notes), notes
+    print(f"\nreal preemption: resumed from committed step {committed}")
+
+
+@pytest.mark.slow
+def test_time_limit_signal_requeues_itself_until_done(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient, tmp_path: Path) -> None:
+    site = (Path(__file__).resolve().parents[2] / "site_configs" / "testbed.yaml").read_text()
+    # lead 45 s on a 1-minute limit: the signal lands 15-45 s into each allocation (Slurm
+    # checks limits every 30 s), leaving at least 15 s to commit, drain and requeue.
+    (tmp_path / "testbed-short.yaml").write_text(
+        site.replace("name: testbed", "name: testbed-short")
+        .replace("preempt_lead_s: 60", "preempt_lead_s: 45"))
+    runs.env["HPCRUN_SITE_CONFIGS"] = str(tmp_path)
+    spec = testbed_spec(testbed, steps=160, every_steps=10, site="testbed-short",
+                        resources={"time_limit_min": 1}, config={"ledger": True})
+    # ~5 steps/s: the 160 steps need about two allocations of at most 60 s.
+    run = runs.submit(spec, inject="slow@step=1,rank=0,seconds=0.2,every=1")
+    rec = run.wait({"SUCCEEDED"}, timeout=420)
+    assert rec.step == 160 and rec.requeues >= 1 and rec.job_ids == (run.job_id,)
+    assert {f.fault for f in rec.faults} == {"preemption"}
+    history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
+    assert "TIMEOUT" not in {r.state for r in history}  # it left before the limit every time
+    assert history[-1].state == "COMPLETED" and len(history) == rec.requeues + 1
+    states = run.states()
+    for _, preempted in [(s, e) for s, e in states if s == "PREEMPTED"]:
+        commits = [e for e in run.valid(EntryKind.COMMIT) if e.slot < preempted.slot]
+        resumed = first_after(states, "RUNNING", preempted.slot)
+        assert resumed.payload["restored_step"] == max(int(e.payload["step"]) for e in commits)
+    print(f"\ntime limit: {rec.requeues} self-requeues; Slurm history "
+          f"{[r.state for r in history]}")
+
+
+# -- failures inside the allocation ------------------------------------------------------------
+
+
+def test_killed_rank_restarts_inside_the_allocation(testbed: Testbed, runs: RunFactory,
+                                                    slurm: JobClient) -> None:
+    run = runs.submit(testbed_spec(testbed, steps=40, every_steps=10),
+                      inject="crash@step=15,rank=3")
+    rec = run.wait({"SUCCEEDED"}, timeout=150)
+    assert rec.step == 40 and (rec.restarts, rec.requeues) == (1, 0)
+    assert rec.job_ids == (run.job_id,)
+    crash = [f for f in rec.faults if f.fault == "process_crash"]
+    assert len(crash) == 1 and crash[0].rank == 3 and crash[0].node == rec.membership[1]
+    assert "signal 9" in crash[0].detail
+    states = run.states()
+    recovering = first_after(states, "RECOVERING")
+    resumed = first_after(states, "RUNNING", recovering.slot)
+    assert resumed.payload["restored_step"] == 10  # the last commit before the crash at 15
+    assert resumed.payload["restored_tier"] == "node_local"  # same nodes: tier 0 still there
+    assert slurm.wait_for_state(int(run.job_id), {"COMPLETED"}, timeout=60) == "COMPLETED"
+    assert scontrol_job(slurm, run.job_id).get("Restarts") == "0"
+
+
+def test_spent_retry_budget_fails_with_the_reason(testbed: Testbed, runs: RunFactory,
+                                                  slurm: JobClient) -> None:
+    spec = testbed_spec(testbed, steps=40, every_steps=10,
+                        retry={"max_attempts": {"process_crash": 0}, "in_allocation_restarts": 0})
+    run = runs.submit(spec, inject="crash@step=5,rank=1,every=1")
+    rec = run.wait({"FAILED"}, timeout=120)
+    reason = str((rec.result or {}).get("reason"))
+    assert rec.result is not None and rec.result["state"] == "FAILED"
+    assert "process_crash retry budget spent" in reason, reason
+    assert (rec.requeues, rec.restarts) == (0, 0) and rec.job_ids == (run.job_id,)
+    assert [f.fault for f in rec.faults] == ["process_crash"]
+    wait_until("the job to end", lambda: slurm.state(int(run.job_id)) in {"FAILED", "COMPLETED"},
+               timeout=60)
+    status = run.cli("status", run.name, "--json")
+    assert json.loads(status.stdout)["facts"]["state"] == "FAILED"
