@@ -26,6 +26,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats-large", type=int, default=2,
+                    help="repeats for checkpoint sizes above 2 GiB (each takes minutes)")
     ap.add_argument("--sizes", type=float, nargs="+", default=[1.0, 4.0],
                     help="checkpoint state sizes in GiB")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 64, 1024, 16384],
@@ -36,7 +38,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke run)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.repeats, args.sizes, args.ranks = 1, [0.125], [1, 64]
+        args.repeats, args.sizes, args.ranks = 1, [0.125], [1, 64, 1024]
     return args
 
 
@@ -47,7 +49,8 @@ def _ckpt(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> N
         name = f"ckpt_{size:g}gib"
         with harness.section(results, name) as out, \
                 tempfile.TemporaryDirectory(prefix="hpcrun-bench-", dir=args.dir) as tmp:
-            out.update(suite_ckpt.run_size(size, Path(tmp), args.repeats))
+            reps = args.repeats if size <= 2 else min(args.repeats, args.repeats_large)
+            out.update(suite_ckpt.run_size(size, Path(tmp), reps))
         md += suite_ckpt.render(name, results[name])
 
 

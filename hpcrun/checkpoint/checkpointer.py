@@ -318,7 +318,9 @@ class Checkpointer:
                          payload={"fault": "storage_error", "node": self.layout.node,
                                   "rank": self.layout.rank, "step": ckpt.step,
                                   "signature": "ckpt:verify", "ckpt_id": ckpt.ckpt_id,
-                                  "detail": detail[:2000]})
+                                  "detail": detail[:2000],
+                                  # an incident: the restore falls back, training goes on
+                                  "background": True})
 
     def _load(self, m: Manifest, buf: Any, tiers: set[str], state: Mapping[str, Any],
               rows: Mapping[str, Any], skipped: list[str]) -> RestoreResult:

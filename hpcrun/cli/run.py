@@ -253,7 +253,9 @@ def _stop_local_launcher(run_dir: Path) -> None:
 @click.argument("run")
 @click.option("--signal", "signame", default=None,
               help="Signal to send (default: the site's preemption signal).")
-def signal_cmd(run: str, signame: str | None) -> None:
+@click.option("--crash-node", default=None, metavar="NODE",
+              help="Local backend: emulate power loss of NODE (SIGKILL its agent and ranks).")
+def signal_cmd(run: str, signame: str | None, crash_node: str | None) -> None:
     """Deliver the preemption signal to RUN's agents, as Slurm does before a preemption."""
     from hpcrun.control.record import read_record
     from hpcrun.launch.local import launcher_alive, read_launcher
@@ -262,6 +264,9 @@ def signal_cmd(run: str, signame: str | None) -> None:
     from hpcrun.observe.status import resolve_run_dir
 
     run_dir = resolve_run_dir(run)
+    if crash_node is not None:
+        _crash_local_node(run_dir, crash_node)
+        return
     name = signame or load_site_snapshot(run_dir).preempt_signal
     info = read_launcher(run_dir)
     if info is not None and launcher_alive(info):
@@ -274,6 +279,22 @@ def signal_cmd(run: str, signame: str | None) -> None:
     job = record.job_ids[-1]
     SubprocessRunner().run(["scancel", f"--signal={name.removeprefix('SIG')}", job]).check()
     click.echo(f"sent SIG{name.removeprefix('SIG')} to job {job} steps")
+
+
+def _crash_local_node(run_dir: Path, node: str) -> None:
+    from hpcrun.launch.local import crash_process_tree, launcher_alive, read_agents, read_launcher
+
+    info = read_launcher(run_dir)
+    agents = read_agents(run_dir)
+    if info is None or not launcher_alive(info) or node not in agents:
+        raise SchedulerError(f"cannot crash node {node!r} of {run_dir.name}: expected a live "
+                             f"local-backend run with that node, found nodes "
+                             f"{sorted(agents) or 'none'}; on Slurm use `hpcrun testbed crash`")
+    if node == next(iter(agents)):
+        raise SchedulerError(f"{node} hosts the supervising agent; crash another node (the "
+                             "local backend has no scheduler to notice a lost node 0)")
+    crash_process_tree(agents[node])
+    click.echo(f"crashed {node} of {run_dir.name} (local backend)")
 
 
 @click.command()

@@ -137,7 +137,12 @@ def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
     bad = []
     for s in splits:
         fence = next(e for e in valid if _kind(e) == "fence" and e.generation == s.to_generation)
-        committed = fold_checkpoints([e for e in valid if e.slot < fence.slot])
+        # A checkpoint the restore proved unreadable (its node's tier 0 died with the node) is
+        # skipped, with a note naming it: the newest of the rest is the restore point.
+        skipped = {c for e in valid if e.generation == s.to_generation and _kind(e) == "note"
+                   for c in _payload(e).get("skipped") or ()}
+        committed = [c for c in fold_checkpoints([e for e in valid if e.slot < fence.slot])
+                     if c.ckpt_id not in skipped]
         newest = committed[-1].step if committed else 0
         if newest != s.restored_step:
             bad.append(f"g{s.to_generation} restored step {s.restored_step}, newest committed "

@@ -153,10 +153,11 @@ class LocalLauncher:
                 cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
 
     def _notice_lost_nodes(self, lost: set[int]) -> None:
-        """An agent killed by a signal is a lost node: record it as the scheduler would."""
+        """An agent SIGKILLed is a lost node: record it as the scheduler would (not after a
+        cancel, whose SIGTERM may end an agent that is already shutting down)."""
         for i, agent in enumerate(self.agents[1:], start=1):
             rc = agent.poll()
-            if i in lost or rc is None or rc >= 0:
+            if i in lost or rc != -signal.SIGKILL or signal.SIGTERM in self._pending:
                 continue
             lost.add(i)
             node = self.plan.nodes[i]

@@ -1,8 +1,9 @@
 """The effectful side of ``hpcrun status``: read a run directory into values.
 
-Reads the record (through the control plane's reader), the event log, the node heartbeats and
-the last line of each rank's output, and hands them to the pure :func:`build_status`. Nothing
-here writes to the run directory.
+Reads the record (through the control plane's reader), the event log (through the incremental
+summary of :mod:`hpcrun.observe.summary`: only bytes appended since the last status are parsed),
+the node heartbeats and the last line of each rank's output, and hands them to the pure
+:func:`build_status`. Nothing here writes to the run directory (the summary cache is per user).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpcrun.observe.events import sorted_events
 from hpcrun.observe.heartbeat import NodeHeartbeat, read_heartbeats
 from hpcrun.observe.status import (
     CheckpointFact,
@@ -26,6 +26,7 @@ from hpcrun.observe.status import (
     StatusView,
     build_status,
 )
+from hpcrun.observe.summary import cached_summary
 
 LOGS_DIR = "logs"
 _RANK_OUT_RE = re.compile(r"^rank-(\d+)\.out$")
@@ -191,7 +192,7 @@ def collect_status(run_dir: Path, *, now: float | None = None,
     record = (read_record or default_record_reader)(run_dir)
     facts = facts_from_record(record, rpo_s=rpo_s)
     facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints))
-    view = build_status(facts, events=sorted_events(run_dir),
+    view = build_status(facts, events=(), summary=cached_summary(run_dir),
                         heartbeats=current_heartbeats(read_heartbeats(run_dir), facts.generation),
                         tails=rank_tails(run_dir), now=time.time() if now is None else now,
                         **options)

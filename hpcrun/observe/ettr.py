@@ -219,9 +219,32 @@ def allocations_from_events(events: Sequence[Event]) -> list[Allocation]:
                        nodes=sizes.get(g, max(1, len(nodes[g])))) for g in sorted(starts)]
 
 
+def span_bucket(event: Event) -> Bucket | None:
+    """The bucket a non-step event's span is charged to, None when it charges nothing."""
+    bucket = _SPAN_BUCKET.get(event.kind)
+    if bucket is None and event.data.get("blocking") is True:
+        bucket = _BLOCKING_ONLY.get(event.kind)
+    return bucket
+
+
+def span_intervals(events: Iterable[Event]) -> dict[int, list[Interval]]:
+    """The charged spans of non-step events, by generation."""
+    out: dict[int, list[Interval]] = defaultdict(list)
+    for e in events:
+        if (bucket := span_bucket(e)) is not None:
+            b0, b1 = span_bounds(e)
+            out[e.generation].append(Interval(start=b0, end=b1, bucket=bucket))
+    return out
+
+
 def gang_intervals(events: Sequence[Event], accepted: Sequence[GangStep],
-                   replayed: Sequence[GangStep]) -> dict[int, list[Interval]]:
-    """Every charged interval of the gang, by generation (overlaps not yet resolved)."""
+                   replayed: Sequence[GangStep], *,
+                   spans: Mapping[int, Sequence[Interval]] | None = None,
+                   ) -> dict[int, list[Interval]]:
+    """Every charged interval of the gang, by generation (overlaps not yet resolved).
+
+    ``spans`` may pass :func:`span_intervals` of the events when the caller already has them.
+    """
     out: dict[int, list[Interval]] = defaultdict(list)
     for s in accepted:
         cut = min(s.end, s.start + s.input_wait_s)
@@ -229,13 +252,8 @@ def gang_intervals(events: Sequence[Event], accepted: Sequence[GangStep],
                               Interval(start=cut, end=s.end, bucket=Bucket.PRODUCTIVE)]
     for s in replayed:
         out[s.generation].append(Interval(start=s.start, end=s.end, bucket=Bucket.REPLAY))
-    for e in events:
-        bucket = _SPAN_BUCKET.get(e.kind)
-        if bucket is None and e.data.get("blocking") is True:
-            bucket = _BLOCKING_ONLY.get(e.kind)
-        if bucket is not None:
-            b0, b1 = span_bounds(e)
-            out[e.generation].append(Interval(start=b0, end=b1, bucket=bucket))
+    for gen, ivs in (span_intervals(events) if spans is None else spans).items():
+        out[gen].extend(ivs)
     return out
 
 
@@ -297,8 +315,21 @@ def compute_ettr(events: Iterable[Event], *, allocations: Sequence[Allocation] |
     """
     evs = list(events)
     allocs = list(allocations) if allocations is not None else allocations_from_events(evs)
-    accepted, replayed = split_replays(gang_steps(evs) if steps is None else steps)
-    by_gen = gang_intervals(evs, accepted, replayed)
+    return ettr_from_parts(allocs, gang_steps(evs) if steps is None else steps,
+                           span_intervals(evs), submitted_ts=submitted_ts,
+                           node_hour_price=node_hour_price)
+
+
+def ettr_from_parts(allocs: Sequence[Allocation], steps: Sequence[GangStep],
+                    spans: Mapping[int, Sequence[Interval]], *,
+                    submitted_ts: float | None = None,
+                    node_hour_price: float | None = None) -> EttrReport:
+    """:func:`compute_ettr` from its reduced inputs (allocations, gang steps, charged spans).
+
+    This is what an incremental event summary keeps, so status need not re-read every event.
+    """
+    accepted, replayed = split_replays(steps)
+    by_gen = gang_intervals((), accepted, replayed, spans=spans)
     seconds = {b.value: 0.0 for b in Bucket}
     for alloc in allocs:
         for bucket, s in charge(alloc, by_gen.get(alloc.generation, [])).items():

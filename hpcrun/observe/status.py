@@ -15,10 +15,11 @@ from typing import Any
 
 from hpcrun.errors import RecordError
 from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evaluate_alerts
-from hpcrun.observe.ettr import GangStep, compute_ettr, gang_steps
+from hpcrun.observe.ettr import GangStep, ettr_from_parts
 from hpcrun.observe.hang import detect_hangs
 from hpcrun.observe.heartbeat import NodeHeartbeat
-from hpcrun.observe.stragglers import find_stragglers, step_times_from_events, straggler_scores
+from hpcrun.observe.stragglers import find_stragglers, straggler_scores
+from hpcrun.observe.summary import EventSummary, summarize_events
 from hpcrun.protocols import Event
 
 DEFAULT_RUNS_ROOT = "~/hpcrun-runs"
@@ -227,9 +228,13 @@ def live_incidents(facts: RecordFacts, step_times: StepTimes,
 
 def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
                   ages: Mapping[str, float], window: int,
-                  step_times: StepTimes) -> AlertSignals:
-    """Measure the alert signals from the record facts and events."""
-    last_step = max((e.ts for e in events if e.kind == "step"), default=None)
+                  step_times: StepTimes, summary: EventSummary | None = None) -> AlertSignals:
+    """Measure the alert signals from the record facts and events (or their summary)."""
+    if summary is not None:
+        last_step, wait = summary.last_step_ts, summary.input_wait_fraction()
+    else:
+        last_step = max((e.ts for e in events if e.kind == "step"), default=None)
+        wait = input_wait_fraction(events)
     active = facts.state in ACTIVE_STATES
     times, _ = step_times
     scores = straggler_scores(times, window=window) if times else {}
@@ -241,7 +246,7 @@ def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
     return AlertSignals(
         no_progress_s=now - last_step if active and last_step is not None else None,
         worst_straggler_score=max(scores.values(), default=None),
-        input_wait_fraction=input_wait_fraction(events),
+        input_wait_fraction=wait,
         checkpoint_lag_ratio=(exposure / facts.rpo_s if exposure is not None and facts.rpo_s
                               else None),
         fault_signatures=sigs)
@@ -251,14 +256,20 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                  heartbeats: Mapping[str, NodeHeartbeat], tails: Sequence[RankTail],
                  now: float, rules: Sequence[AlertRule] | None = None,
                  hang_threshold_s: float = 900.0, straggler_threshold: float = 1.5,
-                 window: int = 20) -> StatusView:
-    """Assemble the status view (pure)."""
-    steps = gang_steps(events)
+                 window: int = 20, summary: EventSummary | None = None) -> StatusView:
+    """Assemble the status view (pure).
+
+    ``summary``: the events already folded (:mod:`hpcrun.observe.summary`, what ``hpcrun
+    status`` passes so it need not re-read every event); ``events`` is then ignored.
+    """
+    s = summary if summary is not None else summarize_events(events)
+    steps = s.gang_steps()
     step_rate, token_rate = recent_rates(steps, generation=facts.generation, window=window)
     ages = checkpoint_ages(facts.checkpoints, now)
-    report = compute_ettr(events, steps=steps) if events else None
-    step_times = step_times_from_events(events, generation=facts.generation)
-    signals = alert_signals(facts, events, now, ages=ages, window=window, step_times=step_times)
+    report = ettr_from_parts(s.allocations(), steps, s.span_intervals()) if s.events else None
+    step_times = s.rank_step_times(facts.generation)
+    signals = alert_signals(facts, (), now, ages=ages, window=window, step_times=step_times,
+                            summary=s)
     alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,

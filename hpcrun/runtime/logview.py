@@ -62,10 +62,10 @@ GANG_FAULTS = frozenset({"hang", "node_failure"})
 def is_gang_fault(payload: object) -> bool:
     """Whether a FAULT payload ends the gang: a rank's failure, a hang or a lost node.
 
-    Background faults (a drain to the shared tier that failed and will be retried) do not: the
-    drain is retried while training goes on.
+    Background faults (a drain to the shared tier that failed and will be retried, a checkpoint
+    that failed verification at restore, marked ``background``) do not: training goes on.
     """
-    if not isinstance(payload, dict):
-        return False
+    if not isinstance(payload, dict) or payload.get("background") is True:
+        return False  # an incident the run survives (a restore that fell back)
     rank = payload.get("rank")
     return payload.get("fault") in GANG_FAULTS or (isinstance(rank, int) and rank >= 0)

@@ -49,6 +49,10 @@ class SlurmRequeuer:
         state = str(getattr(obs, "state", "")).upper()
         if state and "RUNNING" not in state and "COMPLETING" not in state:
             return f"job {self._job_id} is {state}: Slurm already requeued it, not requeueing"
+        preempting = self._preempt_time()
+        if preempting:
+            return (f"job {self._job_id} is being preempted (PreemptTime {preempting}): Slurm "
+                    "requeues it, not requeueing")
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             client.requeuehold(self._job_id)  # type: ignore[attr-defined]
@@ -64,3 +68,15 @@ class SlurmRequeuer:
             signal.signal(signal.SIGTERM, previous)
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
                 f"exclude {','.join(exclude) or '-'}, release)")
+
+    def _preempt_time(self) -> str | None:
+        """When Slurm started preempting the job (it stays RUNNING through the grace time and
+        then requeues it itself under PreemptMode=REQUEUE), or None."""
+        from hpcrun.errors import SchedulerError
+
+        try:
+            info = self._client.scontrol_show_job(self._job_id)  # type: ignore[attr-defined]
+        except SchedulerError:
+            return None  # cannot tell: requeue, as for a time limit
+        value = str(info.get("PreemptTime", "None"))
+        return None if value in ("None", "Unknown", "") else value

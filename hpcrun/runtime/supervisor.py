@@ -13,9 +13,11 @@ terminal or REQUEUED state means "exit".
 from __future__ import annotations
 
 import random
+import signal
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.control.log import EntryKind
+from hpcrun.errors import StaleGenerationError
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, EXIT_USER_ERROR, Incarnation
 from hpcrun.runtime.logview import is_gang_fault, node_exits
 
@@ -49,7 +51,21 @@ def conclude(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
              "signature": "preemption", "detail": "preemption or time-limit signal"}
     agent.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
                      payload=fault)
+    if ended_by_slurm(agent):
+        # Requeueing here would undo a user's scancel; Slurm requeues a preempted job by
+        # itself, and the login node's reconcile pass (`hpcrun status`/`watch`) handles the rest.
+        agent.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+                         payload={"event": "requeue_left_to_slurm",
+                                  "detail": "stopped on SIGTERM: Slurm is ending the job"})
+        return EXIT_OK, None
     return _on_fault(agent, inc, fault, preempted=True)
+
+
+def ended_by_slurm(agent: Agent) -> bool:
+    """Whether the stop came from SIGTERM: Slurm itself is ending the allocation (scancel, a
+    preemption's grace period, the time limit) instead of warning with the preemption signal."""
+    return (agent.node.backend == "slurm" and agent.stop.signum == signal.SIGTERM
+            and agent.preempt_signal != signal.SIGTERM)
 
 
 def follow(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
@@ -90,6 +106,12 @@ def _gather(agent: Agent, inc: Incarnation) -> tuple[dict[str, str], list[dict[s
     settle_until: float | None = None
     while True:
         agent.view.refresh()
+        if agent.view.fence.generation != inc.generation:
+            # Cancelled or superseded: no note of this generation can count any more.
+            raise StaleGenerationError(
+                f"generation {inc.generation} was fenced out by generation "
+                f"{agent.view.fence.generation} while its supervisor gathered node exits; "
+                "this incarnation stops")
         exits = node_exits(agent.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
         faults = [dict(e.payload)
                   for e in agent.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)

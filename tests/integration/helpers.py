@@ -52,7 +52,7 @@ def _python() -> str:
     return sys.executable
 
 
-def testbed_spec(testbed: Testbed, **overrides: Any) -> dict[str, Any]:
+def slurm_spec(testbed: Testbed, **overrides: Any) -> dict[str, Any]:
     """A tiny 2 nodes x 2 ranks spec on site ``testbed`` (``tiny_spec`` keywords override)."""
     return tiny_spec(manifest=tiny_manifest(testbed), site="testbed", **overrides)
 
@@ -166,8 +166,12 @@ class RunFactory:
         return self._track(TestbedRun(run_dir=self.runs_root / run_id, job_id=match.group(1),
                                       env=full_env))
 
-    def sbatch(self, spec: Mapping[str, Any], slurm: JobClient) -> TestbedRun:
-        """``hpcrun sbatch run.yaml > job.sh; sbatch job.sh`` (the plain path)."""
+    def sbatch(self, spec: Mapping[str, Any], slurm: JobClient, *,
+               submit: bool = True) -> TestbedRun:
+        """``hpcrun sbatch run.yaml > job.sh; sbatch job.sh`` (the plain path).
+
+        With ``submit=False`` only the run and its script exist (``job_id`` is "").
+        """
         rendered = hpcrun("sbatch", str(self.write(spec)), env=self.env, cwd=REPO_ROOT,
                           timeout=180)
         assert rendered.returncode == 0, f"hpcrun sbatch failed: {rendered.stderr}"
@@ -175,6 +179,9 @@ class RunFactory:
         assert match, f"hpcrun sbatch did not name the run: {rendered.stderr!r}"
         script = self.runs_root / "job.sh"
         script.write_text(rendered.stdout)
+        if not submit:
+            return self._track(TestbedRun(run_dir=Path(match.group(2)), job_id="",
+                                          env=self.env))
         sent = subprocess.run(["sbatch", "--parsable", str(script)], env=_merged(self.env),
                               capture_output=True, text=True, timeout=60, check=False)
         assert sent.returncode == 0, f"sbatch job.sh failed: {sent.stderr}"
@@ -200,6 +207,29 @@ def _merged(env: Mapping[str, str]) -> dict[str, str]:
     import os
 
     return {**os.environ, **env}
+
+
+BASELINE_STEPS = 30
+BASELINE_INJECT = "slow@step=5,rank=3,seconds=0.2,every=1"
+"""The shared baseline run: rank 3 (on the second node) sleeps 0.2 s in each step from step 5."""
+
+_BASELINE: dict[Path, TestbedRun] = {}
+
+
+def baseline_run(testbed: Testbed) -> TestbedRun:
+    """A 2 nodes x 2 ranks run of 30 steps with one slowed rank, submitted once per session.
+
+    Tests that only read a finished run share it (success through submitit, multi-node commit
+    and drain to the shared tier, straggler report), which keeps the fast suite short.
+    """
+    shared = testbed.shared_dir
+    if shared not in _BASELINE:
+        root = shared / "tests" / f"baseline-{uuid.uuid4().hex[:8]}"
+        root.mkdir(parents=True)
+        factory = RunFactory(testbed, root)
+        _BASELINE[shared] = factory.submit(
+            slurm_spec(testbed, steps=BASELINE_STEPS, every_steps=10), inject=BASELINE_INJECT)
+    return _BASELINE[shared]
 
 
 def scontrol_job(slurm: JobClient, job_id: str) -> dict[str, str]:

@@ -1,0 +1,74 @@
+"""`hpcrun drill`, `hpcrun drill --restore`, `hpcrun preflight` and `hpcrun canary` on the
+local backend, through the real CLI."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hpcrun.drill.matrix import MATRIX
+from hpcrun.testing.runs import write_spec
+from tests.integration.local_helpers import cli, local_spec
+
+
+def _spec(tmp_path: Path, **overrides: object) -> Path:
+    return write_spec(tmp_path / "run.yaml", local_spec(steps=30, every_steps=10, **overrides))
+
+
+def _run_dir(stdout: str) -> Path:
+    match = re.search(r"run: (\S+)", stdout)
+    assert match, stdout
+    return Path(match.group(1))
+
+
+def test_rank_kill_drill_passes_and_its_run_passes_the_restore_drill(tmp_path: Path) -> None:
+    out = cli(tmp_path, "drill", str(_spec(tmp_path)), "--fault", "rank-kill")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "drill rank-kill on local: PASS" in out.stdout
+    for contract in ("exit", "cause", "recovery", "state", "rpo", "samples", "cursor",
+                     "fencing", "checkpoints"):
+        assert re.search(rf"^{contract}\s+ok\s", out.stdout, re.M), (contract, out.stdout)
+    assert re.search(r"^process_crash\s+1\s", out.stdout, re.M), out.stdout  # the RTO split
+
+    restore = cli(tmp_path, "drill", "--restore", str(_run_dir(out.stdout)))
+    assert restore.returncode == 0, restore.stdout + restore.stderr
+    for check in ("latest → 2 ranks", "latest → 1 ranks", "latest → 4 ranks",
+                  "reject truncated manifest", "reject bit-flipped shard",
+                  "reject missing shard"):
+        assert re.search(rf"^{re.escape(check)}\s+ok\s", restore.stdout, re.M), (
+            check, restore.stdout)
+
+
+def test_preflight_checks_everything_on_the_local_machine(tmp_path: Path) -> None:
+    out = cli(tmp_path, "preflight", str(_spec(tmp_path)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    for check in ("process group", "shared tier", "node-local tier", "data objects",
+                  "checkpoint round trip", "telemetry"):
+        assert re.search(rf"^{check}\s+ok\s", out.stdout, re.M), (check, out.stdout)
+    assert re.search(r"write \d+ MB/s", out.stdout)
+
+
+def test_drill_without_a_fault_is_one_clear_error(tmp_path: Path) -> None:
+    out = cli(tmp_path, "drill", str(_spec(tmp_path)))
+    assert out.returncode != 0
+    assert out.stderr.strip().count("\n") == 0 and "--fault" in out.stderr
+
+
+@pytest.mark.slow
+def test_canary_commits_restores_and_accounts_for_the_mixture(tmp_path: Path) -> None:
+    out = cli(tmp_path, "canary", str(_spec(tmp_path)), "--steps", "14")
+    assert out.returncode == 0, out.stdout + out.stderr
+    for check in ("steps", "checkpoint commit", "restore", "samples", "mixture accounting"):
+        assert re.search(rf"^{check}\s+ok\s", out.stdout, re.M), (check, out.stdout)
+
+
+@pytest.mark.slow
+def test_drill_all_on_the_local_backend(tmp_path: Path) -> None:
+    out = cli(tmp_path, "drill", str(_spec(tmp_path)), "--all", timeout=3000)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for row in MATRIX:
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(row.fault.value + " "))
+        expected = "PASS" if "local" in row.backends else "n/a"
+        assert f" {expected} " in line, line

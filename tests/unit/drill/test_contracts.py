@@ -1,0 +1,87 @@
+"""Contract verdicts over synthetic evidence (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hpcrun.control.log import LogEntry
+from hpcrun.drill.contracts import CONTRACTS, Evidence, check_contracts
+from hpcrun.drill.ledger import LedgerLine
+from hpcrun.drill.matrix import row_for
+from hpcrun.protocols import Event
+
+
+def _e(slot: int, kind: str, gen: int, ts: float, **payload: object) -> LogEntry:
+    return LogEntry(slot=slot, kind=kind, generation=gen, holder=f"h{gen}", ts=ts, writer="t",
+                    payload=payload)
+
+
+def _commit(slot: int, gen: int, ts: float, step: int) -> LogEntry:
+    return _e(slot, "commit", gen, ts, ckpt_id=f"g{gen:06d}-s{step:010d}-h{gen}", tier="shared",
+              step=step, manifest=f"ckpt/g{gen:06d}-s{step:010d}-h{gen}/manifest.json",
+              nodes=["n0"], digest="", bytes=1)
+
+
+def _line(step: int, gen: int) -> LedgerLine:
+    return LedgerLine(step=step, batch=step, generation=gen,
+                      samples=((0, step, 0, 0, 0, 4),))
+
+
+def _preempted(*, restored: int = 20, last: int = 20) -> Evidence:
+    entries = [
+        _e(0, "fence", 1, 100.0), _e(1, "state", 1, 100.1, state="STARTING"),
+        _e(2, "state", 1, 105.0, state="RUNNING", restored_step=0),
+        _commit(3, 1, 108.0, 10), _commit(4, 1, 111.0, 20),
+        _e(5, "state", 1, 112.0, state="PREEMPTED"), _e(6, "fault", 1, 112.1, fault="preemption"),
+        _e(7, "state", 1, 112.2, state="REQUEUED"),
+        _e(8, "fence", 2, 115.0), _e(9, "state", 2, 115.1, state="STARTING"),
+        _e(10, "state", 2, 121.0, state="RUNNING", restored_step=restored),
+        _e(11, "state", 2, 130.0, state="SUCCEEDED"),
+    ]
+    events = [Event(kind="step", ts=109.0, run_id="r", generation=1, step=last, rank=0),
+              Event(kind="restore", ts=120.0, run_id="r", generation=2, step=restored, rank=0,
+                    data={"start_ts": 119.0})]
+    ledger = [_line(s, 1) for s in range(last)] + [_line(s, 2) for s in range(restored, 30)]
+    return Evidence(run_id="r", state="SUCCEEDED", entries=entries, events=events,
+                    ledger=ledger, total_steps=30, newest_verifies=True)
+
+
+def _verdicts(ev: Evidence, fault: str, **kw: object) -> dict[str, bool | None]:
+    return {c.name: c.ok for c in check_contracts(ev, row_for(fault), **kw)}  # type: ignore[arg-type]
+
+
+def test_a_clean_preemption_holds_every_contract() -> None:
+    got = _verdicts(_preempted(), "preempt-signal")
+    assert list(got) == list(CONTRACTS)
+    assert {k for k, v in got.items() if v is False} == set()
+    assert got["straggler"] is None
+
+
+def test_restoring_an_older_checkpoint_than_the_newest_breaks_state_and_rpo() -> None:
+    got = _verdicts(_preempted(restored=10), "preempt-signal")
+    assert got["state"] is False and got["rpo"] is False
+    assert got["samples"] is True  # a replay of the same samples is not a data error
+
+
+def test_wrong_exit_missing_recovery_and_torn_checkpoint_fail() -> None:
+    ev = replace(_preempted(), state="FAILED", reason="boom", newest_verifies=False,
+                 newest_detail="torn")
+    got = _verdicts(ev, "preempt-signal")
+    assert got["exit"] is False and got["checkpoints"] is False
+    assert _verdicts(_preempted(), "rank-kill")["recovery"] is False  # requeued, not restarted
+
+
+def test_skipped_samples_and_rto_budget() -> None:
+    ev = _preempted()
+    holes = replace(ev, ledger=[ln for ln in ev.ledger or [] if ln.step != 25])
+    assert _verdicts(holes, "preempt-signal")["samples"] is False
+    assert _verdicts(ev, "preempt-signal", rto_budget_s=5.0)["rto"] is False
+    assert _verdicts(ev, "preempt-signal", rto_budget_s=60.0)["rto"] is True
+
+
+def test_void_entries_are_counted_not_trusted() -> None:
+    ev = _preempted()
+    stale = _e(99, "progress", 1, 125.0, step=999)  # generation 1 writing after fence 2
+    got = check_contracts(replace(ev, entries=[*ev.entries, stale]), row_for("preempt-signal"))
+    fencing = next(c for c in got if c.name == "fencing")
+    assert fencing.ok is True and "1 void entry" in fencing.detail

@@ -1,0 +1,49 @@
+"""The fault matrix and drill planning (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcrun.drill.matrix import MATRIX, DrillFault, injection, row_for
+from hpcrun.drill.runner import drillable, plan_drill
+from hpcrun.errors import SpecError
+from hpcrun.runtime.faults import parse_injections
+
+SPEC = {"resources": {"nodes": 2, "tasks_per_node": 2}, "checkpoint": {"every_steps": 10},
+        "config": {"steps": 40}}
+
+
+def test_every_fault_has_one_row_and_every_schedule_parses() -> None:
+    assert sorted(r.fault for r in MATRIX) == sorted(DrillFault)
+    for row in MATRIX:
+        parse_injections(injection(row, at=7, world_size=4, tasks_per_node=2))
+
+
+def test_unknown_fault_lists_the_choices() -> None:
+    with pytest.raises(SpecError, match="rank-kill"):
+        row_for("meteor")
+
+
+def test_node_loss_spares_the_supervising_node_and_needs_two_nodes() -> None:
+    row = row_for("node-loss")
+    assert injection(row, at=5, world_size=4, tasks_per_node=2) == "nodecrash@step=5,rank=3"
+    with pytest.raises(SpecError, match="at least 2 nodes"):
+        injection(row, at=5, world_size=2, tasks_per_node=2)
+
+
+def test_plan_turns_the_ledger_on_and_times_faults_between_checkpoints() -> None:
+    plan = plan_drill(SPEC, row_for("rank-kill"), at=None)
+    assert plan.spec["config"] == {"steps": 40, "ledger": True}
+    assert plan.inject == "crash@step=15,rank=3" and plan.victim_rank == 3
+    ckpt = plan_drill(SPEC, row_for("kill-before-manifest"), at=None)
+    assert ckpt.inject == "ckptcrash@step=11,rank=0,stage=before_manifest"
+    assert ckpt.victim_rank == 0
+    assert plan_drill(SPEC, row_for("hang"), at=4).env == {"HPCRUN_HANG_S": "6.0"}
+
+
+def test_outside_faults_and_backend_applicability() -> None:
+    assert plan_drill(SPEC, row_for("node-loss"), at=5, backend="slurm").inject == ""
+    assert plan_drill(SPEC, row_for("node-loss"), at=5, backend="local").inject
+    assert drillable(row_for("preempt-timelimit"), "local").startswith("needs slurm")
+    assert drillable(row_for("cancel-during-checkpoint"), "local") == ""
+    assert drillable(row_for("rank-kill"), "local") == ""
