@@ -1,6 +1,6 @@
 """``make bench`` / ``python -m benchmarks``: every comparison side by side, in one run.
 
-    python -m benchmarks [--quick] [--only ckpt data ops drain scale] [--repeats N]
+    python -m benchmarks [--quick] [--only ckpt drain data ops restart scale] [--repeats N]
                          [--sizes 1 4] [--dir /var/tmp] [--out benchmarks/results]
 
 Writes ``<out>/<date>.json`` (every sample, medians, ratios, the machine) and ``<out>/<date>.md``
@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks import harness
 
-SECTIONS = ("ckpt", "drain", "data", "ops", "scale")
+SECTIONS = ("ckpt", "drain", "data", "ops", "restart", "scale")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -78,6 +78,14 @@ def _ops(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> No
     md += suite_ops.render(results["ops"])
 
 
+def _restart(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> None:
+    from benchmarks import suite_restart
+
+    with harness.section(results, "restart") as out:
+        out.update(suite_restart.run())
+    md += suite_restart.render(results["restart"])
+
+
 def _scale(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> None:
     from benchmarks.scale.__main__ import render, run
 
@@ -94,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"machine": harness.machine(), "args": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     md = ["# hpcrun benchmarks", ""]
-    steps = {"ckpt": _ckpt, "drain": _drain, "data": _data, "ops": _ops, "scale": _scale}
+    steps = {"ckpt": _ckpt, "drain": _drain, "data": _data, "ops": _ops, "restart": _restart,
+             "scale": _scale}
     for name in SECTIONS:
         if name in args.only:
             steps[name](args, results, md)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -182,12 +182,25 @@ class Checkpointer:
             created=self._clock.now(), extra=dict(extra or {}))
 
     def _write(self, info: protocol.CheckpointInfo, staged: list[Any]) -> protocol.ShardReport:
+        # The NaN/Inf scan runs while the shard is written: the CPU is idle during O_DIRECT
+        # writes, so the scan costs no time. A refused shard is never committed; it is debris
+        # that retention removes.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-finite") as scan:
+            scanning = scan.submit(nonfinite_keys, self._buffer, staged)
+            report = self._write_shard(info, staged)
+            try:
+                bad = scanning.result()
+            except HpcrunError as exc:
+                return replace(report, record=None, error=str(exc))
+        if bad:
+            return protocol.ShardReport(rank=report.rank, record=None, nonfinite=tuple(bad))
+        return report
+
+    def _write_shard(self, info: protocol.CheckpointInfo,
+                     staged: list[Any]) -> protocol.ShardReport:
         t0 = self._clock.monotonic()
         rank = self.layout.rank
         try:
-            bad = nonfinite_keys(self._buffer, staged)
-            if bad:
-                return protocol.ShardReport(rank=rank, record=None, nonfinite=tuple(bad))
             header = ShardHeader(run_id=info.run_id, ckpt_id=info.ckpt_id,
                                  generation=info.generation, step=info.step, rank=rank,
                                  world_size=self.layout.world_size, node=self.layout.node)

@@ -67,7 +67,10 @@ class NodeSummary:
     datasets: int
     """Datasets in the node's shards."""
     keys: tuple[str, ...]
-    """Key table: logical keys of replicated and row-sharded tensors, sorted."""
+    """Key table: logical keys of replicated and row-sharded tensors, sorted; empty when
+    elided because it equals the table another node sent (see ``keys_digest``)."""
+    keys_digest: str = ""
+    """:func:`key_table_digest` of the key table (sent or elided)."""
     totals: np.ndarray = field(default_factory=lambda: _EMPTY)
     """Global rows of each key of ``keys``."""
     key_index: np.ndarray = field(default_factory=lambda: _EMPTY)
@@ -83,7 +86,8 @@ class NodeSummary:
 
     def __post_init__(self) -> None:
         n = len(self.key_index)
-        if len(self.totals) != len(self.keys) or len(self.starts) != n or len(self.stops) != n:
+        if (self.keys and len(self.totals) != len(self.keys)) or len(self.starts) != n \
+                or len(self.stops) != n:
             raise ValueError(f"node summary of {self.node!r} has mismatched arrays: "
                              f"{len(self.keys)} keys, {len(self.totals)} totals, {n} intervals")
 
@@ -147,13 +151,22 @@ def _merge(parts: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], bool]:
     return out, overlap
 
 
+def key_table_digest(keys: Sequence[str]) -> str:
+    """Digest of a key table (nodes of one gang share one; only one node need send it)."""
+    return digest_bytes("\n".join(keys).encode())
+
+
 def summarize_node(ckpt_id: str, node: str, shards: Sequence[ShardRecord], *,
-                   refused: str = "", nonfinite: bool = False) -> tuple[bytes, NodeSummary]:
+                   refused: str = "", nonfinite: bool = False,
+                   known_keys: str = "") -> tuple[bytes, NodeSummary]:
     """Node agent: check the node's shards and encode its sub-manifest and summary (pure).
 
     Args:
         refused: why the node's ranks did not all write (from ``commit.refusal``), if so.
         nonfinite: whether that refusal is for non-finite values.
+        known_keys: digest of the key table the coordinator already has (rank 0's, sent with
+            the save); a node whose table has this digest leaves it out of its summary, which
+            keeps what the coordinator receives small at thousands of nodes.
 
     Returns:
         The sub-manifest bytes (to write with :func:`write_node_manifest`) and the summary.
@@ -162,12 +175,14 @@ def summarize_node(ckpt_id: str, node: str, shards: Sequence[ShardRecord], *,
     data = encode_node_manifest(ckpt_id, node, ordered)
     totals, merged, problems = merge_rows(ordered)
     keys = tuple(sorted(totals))
+    digest = key_table_digest(keys)
     index = [i for i, k in enumerate(keys) for _ in merged[k]]
     flat = [span for k in keys for span in merged[k]]
     return data, NodeSummary(
         node=node, path=submanifest_path(node), digest=digest_bytes(data),
         ranks=tuple(s.rank for s in ordered), bytes=sum(s.bytes for s in ordered),
-        datasets=sum(len(s.datasets) for s in ordered), keys=keys,
+        datasets=sum(len(s.datasets) for s in ordered),
+        keys=() if digest == known_keys else keys, keys_digest=digest,
         totals=np.array([totals[k] for k in keys], dtype=np.int64),
         key_index=np.array(index, dtype=np.int64),
         starts=np.array([a for a, _ in flat], dtype=np.int64),
@@ -203,19 +218,32 @@ def _rank_problems(nodes: Sequence[str], summaries: Sequence[NodeSummary]) -> li
     return out
 
 
-def _global_intervals(summaries: Sequence[NodeSummary],
+def _key_tables(summaries: Sequence[NodeSummary]) -> tuple[dict[str, tuple[str, ...]],
+                                                                list[str]]:
+    """Each key table sent, by digest; problems for tables that do not match their digest."""
+    tables: dict[str, tuple[str, ...]] = {}
+    problems = []
+    for s in summaries:
+        if s.keys and s.keys_digest not in tables:
+            if key_table_digest(s.keys) != s.keys_digest:
+                problems.append(f"node {s.node} sent a key table that fails its digest")
+            tables[s.keys_digest] = s.keys
+    return tables, problems
+
+
+def _global_intervals(summaries: Sequence[NodeSummary], tables: Mapping[str, tuple[str, ...]],
                       ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every node's intervals over one global key table: ``keys, totals, key, start, stop``."""
     table: dict[str, int] = {}
     totals: list[int] = []
-    mapped: dict[tuple[str, ...], np.ndarray] = {}
+    mapped: dict[str, np.ndarray] = {}
     parts = []
     for s in summaries:
-        if s.keys not in mapped:  # nodes of one gang share one key table: map it once
-            mapped[s.keys] = np.array([table.setdefault(k, len(table)) for k in s.keys],
-                                      dtype=np.int64)
+        if s.keys_digest not in mapped:  # nodes of one gang share one key table: map it once
+            mapped[s.keys_digest] = np.array(
+                [table.setdefault(k, len(table)) for k in tables[s.keys_digest]], dtype=np.int64)
             totals.extend([-1] * (len(table) - len(totals)))
-        idx = mapped[s.keys]
+        idx = mapped[s.keys_digest]
         for k, t in zip(idx.tolist(), s.totals.tolist(), strict=True):
             totals[k] = t if totals[k] < 0 else totals[k] if totals[k] == t else -2
         parts.append((idx[s.key_index] if s.key_index.size else _EMPTY, s.starts, s.stops))
@@ -226,9 +254,13 @@ def _global_intervals(summaries: Sequence[NodeSummary],
 
 def coverage_problems(summaries: Sequence[NodeSummary]) -> list[str]:
     """Tensors whose rows the nodes' intervals do not tile exactly once (pure, vectorised)."""
-    keys, totals, key, start, stop = _global_intervals(summaries)
-    out = [f"tensor {keys[k]!r} has different row counts on different nodes"
-           for k in np.flatnonzero(totals == -2)[:4].tolist()]
+    tables, out = _key_tables(summaries)
+    unknown = sorted({s.node for s in summaries if s.keys_digest not in tables})
+    if unknown:
+        return [*out, f"nodes {unknown[:4]} left out a key table that no node sent"]
+    keys, totals, key, start, stop = _global_intervals(summaries, tables)
+    out += [f"tensor {keys[k]!r} has different row counts on different nodes"
+            for k in np.flatnonzero(totals == -2)[:4].tolist()]
     order = np.lexsort((start, key))
     key, start, stop = key[order], start[order], stop[order]
     first = np.ones(key.size, dtype=bool)

@@ -138,9 +138,12 @@ def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
     for s in splits:
         fence = next(e for e in valid if _kind(e) == "fence" and e.generation == s.to_generation)
         # A checkpoint the restore proved unreadable (its node's tier 0 died with the node) is
-        # skipped, with a note naming it: the newest of the rest is the restore point.
+        # skipped, with an incident naming it: the newest of the rest is the restore point.
         skipped = {c for e in valid if e.generation == s.to_generation and _kind(e) == "note"
                    for c in _payload(e).get("skipped") or ()}
+        skipped |= {str(_payload(e).get("ckpt_id")) for e in valid
+                    if e.generation == s.to_generation and _kind(e) == "fault"
+                    and _payload(e).get("signature") == "ckpt:verify"}
         committed = [c for c in fold_checkpoints([e for e in valid if e.slot < fence.slot])
                      if c.ckpt_id not in skipped]
         newest = committed[-1].step if committed else 0
@@ -203,9 +206,9 @@ def _fencing(ev: Evidence, valid: Sequence[Any]) -> ContractResult:
 
 def _checkpoints(ev: Evidence) -> ContractResult:
     if ev.newest_verifies is None:
-        return ContractResult(name="checkpoints", ok=None, detail="none committed")
+        return ContractResult(name="checkpoints", ok=None, detail="none committed on tier 1")
     return ContractResult(name="checkpoints", ok=ev.newest_verifies,
-                          detail="newest committed verifies" if ev.newest_verifies
+                          detail="newest tier-1 commit verifies" if ev.newest_verifies
                           else f"newest committed is torn: {ev.newest_detail}"[:160])
 
 

@@ -11,10 +11,11 @@ from hpcrun.errors import HpcrunError
 
 
 def newest_verifies(run_dir: Path) -> tuple[bool | None, str]:
-    """Whether the newest committed checkpoint restores (manifest, checksums, coverage)."""
+    """Whether the newest checkpoint committed on the shared tier restores (manifest,
+    checksums, coverage); tier-0-only commits die with their nodes and are not judged here."""
     from hpcrun.drill.states import committed, load_state
 
-    found = committed(run_dir)
+    found = [c for c in committed(run_dir) if "shared" in c.tiers]
     if not found:
         return None, ""
     try:

@@ -214,14 +214,16 @@ def mixture_error(meta: Any) -> float | None:
 
 def canary_plan(raw: dict[str, Any], steps: int | None) -> tuple[dict[str, Any], str, int]:
     """The canary's spec, injection and step count (pure): a checkpoint every ``k`` steps, a
-    preemption right after the first one (stop commit, requeue, restore), ``2k + 2`` steps."""
+    preemption right after the first one (stop commit, requeue, restore), ``2k + 2`` steps
+    (at least ``k + 6``, so the stop lands before the end)."""
     every = int((raw.get("checkpoint") or {}).get("every_steps") or 5)
-    total = steps or 2 * every + 2
+    total = max(steps or 2 * every + 2, every + 6)
     spec = dict(raw)
     spec["config"] = {**dict(raw.get("config") or {}), "ledger": True, "steps": total}
     spec["checkpoint"] = {**dict(raw.get("checkpoint") or {}), "cadence": "every_steps",
                           "every_steps": every}
-    return spec, f"preempt@step={every + 1}", total
+    # Steps may take milliseconds: rank 0 is slowed after the signal so the stop lands in time.
+    return spec, f"preempt@step={every + 1};slow@step={every + 1},rank=0,seconds=0.5", total
 
 
 def canary(spec_path: Path, *, backend: str = "local", steps: int | None = None,

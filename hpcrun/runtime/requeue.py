@@ -42,6 +42,8 @@ class SlurmRequeuer:
         self._client = client
         self._job_id = job_id
         self._clock = clock
+        self.slurm_requeues = False
+        """Set when Slurm is preempting the job and requeues it itself."""
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         client = self._client
@@ -51,6 +53,7 @@ class SlurmRequeuer:
             return f"job {self._job_id} is {state}: Slurm already requeued it, not requeueing"
         preempting = self._preempt_time()
         if preempting:
+            self.slurm_requeues = True
             return (f"job {self._job_id} is being preempted (PreemptTime {preempting}): Slurm "
                     "requeues it, not requeueing")
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -68,6 +71,21 @@ class SlurmRequeuer:
             signal.signal(signal.SIGTERM, previous)
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
                 f"exclude {','.join(exclude) or '-'}, release)")
+
+    def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
+        """Keep the job alive until Slurm ends it (True), or until ``timeout_s`` (False).
+
+        A job whose processes all exit during its preemption's grace time completes normally,
+        and Slurm then never requeues it; a job that Slurm kills at the end of the grace time is
+        requeued. The same wait lets a scancel or a time limit end the job as Slurm says.
+        """
+        deadline = self._clock.monotonic() + timeout_s
+        while self._clock.monotonic() < deadline:
+            obs = self._client.observe(self._job_id)  # type: ignore[attr-defined]
+            if "RUNNING" not in str(getattr(obs, "state", "")).upper():
+                return True
+            self._clock.sleep(poll_s)
+        return False
 
     def _preempt_time(self) -> str | None:
         """When Slurm started preempting the job (it stays RUNNING through the grace time and

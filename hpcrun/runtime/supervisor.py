@@ -57,6 +57,7 @@ def conclude(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
         agent.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
                          payload={"event": "requeue_left_to_slurm",
                                   "detail": "stopped on SIGTERM: Slurm is ending the job"})
+        _outlive_allocation(agent)
         return EXIT_OK, None
     return _on_fault(agent, inc, fault, preempted=True)
 
@@ -192,7 +193,17 @@ def _requeue(agent: Agent, inc: Incarnation, decision: Any) -> int:
     done = agent.requeuer.requeue(delay_s=decision.delay_s, exclude=decision.exclude)
     agent.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
                      payload={"event": "requeue_sent", "op_id": op_id, "detail": done})
+    if getattr(agent.requeuer, "slurm_requeues", False):
+        _outlive_allocation(agent)
     return _requeued_exit(agent)
+
+
+def _outlive_allocation(agent: Agent) -> None:
+    """Stay until Slurm ends the job: one that exits during its preemption's grace time
+    completes, and Slurm never requeues it."""
+    outlive = getattr(agent.requeuer, "outlive", None)
+    if outlive is not None:
+        outlive()
 
 
 def _requeued_exit(agent: Agent) -> int:

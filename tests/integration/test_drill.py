@@ -23,6 +23,7 @@ def _run_dir(stdout: str) -> Path:
     return Path(match.group(1))
 
 
+@pytest.mark.slow
 def test_rank_kill_drill_passes_and_its_run_passes_the_restore_drill(tmp_path: Path) -> None:
     out = cli(tmp_path, "drill", str(_spec(tmp_path)), "--fault", "rank-kill")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -50,6 +51,13 @@ def test_preflight_checks_everything_on_the_local_machine(tmp_path: Path) -> Non
     assert re.search(r"write \d+ MB/s", out.stdout)
 
 
+def test_drill_list_names_every_fault_and_where_it_runs(tmp_path: Path) -> None:
+    out = cli(tmp_path, "drill", "--list")
+    assert out.returncode == 0, out.stderr
+    for row in MATRIX:
+        assert re.search(rf"^{re.escape(row.fault.value)}\s+\S+\s+", out.stdout, re.M), row
+
+
 def test_drill_without_a_fault_is_one_clear_error(tmp_path: Path) -> None:
     out = cli(tmp_path, "drill", str(_spec(tmp_path)))
     assert out.returncode != 0
@@ -58,7 +66,7 @@ def test_drill_without_a_fault_is_one_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_canary_commits_restores_and_accounts_for_the_mixture(tmp_path: Path) -> None:
-    out = cli(tmp_path, "canary", str(_spec(tmp_path)), "--steps", "14")
+    out = cli(tmp_path, "canary", str(_spec(tmp_path)))
     assert out.returncode == 0, out.stdout + out.stderr
     for check in ("steps", "checkpoint commit", "restore", "samples", "mixture accounting"):
         assert re.search(rf"^{check}\s+ok\s", out.stdout, re.M), (check, out.stdout)
