@@ -26,7 +26,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--repeats-large", type=int, default=2,
+    ap.add_argument("--repeats-large", type=int, default=3,
                     help="repeats for checkpoint sizes above 2 GiB (each takes minutes)")
     ap.add_argument("--sizes", type=float, nargs="+", default=[1.0, 4.0],
                     help="checkpoint state sizes in GiB")

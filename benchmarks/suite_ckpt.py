@@ -50,14 +50,14 @@ class HpcrunSide:
                             log=self.log, generation=self.generation, holder=self.holder,
                             fence_slot=fence_slot, run_id="bench", spec_id="bench", keep_last=2)
 
-    def save_sync(self, state: dict[str, torch.Tensor]) -> tuple[float, float]:
-        """(durable write seconds, exposed pause seconds)."""
+    def save_sync(self, state: dict[str, torch.Tensor]) -> tuple[float, float, float]:
+        """(durable write seconds, exposed pause seconds, background shard writer seconds)."""
         self.step += 1
         t0 = time.perf_counter()
         res = self.ck.save(self.step, {"model": state}, blocking=True)
         took = time.perf_counter() - t0
         assert res is not None and res.committed, res
-        return took, res.pause_s
+        return took, res.pause_s, res.write_s
 
     def save_async(self, state: dict[str, torch.Tensor]) -> tuple[float, float]:
         """(seconds until durable, seconds until ``save`` returned)."""
@@ -132,9 +132,10 @@ def one_repeat(state: dict[str, torch.Tensor], base: Path, hp: HpcrunSide,
                target: dict[str, torch.Tensor], s: Samples) -> str:
     """All contenders once, in a fixed order; returns how caches were dropped."""
     how = ""
-    w, pause = hp.save_sync(state)
+    w, pause, writer = hp.save_sync(state)
     s.add("hpcrun sync.write_s", w)
     s.add("hpcrun sync.pause_s", pause)
+    s.add("hpcrun writer.write_s", writer)
     s.add("memcpy_s", _memcpy(state, target))
     how = drop_caches(hp.run_dir)
     s.add("hpcrun sync.read_s", hp.restore())
@@ -166,7 +167,8 @@ def one_repeat(state: dict[str, torch.Tensor], base: Path, hp: HpcrunSide,
     return how
 
 
-METHODS = ("hpcrun sync", "hpcrun async", "torch.save", "torch.load(mmap)", "dcp", "safetensors")
+METHODS = ("hpcrun sync", "hpcrun async", "hpcrun writer", "torch.save", "torch.load(mmap)",
+           "dcp", "safetensors")
 
 
 def run_size(size_gib: float, base: Path, repeats: int) -> dict[str, Any]:
@@ -202,6 +204,7 @@ def summarize(size: int, s: Samples, repeats: int, how: str) -> dict[str, Any]:
             "async_return_s": med.get("hpcrun async.pause_s"),
             "ratios": {
                 "write_vs_raw": ratio(h["write_gbps"], raw["write"]),
+                "writer_vs_raw": ratio(rows["hpcrun writer"]["write_gbps"], raw["write"]),
                 "write_vs_torch_save": ratio(h["write_gbps"], rows["torch.save"]["write_gbps"]),
                 "restore_vs_raw": ratio(h["read_gbps"], raw["read"]),
                 "pause_vs_memcpy": ratio(med.get("hpcrun sync.pause_s"), med.get("memcpy_s"))}}
@@ -218,9 +221,14 @@ def render(name: str, r: dict[str, Any]) -> list[str]:
     return [f"### Checkpoint, {r['bytes'] / 2**30:.2f} GiB bf16 Llama-shaped state "
             f"(median of {r['repeats']}; cold reads: {r['cache_drop']})", "",
             *table(["method", "durable write GB/s", "cold restore GB/s"], rows), "",
+            "hpcrun sync: `save(blocking=True)` end to end (staging pause + shard write + "
+            "manifest + commit entry); hpcrun writer: the background shard write alone "
+            "(non-finite scan, checksums, HDF5 layout, O_DIRECT writes, fsync, rename).", "",
             *table(["target", "measured", "verdict"], [
-                ["hpcrun write ≥ 0.8 × raw O_DIRECT write", q["write_vs_raw"],
-                 verdict(q["write_vs_raw"], 0.8, at_least=True)],
+                ["hpcrun write (sync, end to end) ≥ 0.8 × raw O_DIRECT write",
+                 q["write_vs_raw"], verdict(q["write_vs_raw"], 0.8, at_least=True)],
+                ["hpcrun shard writer ≥ 0.8 × raw O_DIRECT write", q["writer_vs_raw"],
+                 verdict(q["writer_vs_raw"], 0.8, at_least=True)],
                 ["hpcrun write ≥ 2 × torch.save", q["write_vs_torch_save"],
                  verdict(q["write_vs_torch_save"], 2.0, at_least=True)],
                 ["hpcrun cold restore ≥ 0.9 × raw O_DIRECT read", q["restore_vs_raw"],

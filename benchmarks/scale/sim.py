@@ -223,6 +223,7 @@ class _Sim:
     flat_reports: list[ShardReport] = field(default_factory=list)
     sub_bytes: int = 0
     node_shards: dict[str, tuple[ShardRecord, ...]] = field(default_factory=dict)
+    known_keys: str = ""
 
     @property
     def ckpt_dir(self) -> Path:
@@ -248,7 +249,9 @@ def _write_node(sim: _Sim, n: int, cal: Calibration | None,
     if cfg.ranks <= cfg.flat_limit:
         sim.flat_reports += [ShardReport(rank=r.rank, record=r) for r in recs]
     t0 = time.perf_counter()
-    data, summary = hierarchy.summarize_node(sim.info.ckpt_id, node, recs)
+    data, summary = hierarchy.summarize_node(sim.info.ckpt_id, node, recs,
+                                             known_keys=sim.known_keys)
+    sim.known_keys = sim.known_keys or summary.keys_digest  # rank 0's table, sent with a save
     hierarchy.write_node_manifest(sim.run_dir, sim.info.ckpt_id, node, data,
                                   storage=sim.storage)
     sim.node_s.append(time.perf_counter() - t0)

@@ -70,11 +70,12 @@ class NodeSummary:
     """Key table: logical keys of replicated and row-sharded tensors, sorted; empty when
     elided because it equals the table another node sent (see ``keys_digest``)."""
     keys_digest: str = ""
-    """:func:`key_table_digest` of the key table (sent or elided)."""
+    """:func:`key_table_digest` of the key table and its row counts (sent or elided)."""
     totals: np.ndarray = field(default_factory=lambda: _EMPTY)
-    """Global rows of each key of ``keys``."""
+    """Global rows of each key of ``keys`` (elided with the keys)."""
     key_index: np.ndarray = field(default_factory=lambda: _EMPTY)
-    """Key (index into ``keys``) of each merged row interval."""
+    """Key (index into the table) of each merged row interval; empty when there is exactly
+    one interval per key, in table order (the usual case)."""
     starts: np.ndarray = field(default_factory=lambda: _EMPTY)
     """First row of each interval."""
     stops: np.ndarray = field(default_factory=lambda: _EMPTY)
@@ -85,11 +86,21 @@ class NodeSummary:
     """Whether a rank of the node refused its shard for NaN/Inf."""
 
     def __post_init__(self) -> None:
-        n = len(self.key_index)
-        if (self.keys and len(self.totals) != len(self.keys)) or len(self.starts) != n \
-                or len(self.stops) != n:
+        n = len(self.starts)
+        if len(self.totals) != len(self.keys) or len(self.stops) != n or \
+                len(self.key_index) not in (0, n):
             raise ValueError(f"node summary of {self.node!r} has mismatched arrays: "
-                             f"{len(self.keys)} keys, {len(self.totals)} totals, {n} intervals")
+                             f"{len(self.keys)} keys, {len(self.totals)} totals, "
+                             f"{len(self.key_index)} key indices, {n} intervals")
+
+    def interval_keys(self, table_size: int) -> np.ndarray:
+        """Key index of each interval (``key_index``, or one per key in table order)."""
+        if self.key_index.size or not self.starts.size:
+            return self.key_index
+        if self.starts.size != table_size:
+            raise ValueError(f"node {self.node} sent {self.starts.size} intervals without key "
+                             f"indices for a table of {table_size} keys")
+        return np.arange(table_size, dtype=np.int64)
 
 
 def encode_node_manifest(ckpt_id: str, node: str, shards: Sequence[ShardRecord]) -> bytes:
@@ -151,9 +162,9 @@ def _merge(parts: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], bool]:
     return out, overlap
 
 
-def key_table_digest(keys: Sequence[str]) -> str:
-    """Digest of a key table (nodes of one gang share one; only one node need send it)."""
-    return digest_bytes("\n".join(keys).encode())
+def key_table_digest(keys: Sequence[str], totals: np.ndarray) -> str:
+    """Digest of a key table and its row counts (a gang's nodes share one; one node sends it)."""
+    return digest_bytes(canonical_json([list(keys), np.asarray(totals).tolist()]))
 
 
 def summarize_node(ckpt_id: str, node: str, shards: Sequence[ShardRecord], *,
@@ -175,16 +186,18 @@ def summarize_node(ckpt_id: str, node: str, shards: Sequence[ShardRecord], *,
     data = encode_node_manifest(ckpt_id, node, ordered)
     totals, merged, problems = merge_rows(ordered)
     keys = tuple(sorted(totals))
-    digest = key_table_digest(keys)
+    rows = np.array([totals[k] for k in keys], dtype=np.int64)
+    digest = key_table_digest(keys, rows)
     index = [i for i, k in enumerate(keys) for _ in merged[k]]
     flat = [span for k in keys for span in merged[k]]
+    elide = digest == known_keys
+    implicit = len(index) == len(keys) and all(len(merged[k]) == 1 for k in keys)
     return data, NodeSummary(
         node=node, path=submanifest_path(node), digest=digest_bytes(data),
         ranks=tuple(s.rank for s in ordered), bytes=sum(s.bytes for s in ordered),
         datasets=sum(len(s.datasets) for s in ordered),
-        keys=() if digest == known_keys else keys, keys_digest=digest,
-        totals=np.array([totals[k] for k in keys], dtype=np.int64),
-        key_index=np.array(index, dtype=np.int64),
+        keys=() if elide else keys, keys_digest=digest, totals=_EMPTY if elide else rows,
+        key_index=_EMPTY if implicit else np.array(index, dtype=np.int64),
         starts=np.array([a for a, _ in flat], dtype=np.int64),
         stops=np.array([b for _, b in flat], dtype=np.int64),
         problems=tuple(([refused] if refused else []) + _node_problems(node, ordered) + problems),
@@ -218,49 +231,36 @@ def _rank_problems(nodes: Sequence[str], summaries: Sequence[NodeSummary]) -> li
     return out
 
 
-def _key_tables(summaries: Sequence[NodeSummary]) -> tuple[dict[str, tuple[str, ...]],
-                                                                list[str]]:
+Table = tuple[tuple[str, ...], np.ndarray]
+
+
+def _key_tables(summaries: Sequence[NodeSummary]) -> tuple[dict[str, Table], list[str]]:
     """Each key table sent, by digest; problems for tables that do not match their digest."""
-    tables: dict[str, tuple[str, ...]] = {}
+    tables: dict[str, Table] = {key_table_digest((), _EMPTY): ((), _EMPTY)}
     problems = []
     for s in summaries:
         if s.keys and s.keys_digest not in tables:
-            if key_table_digest(s.keys) != s.keys_digest:
+            if key_table_digest(s.keys, s.totals) != s.keys_digest:
                 problems.append(f"node {s.node} sent a key table that fails its digest")
-            tables[s.keys_digest] = s.keys
+            tables[s.keys_digest] = (s.keys, s.totals)
     return tables, problems
 
 
-def _global_intervals(summaries: Sequence[NodeSummary], tables: Mapping[str, tuple[str, ...]],
-                      ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every node's intervals over one global key table: ``keys, totals, key, start, stop``."""
-    table: dict[str, int] = {}
-    totals: list[int] = []
-    mapped: dict[str, np.ndarray] = {}
-    parts = []
-    for s in summaries:
-        if s.keys_digest not in mapped:  # nodes of one gang share one key table: map it once
-            mapped[s.keys_digest] = np.array(
-                [table.setdefault(k, len(table)) for k in tables[s.keys_digest]], dtype=np.int64)
-            totals.extend([-1] * (len(table) - len(totals)))
-        idx = mapped[s.keys_digest]
-        for k, t in zip(idx.tolist(), s.totals.tolist(), strict=True):
-            totals[k] = t if totals[k] < 0 else totals[k] if totals[k] == t else -2
-        parts.append((idx[s.key_index] if s.key_index.size else _EMPTY, s.starts, s.stops))
-    keys = sorted(table, key=table.__getitem__)
-    cat = [np.concatenate([p[i] for p in parts]) if parts else _EMPTY for i in range(3)]
-    return keys, np.array(totals, dtype=np.int64), cat[0], cat[1], cat[2]
+def _tiles(starts: np.ndarray, stops: np.ndarray, totals: np.ndarray) -> np.ndarray | None:
+    """Fast path: one interval per key per node, nodes in row order. Bad-key mask, or None.
+
+    ``starts``/``stops`` are (nodes, keys); None when the intervals are not in row order (the
+    general path sorts them).
+    """
+    if starts.shape[0] > 1 and bool((starts[1:] < starts[:-1]).any()):
+        return None
+    bad = (starts[0] != 0) | (stops[-1] != totals)
+    return bad | (starts[1:] != stops[:-1]).any(axis=0)
 
 
-def coverage_problems(summaries: Sequence[NodeSummary]) -> list[str]:
-    """Tensors whose rows the nodes' intervals do not tile exactly once (pure, vectorised)."""
-    tables, out = _key_tables(summaries)
-    unknown = sorted({s.node for s in summaries if s.keys_digest not in tables})
-    if unknown:
-        return [*out, f"nodes {unknown[:4]} left out a key table that no node sent"]
-    keys, totals, key, start, stop = _global_intervals(summaries, tables)
-    out += [f"tensor {keys[k]!r} has different row counts on different nodes"
-            for k in np.flatnonzero(totals == -2)[:4].tolist()]
+def _sorted_tiles(key: np.ndarray, start: np.ndarray, stop: np.ndarray,
+                  totals: np.ndarray) -> np.ndarray:
+    """General path: sort every interval by (key, start), check each key is tiled once."""
     order = np.lexsort((start, key))
     key, start, stop = key[order], start[order], stop[order]
     first = np.ones(key.size, dtype=bool)
@@ -268,12 +268,65 @@ def coverage_problems(summaries: Sequence[NodeSummary]) -> list[str]:
     last = np.ones(key.size, dtype=bool)
     last[:-1] = first[1:]
     prev_stop = np.concatenate([[0], stop[:-1]]).astype(np.int64)
-    gap = np.where(first, start != 0, start != prev_stop)
-    short = last & (stop != totals[key])
-    bad = set(key[gap | short].tolist())
-    bad |= set(np.flatnonzero(totals > 0).tolist()) - set(key.tolist())
+    wrong = np.where(first, start != 0, start != prev_stop) | (last & (stop != totals[key]))
+    bad = np.zeros(totals.size, dtype=bool)
+    bad[key[wrong]] = True
+    present = np.zeros(totals.size, dtype=bool)
+    present[key] = True
+    return bad | ((totals > 0) & ~present)
+
+
+def _one_table(summaries: Sequence[NodeSummary], table: Table) -> np.ndarray | None:
+    """Bad-key mask when every node has ``table`` with one interval per key, else None."""
+    if any(s.key_index.size or s.starts.size != len(table[0]) for s in summaries):
+        return None
+    return _tiles(np.stack([s.starts for s in summaries]),
+                  np.stack([s.stops for s in summaries]), table[1])
+
+
+def _union(summaries: Sequence[NodeSummary], tables: Mapping[str, Table],
+           ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every interval over the union of the key tables: ``keys, totals, key, start, stop``.
+
+    ``totals[k]`` is -2 where tables disagree on the rows of key ``k``.
+    """
+    index: dict[str, int] = {}
+    mapped = {d: np.array([index.setdefault(k, len(index)) for k in tables[d][0]],
+                          dtype=np.int64) for d in dict.fromkeys(s.keys_digest for s in summaries)}
+    hi = np.full(len(index), -1, dtype=np.int64)
+    lo = np.full(len(index), np.iinfo(np.int64).max, dtype=np.int64)
+    for d, idx in mapped.items():
+        np.maximum.at(hi, idx, tables[d][1])
+        np.minimum.at(lo, idx, tables[d][1])
+    key = [mapped[s.keys_digest][s.interval_keys(len(tables[s.keys_digest][0]))]
+           for s in summaries]
+    cat = [np.concatenate(a) if a else _EMPTY
+           for a in (key, [s.starts for s in summaries], [s.stops for s in summaries])]
+    return list(index), np.where(lo == hi, hi, -2), cat[0], cat[1], cat[2]
+
+
+def coverage_problems(summaries: Sequence[NodeSummary]) -> list[str]:
+    """Tensors whose rows the nodes' intervals do not tile exactly once (pure, vectorised).
+
+    Usually every node holds every tensor (one key table, sent once): then the check is a few
+    array comparisons over (nodes × tensors), no sort. Otherwise the key tables are merged and
+    the intervals sorted.
+    """
+    tables, out = _key_tables(summaries)
+    if any(s.keys_digest not in tables for s in summaries):
+        return [*out, "a node left out a key table that no node sent"]
+    digests = {s.keys_digest for s in summaries}
+    bad_mask = _one_table(summaries, tables[digests.pop()]) if len(digests) == 1 else None
+    if bad_mask is not None:
+        keys: list[str] = list(tables[summaries[0].keys_digest][0])
+    else:
+        keys, totals, key, start, stop = _union(summaries, tables)
+        out += [f"tensor {keys[k]!r} has different row counts on different nodes"
+                for k in np.flatnonzero(totals == -2)[:4].tolist()]
+        bad_mask = _sorted_tiles(key, start, stop, totals)
+    bad = np.flatnonzero(bad_mask).tolist()
     out += [f"tensor {keys[k]!r} rows are not covered exactly once across nodes"
-            for k in sorted(bad)[:4]]
+            for k in bad[:4]]
     if len(bad) > 4:
         out.append(f"... and {len(bad) - 4} more tensors")
     return out

@@ -138,3 +138,28 @@ def test_summary_arrays_must_agree() -> None:
     with pytest.raises(ValueError, match="mismatched"):
         hierarchy.NodeSummary(node="n0", path="manifests/n0.json", digest="x", ranks=(0,),
                               bytes=1, datasets=1, keys=("a",))
+
+
+def test_elided_key_tables_and_nodes_holding_different_tensors(tmp_path: Path) -> None:
+    """Replicated tensors split by bytes leave some nodes without some keys; tables merge."""
+    nodes = ("n0", "n0", "n1", "n1")
+    shards = [_shard(0, "n0", {"model/a": (0, 4, 4), "model/b": (0, 1, 2)}),
+              _shard(1, "n0", {"model/b": (1, 2, 2)}),
+              _shard(2, "n1", {"model/c": (0, 3, 6)}),
+              _shard(3, "n1", {"model/c": (3, 6, 6)})]
+    _, summaries = _summaries(nodes, shards)
+    assert hierarchy.check_nodes(nodes, summaries) == []
+    assert hierarchy.check_nodes(nodes, summaries[::-1]) == []  # any arrival order
+
+    gang_nodes, gang = _gang(32, 4, keys=5)
+    first, known = None, ""
+    summaries = []
+    for node in sorted(set(gang_nodes), reverse=True):  # arrival order is not row order
+        _, s = hierarchy.summarize_node("c", node, [x for x in gang if x.node == node],
+                                        known_keys=known)
+        known = known or s.keys_digest
+        first = first or s
+        summaries.append(s)
+    assert all(not s.keys and s.key_index.size == 0 for s in summaries[1:])  # elided, implicit
+    assert hierarchy.check_nodes(gang_nodes, summaries) == []
+    assert "no node sent" in " ".join(hierarchy.check_nodes(gang_nodes, summaries[1:]))
