@@ -3,7 +3,8 @@
 Rules (:func:`select_shared_victims`, :func:`select_local_victims`, :func:`select_debris`):
 
 - only committed checkpoints count; the newest ``keep_last`` (K ≥ 2) committed are kept, the
-  newest committed one is never deleted whatever K says, nor the newest committed on tier 1;
+  newest committed one is never deleted whatever K says, nor the newest committed on tier 1,
+  nor on the shared tier anything newer than that (it may still be draining there);
 - the checkpoint in flight is never a victim and never counts towards K: it reserves its own slot,
   so a save that fails cannot leave fewer than K good checkpoints behind;
 - a tier-0 copy is deleted only once tier 1 holds that checkpoint committed, or a newer one;
@@ -41,12 +42,15 @@ def select_shared_victims(committed: Sequence[CommittedCheckpoint], *, keep_last
                           in_flight: Collection[str] = ()) -> list[str]:
     """Committed checkpoints (in commit order) to delete from the shared tier.
 
-    The newest checkpoint committed on tier 1 is kept too, so a lagging drain never leaves the
-    run without a durable checkpoint.
+    Only checkpoints older than the newest one committed on tier 1 may go: that one is the run's
+    durable restore point, and a newer one may still be draining into this tier (deleting its
+    directory would leave its coming tier-1 commit without files).
     """
     kept = _kept(committed, keep_last)
-    kept.update([c.ckpt_id for c in committed if Tier.SHARED in c.tiers][-1:])
-    return [c.ckpt_id for c in committed if c.ckpt_id not in kept and c.ckpt_id not in in_flight]
+    shared_idx = [i for i, c in enumerate(committed) if Tier.SHARED in c.tiers]
+    newest_shared = shared_idx[-1] if shared_idx else -1
+    return [c.ckpt_id for i, c in enumerate(committed)
+            if i < newest_shared and c.ckpt_id not in kept and c.ckpt_id not in in_flight]
 
 
 def select_local_victims(committed: Sequence[CommittedCheckpoint], present: Collection[str], *,

@@ -153,6 +153,13 @@ def _history(record: RunRecord, fault: FaultRecord) -> list[FaultRecord]:
     return [*earlier, fault]
 
 
+def _incident(fault: FaultRecord) -> tuple[int, int]:
+    """Faults recorded under one generation are one incident (when one rank hangs, every rank
+    of the gang stops making progress and each node reports it); unfenced observations, such
+    as the login node's, count one by one."""
+    return (fault.generation, -1) if fault.generation >= 0 else (-1, fault.slot)
+
+
 def _repeats(history: list[FaultRecord], fault: FaultRecord) -> int:
     if not fault.signature or fault.step is None:
         return 1
@@ -176,7 +183,7 @@ def decide_retry(record: RunRecord, fault: FaultRecord, policy: RetryPolicy, *,
     """
     history = _history(record, fault)
     cls = FaultClass(fault.fault)
-    attempt = sum(1 for f in history if f.fault == cls)
+    attempt = len({_incident(f) for f in history if f.fault == cls})
     exclude = tuple(sorted(set(record.quarantined) | quarantine_candidates(
         history, fault.ts if now is None else now, policy)))
     budget = policy.max_attempts[cls.value]
@@ -210,6 +217,7 @@ def quarantine_candidates(faults: Iterable[FaultRecord], now: float,
                           policy: RetryPolicy) -> set[str]:
     """Nodes with at least ``quarantine_after`` node-suspect faults in the window ending ``now``."""
     since = now - policy.quarantine_window_s
-    counts = Counter(f.node for f in faults
-                     if f.node and f.fault in NODE_SUSPECT and since < f.ts <= now)
+    seen = {(f.node, _incident(f)) for f in faults
+            if f.node and f.fault in NODE_SUSPECT and since < f.ts <= now}
+    counts = Counter(node for node, _ in seen)
     return {node for node, n in counts.items() if n >= policy.quarantine_after}

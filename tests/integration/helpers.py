@@ -54,7 +54,7 @@ def _python() -> str:
 
 def slurm_spec(testbed: Testbed, **overrides: Any) -> dict[str, Any]:
     """A tiny 2 nodes x 2 ranks spec on site ``testbed`` (``tiny_spec`` keywords override)."""
-    return tiny_spec(manifest=tiny_manifest(testbed), site="testbed", **overrides)
+    return tiny_spec(manifest=tiny_manifest(testbed), **{"site": "testbed", **overrides})
 
 
 @dataclass(kw_only=True)
