@@ -93,15 +93,22 @@ def _assert_resumed_exactly(run: TestbedRun, *, steps: int, stopped_after: int) 
                for e in commits), "the stop checkpoint did not reach tier 1 before the requeue"
     resumed = first_after(states, "RUNNING", preempted.slot)
     assert resumed.payload["restored_step"] == committed > 0
-    ledger = _ledger(run)  # rank 0's sample ledger: replayed steps consumed the same samples
+    ledger = _assert_ledger_exact(run, steps)
+    second = [int(str(line["step"])) for line in ledger if line["generation"] != 1]
+    assert second[0] == committed, "the resumed incarnation did not start at the commit"
+    return committed
+
+
+def _assert_ledger_exact(run: TestbedRun, steps: int) -> list[dict[str, object]]:
+    """Rank 0's sample ledger: every step once at least, and a replayed step consumed the same
+    samples as the first time (no sample skipped or changed across restores)."""
+    ledger = _ledger(run)
     by_step: dict[int, list[object]] = {}
     for line in ledger:
         by_step.setdefault(int(str(line["step"])), []).append(line["samples"])
     assert sorted(by_step) == list(range(steps)), "a step is missing from the ledger"
     assert all(all(s == seen[0] for s in seen) for seen in by_step.values())
-    second = [int(str(line["step"])) for line in ledger if line["generation"] != 1]
-    assert second[0] == committed, "the resumed incarnation did not start at the commit"
-    return committed
+    return ledger
 
 
 def _preemption_timeline(run: TestbedRun, signalled_at: float) -> dict[str, float]:
@@ -194,18 +201,20 @@ def test_high_priority_job_preempts_and_slurm_requeues_exactly_once(
 def test_time_limit_signal_requeues_itself_until_done(
         testbed: Testbed, runs: RunFactory, slurm: JobClient, tmp_path: Path) -> None:
     site = (Path(__file__).resolve().parents[2] / "site_configs" / "testbed.yaml").read_text()
-    # lead 45 s on a 1-minute limit: the signal lands 15-45 s into each allocation (Slurm
-    # checks limits every 30 s), leaving at least 15 s to commit, drain and requeue.
+    # lead 30 s on a 1-minute limit: the warning lands about 30 s into each allocation, the
+    # ranks train for 15-25 s of it (they start in 10-15 s), and 20+ s remain to commit, drain
+    # and requeue before the limit.
     (tmp_path / "testbed-short.yaml").write_text(
         site.replace("name: testbed", "name: testbed-short")
-        .replace("preempt_lead_s: 60", "preempt_lead_s: 45"))
+        .replace("preempt_lead_s: 60", "preempt_lead_s: 30"))
     runs.env["HPCRUN_SITE_CONFIGS"] = str(tmp_path)
-    spec = slurm_spec(testbed, steps=160, every_steps=10, site="testbed-short",
-                        resources={"time_limit_min": 1}, config={"ledger": True})
-    # ~5 steps/s: the 160 steps need about two allocations of at most 60 s.
-    run = runs.submit(spec, inject="slow@step=1,rank=0,seconds=0.2,every=1")
+    spec = slurm_spec(testbed, steps=250, every_steps=10, site="testbed-short",
+                      resources={"time_limit_min": 1}, budgets={"max_requeues": 8},
+                      config={"ledger": True})
+    # ~7 steps/s: the 250 steps need two or three allocations of at most 60 s.
+    run = runs.submit(spec, inject="slow@step=1,rank=0,seconds=0.1,every=1")
     rec = run.wait({"SUCCEEDED"}, timeout=420)
-    assert rec.step == 160 and rec.requeues >= 1 and rec.job_ids == (run.job_id,)
+    assert rec.step == 250 and rec.requeues >= 1 and rec.job_ids == (run.job_id,)
     assert {f.fault for f in rec.faults} == {"preemption"}
     history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
     assert "TIMEOUT" not in {r.state for r in history}  # it left before the limit every time
@@ -215,6 +224,7 @@ def test_time_limit_signal_requeues_itself_until_done(
         commits = [e for e in run.valid(EntryKind.COMMIT) if e.slot < preempted.slot]
         resumed = first_after(states, "RUNNING", preempted.slot)
         assert resumed.payload["restored_step"] == max(int(e.payload["step"]) for e in commits)
+    _assert_ledger_exact(run, 250)
     print(f"\ntime limit: {rec.requeues} self-requeues; Slurm history "
           f"{[r.state for r in history]}")
 
