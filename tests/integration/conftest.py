@@ -40,6 +40,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -47,6 +48,9 @@ from hpcrun.errors import HpcrunError
 from hpcrun.testbed import JobClient, Testbed, TestbedConfig
 from hpcrun.testbed.config import default_state_dir
 from hpcrun.testbed.jobs import TERMINAL_STATES
+
+if TYPE_CHECKING:
+    from tests.integration.helpers import RunFactory
 
 KEEP_ENV = "HPCRUN_TESTBED_KEEP"
 
@@ -110,3 +114,13 @@ def _free_port() -> int:
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     return _free_port
+
+
+@pytest.fixture
+def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
+    """Submit hpcrun runs on the testbed; any run still live at the end is fenced and cancelled."""
+    from tests.integration.helpers import RunFactory
+
+    factory = RunFactory(testbed, job_dir)
+    yield factory
+    factory.cleanup()

@@ -6,7 +6,6 @@ shared tier on other nodes and finishes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +23,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
-    factory = RunFactory(testbed, job_dir)
-    yield factory
-    factory.cleanup()
 
 
 def _digest(path: Path) -> str:

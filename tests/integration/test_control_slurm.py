@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -26,13 +24,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
-    factory = RunFactory(testbed, job_dir)
-    yield factory
-    factory.cleanup()
 
 
 def _reconcile(run: TestbedRun) -> dict[str, object]:

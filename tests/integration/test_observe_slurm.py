@@ -5,8 +5,6 @@ rank; a hung rank is detected, its stacks are captured, the gang is killed and t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,13 +18,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
-    factory = RunFactory(testbed, job_dir)
-    yield factory
-    factory.cleanup()
 
 
 def test_slowed_rank_is_reported_as_straggler_by_node_and_rank(testbed: Testbed) -> None:

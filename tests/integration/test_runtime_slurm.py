@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,13 +28,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture
-def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
-    factory = RunFactory(testbed, job_dir)
-    yield factory
-    factory.cleanup()
 
 
 def _assert_clean_success(run: TestbedRun, slurm: JobClient, steps: int) -> None:
