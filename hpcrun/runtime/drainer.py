@@ -11,6 +11,7 @@ retried on the next round; training goes on, and the RPO exposure grows until it
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -18,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrun.control.log import EntryKind, RunLog
-from hpcrun.errors import HpcrunError, StaleGenerationError
+from hpcrun.errors import HpcrunError, StaleGenerationError, StorageError
+
+FAIL_WHILE_ENV = "HPCRUN_DRAIN_FAIL_WHILE"
+"""Fault injection for drills and tests: every drain round fails while this path exists."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,12 +56,20 @@ def drain_round(target: DrainTarget, log: RunLog) -> list[str]:
     """Drain what is pending once; return the checkpoint ids committed on tier 1 this round."""
     from hpcrun.checkpoint import drain_pending, finalize_tier1
 
+    _injected_failure(os.environ.get(FAIL_WHILE_ENV, ""))
     drain_pending(target.run_dir, target.node_local_root, node=target.node, log=log,
                   generation=target.generation, holder=target.holder)
     if not target.supervisor:
         return []
     return list(finalize_tier1(target.run_dir, log=log, generation=target.generation,
                                holder=target.holder, num_nodes=target.num_nodes))
+
+
+def _injected_failure(flag: str) -> None:
+    """Raise the injected shared-tier failure while the ``flag`` path exists ("" = never)."""
+    if flag and Path(flag).exists():
+        raise StorageError(f"shared tier unwritable (injected: {flag} exists, set by "
+                           f"{FAIL_WHILE_ENV}); remove the file to drain normally")
 
 
 def drain_round_safely(target: DrainTarget, log: RunLog) -> list[str]:

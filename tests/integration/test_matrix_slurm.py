@@ -1,0 +1,263 @@
+"""The remaining fault-matrix rows on the real Slurm testbed (``docs/recovery.md``).
+
+Rows covered here and nowhere else in ``tests/integration``: a stale worker on a frozen node, a
+storage error on the shared tier during the drain, a world-size change at restore, and a rank
+killed inside a checkpoint (staging, shard write, between shard write and manifest publish).
+Each run is 2 nodes x 1 rank, so ``global_batch`` (8) divides the 1-, 2- and 4-rank layouts.
+Run with ``-s`` to see the measured figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hpcrun.control.fencing import fold_fences
+from hpcrun.control.log import EntryKind, LogEntry
+from hpcrun.data.batches import replica_rows
+from hpcrun.data.pipeline import DataPipeline
+from hpcrun.drill.contracts import check_contracts
+from hpcrun.drill.evidence import collect
+from hpcrun.drill.matrix import DrillFault, injection, row_for
+from hpcrun.drill.states import committed, load_state
+from hpcrun.runtime.drainer import FAIL_WHILE_ENV
+from hpcrun.testbed import JobClient, Testbed
+from hpcrun.testbed.daemons import is_alive
+from tests.integration.helpers import (
+    RunFactory,
+    TestbedRun,
+    first_after,
+    slurm_spec,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+EVERY = 10
+"""Checkpoint cadence (steps) of every run here."""
+
+
+def _spec(testbed: Testbed, *, steps: int, ledger: bool = False) -> dict[str, Any]:
+    return slurm_spec(testbed, nodes=2, tasks_per_node=1, steps=steps, every_steps=EVERY,
+                      config={"ledger": ledger})
+
+
+def _pace(seconds: float) -> str:
+    """Every rank sleeps ``seconds`` per step in every incarnation (keeps a run observable)."""
+    return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in (0, 1))
+
+
+def _fences(run: TestbedRun) -> list[LogEntry]:
+    return [e for e in run.entries() if e.kind == EntryKind.FENCE]
+
+
+def _slurmd_pid(testbed: Testbed, node: str) -> int:
+    """The pid of the testbed's own slurmd of ``node`` (from its pid file, checked alive)."""
+    found = [s for s in testbed.status().daemons if s.name == f"slurmd@{node}"]
+    assert found and found[0].running and found[0].pid, f"no running slurmd for {node}: {found}"
+    pid = int(found[0].pid)
+    assert is_alive(pid, "slurmd"), f"pid {pid} is not {node}'s slurmd"
+    return pid
+
+
+def _committed_before(run: TestbedRun, step: int, slot: int) -> bool:
+    return any(e.payload.get("step") == step and e.slot < slot
+               for e in run.valid(EntryKind.COMMIT))
+
+
+# -- stale worker ------------------------------------------------------------------------------
+
+def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    """Freeze the supervising node's slurmd while its drain to the shared tier fails.
+
+    Slurm declares the node down and requeues the job elsewhere; the frozen node's agent keeps
+    running, still retrying its drain (and noting each failure) under the old generation after
+    the new incarnation's fence, then tries to publish once the shared tier is back.
+    """
+    steps = 150
+    flag = runs.runs_root / "shared-tier-down"
+    run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.1),
+                      env={FAIL_WHILE_ENV: str(flag)})
+    run.wait_for("a checkpoint on the shared tier", lambda: any(
+        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+    first = run.record()
+    victim = first.membership[0]  # the batch host and supervisor: its agent outlives the gang
+    pid = _slurmd_pid(testbed, victim)
+    started = time.monotonic()
+    try:
+        flag.touch()
+        os.kill(pid, signal.SIGSTOP)
+        new_fence = run.wait_for("a newer fence (the job requeued elsewhere)", lambda: next(
+            (f for f in _fences(run) if f.generation > first.generation), None), timeout=120)
+        declared_s = time.monotonic() - started
+        run.wait_for("the frozen node writing after the new fence", lambda: [
+            e for e in run.entries()
+            if e.generation == first.generation and e.slot > new_fence.slot], timeout=30)
+        flag.unlink()
+        time.sleep(5)  # the stale agent drains again and tries to publish the tier-1 commit
+    finally:
+        flag.unlink(missing_ok=True)
+        if is_alive(pid, "slurmd"):
+            os.kill(pid, signal.SIGCONT)
+        slurm.run("scontrol", "update", f"nodename={victim}", "state=resume")
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    entries = run.entries()
+    _, valid = fold_fences(entries)
+    valid_slots = {e.slot for e in valid}
+    stale = [e for e in entries if e.generation == first.generation and e.slot > new_fence.slot]
+    print(f"\nstale worker: {victim} frozen, new fence after {declared_s:.1f} s; "
+          f"{len(stale)} entries of generation {first.generation} after it: "
+          f"{sorted({(e.kind, e.payload.get('event')) for e in stale}, key=str)}")
+    assert stale and all(e.payload.get("node") in (victim, None) for e in stale)
+    # Once the shared tier is back, the stale agent drains and tries to publish: void.
+    assert [e for e in stale if e.kind == EntryKind.DRAINED], "the stale agent never retried"
+    assert not [e for e in stale if e.slot in valid_slots], "a stale entry counts"
+    assert rec.step == steps and rec.requeues >= 1
+    states = run.states()
+    restarted = first_after(states, "STARTING", new_fence.slot)
+    resumed = first_after(states, "RUNNING", restarted.slot)
+    restored = resumed.payload["restored_step"]
+    assert restored >= EVERY and _committed_before(run, restored, new_fence.slot)
+    allocations = [e.payload["nodes"] for e in run.valid(EntryKind.JOB) if "nodes" in e.payload]
+    assert victim in allocations[0] and victim not in allocations[-1]
+    wait_until(f"{victim} back in service", lambda: slurm.run(
+        "sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed", "allocated"),
+        timeout=60)
+
+
+# -- storage error on the shared tier during the drain ------------------------------------------
+
+def _status(run: TestbedRun) -> dict[str, Any]:
+    done = run.cli("status", run.name, "--json", "--no-reconcile", timeout=60)
+    assert done.returncode == 0, done.stderr
+    body: dict[str, Any] = json.loads(done.stdout)
+    return body
+
+
+def _cadence_s(run: TestbedRun) -> float:
+    """Median seconds between two tier-0 commits of the run."""
+    ts = sorted(e.ts for e in run.valid(EntryKind.COMMIT) if e.payload.get("tier") == "node_local")
+    return statistics.median(b - a for a, b in itertools.pairwise(ts))
+
+
+def test_drain_storage_error_keeps_training_and_reports_rpo_exposure(
+        testbed: Testbed, runs: RunFactory) -> None:
+    steps = 200
+    flag = runs.runs_root / "shared-tier-down"
+    run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.08),
+                      env={FAIL_WHILE_ENV: str(flag)})
+    run.wait_for("a checkpoint on the shared tier", lambda: any(
+        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+    flag.touch()
+    window_start, step_before = time.time(), run.record().step
+    exposures = []
+    while time.time() - window_start < 12:
+        exposures.append(_status(run)["rpo_exposure_s"])
+    flag.unlink()
+    window_end, step_after = time.time(), run.record().step
+    rec = run.wait({"SUCCEEDED"}, timeout=180)
+    notes = [e for e in run.valid(EntryKind.NOTE) if e.payload.get("event") == "drain_error"]
+    cadence = _cadence_s(run)
+    print(f"\ndrain error: window {window_end - window_start:.1f} s, steps {step_before} -> "
+          f"{step_after}, {len(notes)} drain_error notes, exposure max "
+          f"{max(exposures):.1f} s (cadence {cadence:.1f} s)")
+    assert step_after >= step_before + 2 * EVERY, "training stalled during the drain failure"
+    assert rec.step == steps and rec.requeues == 0 and rec.restarts == 0
+    assert len({e.generation for e in _fences(run)}) == 1
+    assert notes and all(window_start - 1 <= e.ts <= window_end + 3 for e in notes)
+    assert max(exposures) > max(2 * cadence, 5.0)
+    drained_after = [e for e in run.valid(EntryKind.DRAINED) if e.ts > window_end]
+    assert drained_after, "no drain succeeded after the window"
+    shared = [c for c in rec.checkpoints if c.tier == "shared"]
+    assert shared[-1].step == steps
+    for c in shared:
+        if (run.run_dir / "ckpt" / c.ckpt_id).exists():  # older ones are pruned (keep_last)
+            verified = run.cli("ckpt", "verify", str(run.run_dir), c.ckpt_id)
+            assert verified.returncode == 0, f"{c.ckpt_id}: {verified.stdout}{verified.stderr}"
+
+
+# -- world-size change ----------------------------------------------------------------------------
+
+def _next_global_batch(run_dir: Path, ckpt: Any, spec: dict[str, Any],
+                       world_size: int) -> tuple[set[int], np.ndarray, np.ndarray]:
+    """Restore ``ckpt`` onto ``world_size`` ranks; the next batch index, tokens and sample IDs.
+
+    Each rank's data pipeline is rebuilt from the cursor the checkpoint plane restored for it;
+    the global batch is its replicas' rows concatenated in rank order.
+    """
+    state = load_state(run_dir, ckpt, world_size=world_size)
+    data, seq_len = spec["data"], spec["config"]["seq_len"] + 1
+    batches, tokens, ids = set(), [], np.empty(0)
+    for rs in state.ranks:
+        pipe = DataPipeline(data["manifest"], seed=data["seed"],
+                            global_batch=data["global_batch"], seq_len=seq_len,
+                            replica=rs.rank, num_replicas=world_size, workers=1)
+        try:
+            pipe.load_state_dict(rs.meta["data"])
+            batch = next(pipe)
+            k = int(batch["batch"])
+            rows = replica_rows(data["global_batch"], rs.rank, world_size)
+            assert len(np.asarray(batch["tokens"])) == len(rows)
+            batches.add(k)
+            tokens.append(np.asarray(batch["tokens"]))
+            ids = pipe.sample_ids(k)
+        finally:
+            pipe.close()
+    return batches, np.concatenate(tokens), ids
+
+
+def test_world_size_change_keeps_the_global_sample_order(
+        testbed: Testbed, runs: RunFactory) -> None:
+    steps = 30
+    spec = _spec(testbed, steps=steps, ledger=True)
+    run = runs.submit(spec)
+    run.wait({"SUCCEEDED"}, timeout=180)
+    drill = run.cli("drill", "--restore", run.name, timeout=300)
+    print(f"\n{drill.stdout}")
+    assert drill.returncode == 0, f"restore drill failed:\n{drill.stdout}{drill.stderr}"
+    assert "→ 1 ranks" in drill.stdout and "→ 4 ranks" in drill.stdout
+    ckpt = [c for c in committed(run.run_dir) if "shared" in c.tiers][-1]
+    ledger = [json.loads(line) for line in (run.run_dir / "ledger.jsonl").read_text().splitlines()]
+    last = max((line for line in ledger if line["step"] < ckpt.step), key=lambda x: x["step"])
+    saved_batches, saved_tokens, saved_ids = _next_global_batch(run.run_dir, ckpt, spec, 2)
+    assert saved_batches == {last["batch"] + 1}  # the cursor is right after the saved step
+    for world in (1, 4):
+        batches, tokens, ids = _next_global_batch(run.run_dir, ckpt, spec, world)
+        assert batches == saved_batches, f"{world} ranks resume at batch {batches}"
+        assert np.array_equal(ids["sample_id"], saved_ids["sample_id"])
+        assert np.array_equal(tokens, saved_tokens), f"{world} ranks read another global batch"
+
+
+# -- a rank killed inside a checkpoint ------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", [DrillFault.KILL_STAGING, DrillFault.KILL_SHARD_WRITE,
+                                   DrillFault.KILL_BEFORE_MANIFEST])
+def test_rank_killed_inside_a_checkpoint_recovers_from_the_previous_commit(
+        testbed: Testbed, runs: RunFactory, fault: DrillFault) -> None:
+    steps, at = 40, EVERY + EVERY // 2  # the save at step 20 is killed; step 10 is committed
+    row = row_for(fault)
+    inject = injection(row, at=at, world_size=2, tasks_per_node=1)
+    run = runs.submit(_spec(testbed, steps=steps, ledger=True), inject=inject)
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    fences = _fences(run)
+    assert rec.step == steps and rec.restarts >= 1 and len(fences) >= 2
+    states = run.states()
+    resumed = first_after(states, "RUNNING", fences[1].slot)
+    assert resumed.payload["restored_step"] == EVERY, "not the previous committed checkpoint"
+    torn = [e for e in run.valid(EntryKind.COMMIT)
+            if e.generation == fences[0].generation and e.payload.get("step") == 2 * EVERY]
+    assert not torn, f"the killed save committed: {torn}"
+    results = check_contracts(collect(run.run_dir, victim_rank=None), row)
+    failed = [f"{r.name}: {r.detail}" for r in results if r.ok is False]
+    print(f"\n{fault}: {inject}; " + "; ".join(f"{r.name} {r.mark}" for r in results))
+    assert not failed, f"drill contracts failed: {failed}"
