@@ -193,12 +193,12 @@ def record_fault(log: RunLog, info: CheckpointInfo, *, kind: str, detail: str,
                         "detail": detail[:2000], "ckpt_id": info.ckpt_id})
 
 
-def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
-                  storage: Storage = LOCAL_STORAGE) -> Manifest:
-    """Load and verify the manifest of a committed checkpoint (digest, schema, paths, coverage).
+def read_committed_json(run_dir: Path, ckpt: CommittedCheckpoint, *,
+                        storage: Storage = LOCAL_STORAGE) -> Any:
+    """The top manifest of a committed checkpoint, parsed, after checking its commit digest.
 
     Raises:
-        CorruptCheckpointError: missing, altered since commit, malformed or incomplete.
+        CorruptCheckpointError: missing, altered since its commit, or not JSON.
     """
     path = Path(run_dir) / manifest_relpath(ckpt.ckpt_id)
     if not storage.exists(path):
@@ -207,8 +207,20 @@ def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
     data = storage.read_bytes(path)
     if ckpt.digest and digest_bytes(data) != ckpt.digest:
         raise CorruptCheckpointError(f"manifest {path} changed since its commit (digest "
-                                     f"{digest_bytes(data)[:20]}…, committed {ckpt.digest[:20]}…)")
-    raw = parse_json(data, f"manifest {path}")
+                                     f"{digest_bytes(data)[:20]}…, committed {ckpt.digest[:20]}…); "
+                                     "it will not be restored")
+    return parse_json(data, f"manifest {path}")
+
+
+def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
+                  storage: Storage = LOCAL_STORAGE) -> Manifest:
+    """Load and verify the manifest of a committed checkpoint (digest, schema, paths, coverage).
+
+    Raises:
+        CorruptCheckpointError: missing, altered since commit, malformed or incomplete.
+    """
+    path = Path(run_dir) / manifest_relpath(ckpt.ckpt_id)
+    raw = read_committed_json(run_dir, ckpt, storage=storage)
     subs: list[Any] = []
     for rel, digest in node_manifest_refs(raw):
         sub = storage.read_bytes(path.parent / rel)

@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from hpcrun.checkpoint.commit import CheckpointInfo, CommitOutcome, Outcome, record_fault
+from hpcrun.checkpoint.commit import (
+    CheckpointInfo,
+    CommitOutcome,
+    Outcome,
+    read_committed_json,
+    record_fault,
+)
 from hpcrun.checkpoint.manifest import (
     MANIFEST_SCHEMA_VERSION,
     ShardRecord,
@@ -405,15 +411,11 @@ def read_top_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
     Raises:
         CorruptCheckpointError: missing, altered since commit or of another schema.
     """
-    path = Path(run_dir) / manifest_relpath(ckpt.ckpt_id)
-    if not storage.exists(path):
-        raise CorruptCheckpointError(f"manifest {path} of committed checkpoint {ckpt.ckpt_id} "
-                                     "is missing (deleted by GC or lost)")
-    data = storage.read_bytes(path)
-    if ckpt.digest and digest_bytes(data) != ckpt.digest:
-        raise CorruptCheckpointError(f"manifest {path} changed since its commit; it will not "
-                                     "be restored (restore falls back to an older checkpoint)")
-    return parse_json(data, f"manifest {path}")
+    top = read_committed_json(run_dir, ckpt, storage=storage)
+    if not isinstance(top, dict):
+        raise CorruptCheckpointError(f"manifest of {ckpt.ckpt_id} is not a JSON object; it will "
+                                     "not be restored (restore falls back to an older checkpoint)")
+    return top
 
 
 def read_node_shards(run_dir: Path, ckpt_id: str, top: Mapping[str, Any], node: str, *,
