@@ -206,7 +206,8 @@ def run_drill(spec_path: Path, row: MatrixRow, *, backend: str = "local", at: in
                         cwd=cwd or Path.cwd())
         run_dir = resolve_run(run_id)
         wait_terminal(run_dir, timeout_s=timeout_s,
-                      on_poll=_outside_action(row, run_dir, plan, backend))
+                      on_poll=_with_watch(_outside_action(row, run_dir, plan, backend),
+                                          run_dir, backend))
     ev = collect(run_dir, victim_rank=plan.victim_rank)
     return DrillResult(row=row, backend=backend, run_dir=run_dir, inject=plan.inject,
                        contracts=tuple(check_contracts(ev, row, rto_budget_s=rto_budget_s)),
@@ -241,6 +242,35 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan,
     if row.fault == DrillFault.NODE_LOSS and backend == "slurm":
         return crash_node
     return None
+
+
+WATCH_EVERY_S = 10.0
+
+
+def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
+                backend: str) -> Callable[[Any], None] | None:
+    """On Slurm, also run the login-node reconcile pass every 10 s, as cron would.
+
+    A node lost before Slurm marks it down can make srun abort the whole step, and the job
+    then ends FAILED instead of NODE_FAIL + requeue; recovering it is `hpcrun watch`'s job.
+    """
+    if backend != "slurm":
+        return action
+    from hpcrun.clock import SYSTEM_CLOCK
+    from hpcrun.control.reconcile import watch_once
+    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.runner import SubprocessRunner
+
+    last = [time.monotonic()]
+
+    def poll(record: Any) -> None:
+        if action is not None:
+            action(record)
+        if time.monotonic() - last[0] >= WATCH_EVERY_S:
+            last[0] = time.monotonic()
+            watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK)
+
+    return poll
 
 
 def crash_testbed_node(node: str) -> None:
