@@ -84,30 +84,56 @@ class Agent:
         key = self.node.incarnation_key(attempt)
         if self.node.is_supervisor:
             claimed = self.log.claim(new_holder(key))
-            self._publish_start(claimed.generation, claimed.holder, attempt)
-            return self._incarnation(claimed.generation, claimed.holder, claimed.slot, attempt)
+            self._finalize_previous(claimed.generation, claimed.holder)
+            restore_point = self._publish_start(claimed.generation, claimed.holder, attempt)
+            return self._incarnation(claimed.generation, claimed.holder, restore_point, attempt)
         deadline = self.clock.monotonic() + FENCE_WAIT_S
         while self.clock.monotonic() < deadline:
             self.view.refresh()
             fence = self.view.fence_with_prefix(key)
-            if fence is not None:
-                return self._incarnation(fence.generation, fence.holder, fence.slot, attempt)
+            start = self._start_of(fence) if fence is not None else None
+            if fence is not None and start is not None:
+                return self._incarnation(fence.generation, fence.holder, start, attempt)
             if self.view.terminal():
                 return None
             self.clock.sleep(POLL_S)
         raise HpcrunError(f"node {self.node.node}: no fence for {key} appeared within "
                           f"{FENCE_WAIT_S:.0f} s; the node-0 agent did not start the gang")
 
-    def _publish_start(self, generation: int, holder: str, attempt: int) -> None:
+    def _finalize_previous(self, generation: int, holder: str) -> None:
+        """Commit on tier 1 what every node drained before the last incarnation ended.
+
+        A supervisor that died between the last DRAINED entry and its tier-1 commit (a lost
+        node, a killed job) leaves a checkpoint that is whole on the shared tier but not
+        committed there; committing it now, before the restore point is fixed, lets this
+        incarnation restore it instead of an older one.
+        """
+        if self.node.node_local_root is None:
+            return
+        from hpcrun.checkpoint import finalize_tier1
+
+        finalize_tier1(self.run_dir, log=self.log, generation=generation, holder=holder,
+                       num_nodes=len(self.node.nodes))
+
+    def _start_of(self, fence: Any) -> int | None:
+        """Slot of the STARTING entry under ``fence``: the incarnation's restore point."""
+        for e in self.view.valid_of(fence.generation, fence.holder, EntryKind.STATE):
+            if e.payload.get("state") == "STARTING":
+                return e.slot
+        return None
+
+    def _publish_start(self, generation: int, holder: str, attempt: int) -> int:
+        """Publish the job and the STARTING state; return STARTING's slot (the restore point)."""
         if attempt == 0:
             self.log.publish(EntryKind.JOB, generation=generation, holder=holder,
                              payload={"job_id": self.node.job_id, "backend": self.node.backend,
                                       "restart_count": self.node.restart_count,
                                       "nodes": list(self.node.nodes)})
-        self.log.publish(EntryKind.STATE, generation=generation, holder=holder,
-                         payload={"state": "STARTING", "attempt": attempt,
-                                  "reason": f"job {self.node.job_id} restart "
-                                            f"{self.node.restart_count} attempt {attempt}"})
+        return self.log.publish(EntryKind.STATE, generation=generation, holder=holder,
+                                payload={"state": "STARTING", "attempt": attempt,
+                                         "reason": f"job {self.node.job_id} restart "
+                                                   f"{self.node.restart_count} attempt {attempt}"},
+                                ).slot
 
     def _incarnation(self, generation: int, holder: str, slot: int, attempt: int) -> Incarnation:
         return Incarnation(

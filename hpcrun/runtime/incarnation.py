@@ -43,7 +43,10 @@ class Incarnation:
     holder: str
     """Holder id of this incarnation's fence."""
     fence_slot: int
-    """Log slot of the fence; the restore point is chosen from entries before it."""
+    """Restore point: the log slot of this incarnation's STARTING entry. The restore is chosen
+    from the entries before it: everything before the fence, plus what the supervisor committed
+    under the new fence before starting the gang (tier-1 commits a dead supervisor left undone);
+    every rank sees the same set."""
     job_id: str
     """Scheduler job id (Slurm id, or ``local-<pid>``)."""
     restart_count: int
