@@ -132,7 +132,10 @@ def fire(injection: Injection, *, preempt_signal: int) -> None:
         while True:
             time.sleep(3600)
     elif injection.kind == FaultKind.PREEMPT:
+        # As Slurm does for a step: the agent learns it is a preemption, and this rank's own
+        # flag is set at once, so the gang stops at the very next boundary whatever the load.
         os.kill(os.getppid(), preempt_signal)
+        os.kill(os.getpid(), preempt_signal)
     elif injection.kind == FaultKind.SLOW:
         time.sleep(injection.seconds)
     elif injection.kind == FaultKind.NODECRASH:
