@@ -6,8 +6,9 @@ login node (no torch, no h5py until a name that needs them is touched).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpcrun._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -59,13 +60,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hpcrun' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _WHERE, globals())
 
 
 if TYPE_CHECKING:

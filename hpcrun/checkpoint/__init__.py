@@ -9,8 +9,9 @@ login-node command such as ``hpcrun status`` should not pay for them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpcrun._lazy import lazy_getattr
 
 _WHERE = {
     "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",
@@ -47,13 +48,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hpcrun.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"hpcrun.checkpoint.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, {k: f"{__name__}.{v}" for k, v in _WHERE.items()},
+                           globals())
 
 
 if TYPE_CHECKING:
