@@ -89,25 +89,32 @@ def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node:
 
 
 def pending_drains(committed: list[CommittedCheckpoint], node: str) -> list[CommittedCheckpoint]:
-    """The checkpoint this node still has to drain, if any (pure).
+    """Checkpoints this node could drain now, in the order to try them (pure).
 
-    Only the newest checkpoint committed on tier 0 is drained: an older one that is not on
-    tier 1 yet is superseded (tier-1 RPO is set by the newest), and retention may already have
-    retired it, so copying it would spend shared-tier bandwidth on state nobody restores.
+    Only checkpoints newer than the newest one on tier 1 count (an older one is superseded).
+    Among them, the newest that another node has already drained comes first: finishing it
+    gives tier 1 a complete checkpoint, whereas always jumping to the newest starves tier 1
+    when checkpoints commit faster than a drain round (each node would hold a different one).
+    The newest tier-0 checkpoint follows, for when this node has no copy of the first (lost,
+    or retired by retention). :func:`drain_pending` drains the first that succeeds.
     """
-    local = [c for c in committed if Tier.NODE_LOCAL in c.tiers]
-    if not local:
+    shared = [c.slot for c in committed if Tier.SHARED in c.tiers]
+    floor = max(shared, default=-1)
+    todo = [c for c in committed if Tier.NODE_LOCAL in c.tiers and c.slot > floor
+            and node in c.nodes and node not in c.drained]
+    if not todo:
         return []
-    newest = local[-1]
-    if Tier.SHARED in newest.tiers or node not in newest.nodes or node in newest.drained:
-        return []
-    return [newest]
+    partial = [c for c in todo if c.drained]
+    first = partial[-1] if partial else todo[-1]
+    return [first] if first is todo[-1] else [first, todo[-1]]
 
 
 def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLog,
                   generation: int, holder: str, run_id: str | None = None,
                   storage: Storage = LOCAL_STORAGE) -> list[str]:
-    """Drain this node's shards of every committed, undrained checkpoint to tier 1.
+    """Drain this node's shards of one committed, undrained checkpoint to tier 1.
+
+    Tries :func:`pending_drains`'s candidates in order and stops after the first it drains.
 
     Returns:
         IDs drained by this call (a DRAINED entry appended for each).
@@ -115,8 +122,10 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
     Raises:
         StaleGenerationError: a newer generation fenced this agent out.
     """
-    done = []
+    done: list[str] = []
     for ckpt in pending_drains(fold_checkpoints(log.read()), node):
+        if done:
+            break  # one checkpoint per round: the next round sees the log afresh
         try:
             if not _drain_one(Path(run_dir), Path(node_local_root), ckpt, node, run_id, storage):
                 continue

@@ -74,3 +74,25 @@ def test_tier0_copy_deleted_only_after_tier1_commit(run_dir: Path, tmp_path: Pat
     report = collect_run(run_dir, log=log, keep_last=2, now=0.0, local=local)
     assert report.retired == (ids[0],)
     assert sorted(p.name for p in (nvme / "run1" / "ckpt").iterdir()) == ids[1:]
+
+
+def _ck(step: int, *, drained: tuple[str, ...] = (), shared: bool = False):
+    from hpcrun.checkpoint.tiers import CommittedCheckpoint
+    tiers = {Tier.NODE_LOCAL} | ({Tier.SHARED} if shared else set())
+    return CommittedCheckpoint(ckpt_id=f"c{step}", step=step, generation=1, manifest="m",
+                               digest="d", bytes=1, nodes=("a", "b"), slot=step,
+                               committed_at=0.0, tiers=frozenset(tiers),
+                               drained=frozenset(drained))
+
+
+def test_partially_drained_checkpoint_is_finished_before_the_newest() -> None:
+    from hpcrun.checkpoint.drain import pending_drains
+    # node a drained c2 while c3 committed: b finishes c2 first (tier 1 gets a whole checkpoint),
+    # with c3 as the fallback when b's copy of c2 is gone
+    cks = [_ck(1, drained=("a", "b"), shared=True), _ck(2, drained=("a",)), _ck(3)]
+    assert [c.ckpt_id for c in pending_drains(cks, "b")] == ["c2", "c3"]
+    assert [c.ckpt_id for c in pending_drains(cks, "a")] == ["c3"]
+    # superseded: older than the newest checkpoint on tier 1
+    cks = [_ck(1, drained=("a",)), _ck(2, drained=("a", "b"), shared=True), _ck(3)]
+    assert [c.ckpt_id for c in pending_drains(cks, "b")] == ["c3"]
+    assert pending_drains([_ck(1, drained=("a", "b"), shared=True)], "b") == []
