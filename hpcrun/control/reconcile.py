@@ -20,6 +20,7 @@ import hashlib
 import math
 import os
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
@@ -194,6 +195,10 @@ class ReconcilePolicy:
     """Site's Slurm PreemptMode; with ``requeue`` Slurm requeues preempted jobs itself."""
     exclude: tuple[str, ...] = ()
     """Nodes the spec always excludes (merged into every new exclusion list)."""
+    node_settle_s: float = 0.0
+    """How long a FAILED job's lost node may still look healthy to slurmctld: a node that dies
+    before Slurm notices makes ``srun`` abort, and the job ends FAILED instead of NODE_FAIL.
+    Within this time of the end, a FAILED job whose nodes all look up waits for the next pass."""
 
     @classmethod
     def from_spec(cls, spec: RunSpec, **overrides: Any) -> ReconcilePolicy:
@@ -313,6 +318,13 @@ def _while_live(record: RunRecord, obs: Observation, now: float,
         return [MarkState(op_id=op_id_for(record, ActionKind.MARK_STATE, attempt),
                           attempt=attempt, state=RunState.CANCELLED,
                           reason=f"job {obs.job_id} was cancelled outside hpcrun")]
+    if obs.down_nodes and state != SlurmJobState.COMPLETED:
+        return _retry(record, obs, FaultClass.NODE_FAILURE,
+                      f"job {obs.job_id} ended {state.value}; node(s) "
+                      f"{','.join(obs.down_nodes)} down or not responding", now, policy)
+    if state == SlurmJobState.FAILED and obs.ended_s_ago is not None \
+            and obs.ended_s_ago < policy.node_settle_s:
+        return []  # a lost node may not be flagged yet: classify on a later pass
     fault = FaultClass.UNKNOWN if state == SlurmJobState.COMPLETED else classify_exit(
         slurm_state=state.value, exit_code=obs.exit_code, signal=obs.signal)
     detail = f"job {obs.job_id} ended {state.value} (exit {obs.exit_code}, signal " \
@@ -569,6 +581,35 @@ def heartbeat_age(record: RunRecord, run_dir: Path, now: float,
     return now - max(stamps) if stamps else None
 
 
+def _ended_badly(obs: Observation, record: RunRecord) -> bool:
+    """A job that ended without completing while the run had not finished."""
+    return not is_terminal(record.state) and not obs.vanished and obs.state not in ACTIVE \
+        and obs.state not in (SlurmJobState.COMPLETED, SlurmJobState.CANCELLED)
+
+
+def _node_evidence(obs: Observation, slurm: SlurmClient,
+                   now: float) -> tuple[Observation, float]:
+    """``obs`` with the nodes Slurm now reports lost and, while the controller holds the job,
+    how long ago it ended; and the site's node settle time. Best effort: when a query fails
+    they stay unknown and the job's own end state decides."""
+    try:
+        down = slurm.down_nodes(obs.nodes)
+        end = slurm.scontrol_show_job(obs.job_id).get("EndTime", "") if obs.in_controller \
+            else ""
+        settle_s = slurm.node_settle_s()
+    except SchedulerError:
+        return obs, 0.0
+    return replace(obs, down_nodes=down, ended_s_ago=_seconds_since(end, now)), settle_s
+
+
+def _seconds_since(stamp: str, now: float) -> float | None:
+    """``now`` minus Slurm's local ``2026-11-29T18:48:36`` (None for ``Unknown`` or junk)."""
+    try:
+        return now - time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
 def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock, *,
                storage: Storage = LOCAL_STORAGE, submitter: Submitter | None = None,
                dry_run: bool = False, **policy_overrides: Any) -> WatchResult:
@@ -587,6 +628,9 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
     obs = slurm.observe(jobs[-1]) if jobs else None
     if obs is not None:
         obs = replace(obs, heartbeat_age_s=heartbeat_age(record, run_dir, now, storage))
+    if obs is not None and _ended_badly(obs, record):
+        obs, settle_s = _node_evidence(obs, slurm, now)
+        policy_overrides = {"node_settle_s": settle_s, **policy_overrides}
     policy = ReconcilePolicy.from_spec(spec, **policy_overrides)
     actions = reconcile(record, obs, now, policy)
     outcomes: list[Outcome] = []

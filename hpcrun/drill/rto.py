@@ -7,11 +7,13 @@ interrupted ─ detect ─► decided ─ requeue/wait ─► fence g' ─ start
             ─ restore ─► restored ─ first step ─► RUNNING (a step validated after the restore)
 ```
 
-- *interrupted*: the earliest evidence in ``g``: a ``fault_injected`` event, a ``fault`` entry,
-  or the start of the stop commit after a preemption signal;
-- *decided*: the supervisor's first decision entry in ``g`` (PREEMPTED, RECOVERING, FAILED
-  state or a requeue operation); for a preemption it includes the stop commit and the tier-1
-  drain, which must finish before the allocation is given back;
+- *interrupted*: the earliest evidence between the two incarnations: a ``fault_injected``
+  event or note (a drill's fault from outside, such as a node crash), a ``fault`` entry, or
+  the start of the stop commit after a preemption signal;
+- *decided*: the first decision entry after ``g`` started (PREEMPTED, RECOVERING, FAILED or
+  REQUEUED state, or a requeue operation; by the supervisor or by a login-node reconcile
+  pass); for a preemption it includes the stop commit and the tier-1 drain, which must finish
+  before the allocation is given back;
 - *fence g'*: the new incarnation's claim (after the relaunch, backoff or queue wait);
 - *restore begins / restored*: the earliest ``restore`` span start and the latest end over
   the ranks of ``g'`` (process start, imports and the process group come before);
@@ -82,6 +84,10 @@ def _state_of(entry: Any) -> str:
 def rto_splits(entries: Sequence[Any], events: Iterable[Any]) -> list[RtoSplit]:
     """Every recovery of the run, in order (pure).
 
+    An incarnation is a generation that started (a STARTING or RUNNING entry); a generation
+    that only decided (a login-node reconcile pass, a cancel) belongs to the gap between the
+    incarnations around it, and what it logged counts for that gap.
+
     Args:
         entries: run log entries (:class:`~hpcrun.control.log.LogEntry`) in slot order.
         events: rank events (:class:`~hpcrun.protocols.Event`), any order.
@@ -89,27 +95,29 @@ def rto_splits(entries: Sequence[Any], events: Iterable[Any]) -> list[RtoSplit]:
     by_gen: dict[int, list[Any]] = {}
     for ev in events:
         by_gen.setdefault(int(_field(ev, "generation", -1)), []).append(ev)
-    fences = [e for e in entries if _field(e, "kind") == "fence"]
+    started = {int(_field(e, "generation")) for e in entries
+               if _state_of(e) in ("STARTING", "RUNNING")}
+    fences = [i for i, e in enumerate(entries) if _field(e, "kind") == "fence"
+              and int(_field(e, "generation")) in started]
     out = []
-    for old, new in itertools.pairwise(fences):
-        split = _split(entries, by_gen, int(_field(old, "generation")),
-                       int(_field(new, "generation")), float(_field(new, "ts")))
+    for i, j in itertools.pairwise(fences):
+        split = _split(entries[i:j], entries, by_gen, int(_field(entries[i], "generation")),
+                       int(_field(entries[j], "generation")), float(_field(entries[j], "ts")))
         if split is not None:
             out.append(split)
     return out
 
 
-def _split(entries: Sequence[Any], by_gen: Mapping[int, list[Any]], g: int, g2: int,
-           fence_ts: float) -> RtoSplit | None:
-    mine = [e for e in entries if _field(e, "generation") == g]
-    decided = next((e for e in mine if _state_of(e) in _DECISIONS
+def _split(window: Sequence[Any], entries: Sequence[Any], by_gen: Mapping[int, list[Any]],
+           g: int, g2: int, fence_ts: float) -> RtoSplit | None:
+    decided = next((e for e in window if _state_of(e) in _DECISIONS
                     or (_field(e, "kind") == "op"
                         and _payload(e).get("action") == "requeue")), None)
     running = next((e for e in entries if _field(e, "generation") == g2
                     and _state_of(e) == "RUNNING"), None)
     if decided is None or running is None:
-        return None  # not a recovery (a cancel's fence, or the new generation never ran)
-    interrupted = _interrupted(mine, by_gen.get(g, []), float(_field(decided, "ts")))
+        return None  # not a recovery (the new generation never ran)
+    interrupted = _interrupted(window, by_gen.get(g, []), float(_field(decided, "ts")))
     restores = [ev for ev in by_gen.get(g2, []) if _field(ev, "kind") == "restore"]
     marks = {"interrupted": interrupted, "decided": float(_field(decided, "ts")),
              "fence": fence_ts, "running": float(_field(running, "ts"))}
@@ -117,9 +125,9 @@ def _split(entries: Sequence[Any], by_gen: Mapping[int, list[Any]], g: int, g2: 
         marks["restore_begin"] = min(float(_field(ev, "data", {}).get("start_ts", _field(ev, "ts")))
                                      for ev in restores)
         marks["restored"] = max(float(_field(ev, "ts")) for ev in restores)
-    return RtoSplit(from_generation=g, to_generation=g2, cause=_cause(mine),
+    return RtoSplit(from_generation=g, to_generation=g2, cause=_cause(window),
                     phases=phase_durations(marks), total_s=marks["running"] - interrupted,
-                    last_step=_last_step(by_gen.get(g, []), mine),
+                    last_step=_last_step(by_gen.get(g, []), window),
                     restored_step=int(_payload(running).get("restored_step") or 0))
 
 
@@ -136,7 +144,8 @@ def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:
 
 def _interrupted(entries: Sequence[Any], events: Sequence[Any], decided: float) -> float:
     times = [float(_field(ev, "ts")) for ev in events if _field(ev, "kind") == "fault_injected"]
-    times += [float(_field(e, "ts")) for e in entries if _field(e, "kind") == "fault"]
+    times += [float(_field(e, "ts")) for e in entries if _field(e, "kind") == "fault"
+              or _payload(e).get("event") == "fault_injected"]
     times += [float(_field(ev, "data", {}).get("start_ts", _field(ev, "ts"))) for ev in events
               if _field(ev, "kind") == "ckpt_commit"
               and _field(ev, "data", {}).get("reason") == "stop"]

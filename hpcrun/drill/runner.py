@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.drill.contracts import ContractResult, check_contracts
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
@@ -205,9 +206,12 @@ def run_drill(spec_path: Path, row: MatrixRow, *, backend: str = "local", at: in
         run_id = submit(path, backend=backend, inject=plan.inject, env=plan.env,
                         cwd=cwd or Path.cwd())
         run_dir = resolve_run(run_id)
-        wait_terminal(run_dir, timeout_s=timeout_s,
-                      on_poll=_with_watch(_outside_action(row, run_dir, plan, backend),
-                                          run_dir, backend))
+        crashed: list[str] = []
+        try:
+            wait_terminal(run_dir, timeout_s=timeout_s, on_poll=_with_watch(
+                _outside_action(row, run_dir, plan, backend, crashed), run_dir, backend))
+        finally:
+            boot_nodes(crashed)
     ev = collect(run_dir, victim_rank=plan.victim_rank)
     return DrillResult(row=row, backend=backend, run_dir=run_dir, inject=plan.inject,
                        contracts=tuple(check_contracts(ev, row, rto_budget_s=rto_budget_s)),
@@ -221,9 +225,10 @@ def resolve_run(run_id: str) -> Path:
     return resolve_run_dir(run_id)
 
 
-def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan,
-                    backend: str) -> Callable[[Any], None] | None:
-    """Faults done from outside the run, once its progress reaches the fault step."""
+def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str,
+                    crashed: list[str]) -> Callable[[Any], None] | None:
+    """Faults done from outside the run, once its progress reaches the fault step (a crashed
+    node's name goes to ``crashed``, for the caller to boot)."""
     done: list[bool] = []
 
     def cancel(record: Any) -> None:
@@ -235,7 +240,12 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan,
     def crash_node(record: Any) -> None:
         if not done and int(record.step) >= plan.at and record.membership:
             done.append(True)
-            crash_testbed_node(str(record.membership[-1]))
+            node = str(record.membership[-1])
+            crash_testbed_node(node)
+            RunLog(run_dir).append(EntryKind.NOTE, generation=-1, holder="", payload={
+                "event": "fault_injected", "fault": str(row.fault), "node": node,
+                "step": int(record.step)})
+            crashed.append(node)
 
     if row.fault == DrillFault.CANCEL:
         return cancel
@@ -274,8 +284,17 @@ def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
 
 
 def crash_testbed_node(node: str) -> None:
-    """Power off ``node`` on the testbed, then boot it again (in the background)."""
-    cmd = [sys.executable, "-m", "hpcrun.cli.main", "testbed"]
-    subprocess.run([*cmd, "crash", node], capture_output=True, timeout=120, check=False)
-    subprocess.Popen([*cmd, "boot", node], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    """Power off ``node`` on the testbed; it stays off (as after a real power loss, Slurm
+    marks it down) until :func:`boot_nodes`."""
+    _testbed("crash", node)
+
+
+def boot_nodes(nodes: list[str]) -> None:
+    """Boot (and empty) ``nodes``, powered off by :func:`crash_testbed_node`."""
+    while nodes:
+        _testbed("boot", nodes.pop())
+
+
+def _testbed(verb: str, node: str) -> None:
+    subprocess.run([sys.executable, "-m", "hpcrun.cli.main", "testbed", verb, node],
+                   capture_output=True, timeout=120, check=False)

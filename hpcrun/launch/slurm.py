@@ -108,6 +108,11 @@ class Observation:
     """Who answered: ``squeue`` (the controller still holds it), ``sacct``, or ``none``."""
     heartbeat_age_s: float | None = None
     """Seconds since the run's newest heartbeat, filled by the caller; None when unknown."""
+    down_nodes: tuple[str, ...] = ()
+    """Nodes of its allocation that Slurm now reports down or not responding (filled by the
+    caller for a job that ended without completing)."""
+    ended_s_ago: float | None = None
+    """Seconds since it ended, filled by the caller while the controller still holds it."""
 
     @property
     def vanished(self) -> bool:
@@ -243,6 +248,41 @@ def parse_nodelist(text: str) -> list[str]:
     return hosts
 
 
+_NODE_DOWN = frozenset({"DOWN", "FAIL", "FAILING", "NO_RESPOND", "NOT_RESPONDING",
+                        "POWERED_DOWN", "POWER_DOWN", "UNKNOWN"})
+
+
+def node_is_down(state: str) -> bool:
+    """Whether a node state from ``sinfo -o %T`` (``down*``, ``mixed*``, ``fail``, ``idle``)
+    means the node is lost: down or failing, or not responding (the ``*`` suffix)."""
+    state = state.strip().upper()
+    return state.endswith("*") or re.split(r"[+~#!%$@^*-]", state)[0] in _NODE_DOWN
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, str]:
+    """Parse ``sinfo --noheader -N -o '%N|%T'`` into ``{node: state}`` (a node listed once per
+    partition appears once; a down state wins)."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = _split(line, 2)
+        if not parts or not parts[0].strip():
+            continue
+        node, state = (p.strip() for p in parts)
+        if node not in states or node_is_down(state):
+            states[node] = state
+    return states
+
+
+def parse_settle_s(text: str) -> float:
+    """Seconds slurmctld may take to mark a lost node down, from ``scontrol show config``:
+    SlurmdTimeout, plus one ping period (SlurmdTimeout / 3) for the last response it had, plus
+    MessageTimeout for the failing ping, plus 5 s of margin (the testbed, at 10 s and 10 s,
+    took 30 s from the crash). Slurm's defaults (300 s, 10 s) apply to a missing key."""
+    found = dict(re.findall(r"^(SlurmdTimeout|MessageTimeout)\s*=\s*(\d+)", text, re.MULTILINE))
+    slurmd = int(found.get("SlurmdTimeout", 300))
+    return slurmd + slurmd / 3 + int(found.get("MessageTimeout", 10)) + 5
+
+
 def parse_sbatch_output(text: str) -> str:
     """The job id from ``sbatch`` output (``Submitted batch job 123`` or ``--parsable`` ``123``
     / ``123;cluster``).
@@ -303,6 +343,19 @@ class SlurmClient:
     def scontrol_show_job(self, job_id: str) -> dict[str, str]:
         return parse_scontrol_show_job(
             self._run(["scontrol", "show", "job", "-o", job_id]).check().stdout)
+
+    def down_nodes(self, nodes: Sequence[str]) -> tuple[str, ...]:
+        """Those of ``nodes`` that Slurm reports down, failing or not responding."""
+        if not nodes:
+            return ()
+        text = self._run(["sinfo", "--noheader", "-N", "-o", "%N|%T", "-n",
+                          ",".join(nodes)]).check().stdout
+        return tuple(n for n, st in sorted(parse_sinfo_nodes(text).items()) if node_is_down(st))
+
+    def node_settle_s(self) -> float:
+        """How long after a job's end a node it lost may still look healthy
+        (:func:`parse_settle_s` of ``scontrol show config``)."""
+        return parse_settle_s(self._run(["scontrol", "show", "config"]).check().stdout)
 
     def requeue(self, job_id: str) -> None:
         self._scontrol(job_id, "requeue", job_id)

@@ -31,6 +31,7 @@ class FakeCluster:
         self.calls: list[tuple[str, ...]] = []
         self.next_id = 200
         self.refuse_update = False
+        self.node_states: dict[str, str] = {}
 
     def run(self, argv: Sequence[str], *, input: str | None = None,
             env: Mapping[str, str] | None = None, timeout: float | None = None) -> CommandResult:
@@ -69,8 +70,16 @@ class FakeCluster:
                                 fields={a.split("=", 1)[0]: a.split("=", 1)[-1] for a in args})
         return 0, f"{job_id}\n", ""
 
+    def _sinfo(self, args: list[str]) -> tuple[int, str, str]:
+        names = args[args.index("-n") + 1].split(",")
+        return 0, "".join(f"{n}|{self.node_states.get(n, 'idle')}\n" for n in names), ""
+
     def _scontrol(self, args: list[str]) -> tuple[int, str, str]:
         verb = args[0]
+        if args[:2] == ["show", "config"]:
+            return 0, "MessageTimeout          = 10 sec\nSlurmdTimeout           = 10 sec\n", ""
+        if args[:2] == ["show", "job"]:
+            return 0, f"JobId={args[-1]} JobState=FAILED EndTime=Unknown\n", ""
         if verb == "update":
             job_id = args[1].split("=", 1)[1]
             if self.refuse_update:

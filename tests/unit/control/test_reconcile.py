@@ -108,6 +108,20 @@ def test_user_error_fails_and_cancel_outside_is_recorded() -> None:
     assert kinds(actions) == [MarkState] and actions[0].state == RunState.CANCELLED
 
 
+def test_failed_job_with_a_lost_node_is_a_node_failure_once_slurm_notices() -> None:
+    # a node that dies before slurmctld notices makes srun abort: the job ends FAILED, 137
+    failed = {"exit_code": 137, "source": "squeue"}
+    policy = ReconcilePolicy(retry=RetryPolicy(jitter=False), max_requeues=5, node_settle_s=18)
+    assert reconcile(running(), obs(SlurmJobState.FAILED, ended_s_ago=5, **failed), NOW,
+                     policy) == []  # too early to tell: wait for the next pass
+    actions = reconcile(running(), obs(SlurmJobState.FAILED, ended_s_ago=5,
+                                       down_nodes=("node4",), **failed), NOW, policy)
+    assert kinds(actions) == [RecordFault, MarkState, Submit]
+    assert actions[0].fault == FaultClass.NODE_FAILURE and "node4" in actions[0].detail
+    late = reconcile(running(), obs(SlurmJobState.FAILED, ended_s_ago=30, **failed), NOW, policy)
+    assert late[0].fault != FaultClass.NODE_FAILURE  # settled, every node up: the job's own
+
+
 def test_terminal_run_with_a_live_job_cancels_it() -> None:
     done = running(state=RunState.FAILED)
     assert kinds(reconcile(done, obs(SlurmJobState.RUNNING), NOW, POLICY)) == [Cancel]
@@ -212,6 +226,15 @@ def test_hang_requeue_holds_updates_then_releases(live_run: Path) -> None:
     record = read_record(live_run)
     assert record.state == RunState.REQUEUED and record.generation == 2  # the hung one is fenced
     assert record.holder.startswith("watch-")
+
+
+def test_watch_asks_slurm_about_the_nodes_of_a_failed_job(live_run: Path) -> None:
+    cluster, clock = FakeCluster(), FakeClock(NOW)
+    cluster.jobs["101"] = Job(state="FAILED", exit="137:0", nodes="n[1-2]")
+    cluster.node_states = {"n1": "idle", "n2": "down*"}
+    result = watch_once(live_run, SlurmClient(cluster), clock)
+    assert result.observation is not None and result.observation.down_nodes == ("n2",)
+    assert read_record(live_run).faults[-1].fault == FaultClass.NODE_FAILURE
 
 
 def test_refused_update_still_releases_and_says_why(live_run: Path) -> None:

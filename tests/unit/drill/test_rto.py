@@ -51,6 +51,23 @@ def test_node_failure_is_the_cause_even_when_echoes_were_logged_first() -> None:
     assert s.cause == "node_failure"
 
 
+def test_node_loss_decided_by_a_reconcile_pass_is_measured_from_the_crash() -> None:
+    # the job's srun aborted (no decision by the dead gang); a login-node pass claimed
+    # generation 2, recorded the fault and requeued; generation 3 is the next incarnation
+    entries = [
+        _e(0, "fence", 1, 100.0), _e(1, "state", 1, 100.1, state="STARTING"),
+        _e(2, "state", 1, 105.0, state="RUNNING", restored_step=0),
+        _e(3, "note", -1, 110.0, event="fault_injected", fault="node-loss", node="node4"),
+        _e(4, "fault", -1, 140.0, fault="node_failure"),
+        _e(5, "fence", 2, 140.1), _e(6, "state", 2, 140.2, state="REQUEUED"),
+        _e(7, "fence", 3, 145.0), _e(8, "state", 3, 145.1, state="STARTING"),
+        _e(9, "state", 3, 152.0, state="RUNNING", restored_step=50),
+    ]
+    (s,) = rto_splits(entries, [_ev("step", 1, 109.0, step=60)])
+    assert (s.from_generation, s.to_generation, s.cause) == (1, 3, "node_failure")
+    assert s.total_s == 42.0 and round(s.phases["detect"], 6) == 30.2 and s.steps_lost == 10
+
+
 def test_a_fence_without_validated_progress_is_not_a_recovery() -> None:
     entries, events = _preempted_run()
     assert rto_splits(entries[:-1], events) == []

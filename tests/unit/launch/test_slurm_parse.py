@@ -12,11 +12,14 @@ from hpcrun.errors import SchedulerError
 from hpcrun.launch.slurm import (
     SlurmClient,
     SlurmJobState,
+    node_is_down,
     parse_exit_code,
     parse_nodelist,
     parse_sacct,
     parse_sbatch_output,
     parse_scontrol_show_job,
+    parse_settle_s,
+    parse_sinfo_nodes,
     parse_squeue,
     parse_state,
 )
@@ -168,3 +171,19 @@ def test_client_argv_and_refusal() -> None:
         client.update_job("77", StartTime="now+60", ExcNodeList="n1")
     assert runner.calls[1] == ("scontrol", "update", "JobId=77", "ExcNodeList=n1",
                                "StartTime=now+60")
+
+
+def test_node_states_captured_and_documented() -> None:
+    captured = parse_sinfo_nodes(golden("sinfo_down.txt"))
+    assert captured == {"node1": "idle", "node2": "down*", "node3": "idle"}
+    documented = parse_sinfo_nodes(golden("sinfo_documented.txt"))
+    assert [n for n, st in documented.items() if node_is_down(st)] == ["node2", "node3"]
+    assert not node_is_down("idle~") and not node_is_down("drained") and node_is_down("DOWN")
+
+
+def test_settle_time_from_captured_config() -> None:
+    assert parse_settle_s(golden("scontrol_show_config.txt")) == pytest.approx(10 + 10 / 3 + 10 + 5)
+    assert parse_settle_s("") == pytest.approx(300 + 100 + 10 + 5)  # Slurm's defaults
+    job = parse_scontrol_show_job(golden("scontrol_show_job_failed.txt"))
+    assert job["JobState"] == "FAILED" and job["ExitCode"] == "137:0"
+    assert job["EndTime"].startswith("2026-")
