@@ -20,7 +20,6 @@ import hashlib
 import math
 import os
 import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
@@ -35,7 +34,13 @@ from hpcrun.control.retry import FaultClass, RetryAction, classify_exit, decide_
 from hpcrun.control.spec import RetryPolicy, RunSpec
 from hpcrun.control.states import RunState, is_terminal
 from hpcrun.errors import HpcrunError, SchedulerError
-from hpcrun.launch.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState
+from hpcrun.launch.slurm import (
+    ACTIVE,
+    Observation,
+    SlurmClient,
+    SlurmJobState,
+    parse_slurm_time,
+)
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 __all__ = [
@@ -599,15 +604,9 @@ def _node_evidence(obs: Observation, slurm: SlurmClient,
         settle_s = slurm.node_settle_s()
     except SchedulerError:
         return obs, 0.0
-    return replace(obs, down_nodes=down, ended_s_ago=_seconds_since(end, now)), settle_s
-
-
-def _seconds_since(stamp: str, now: float) -> float | None:
-    """``now`` minus Slurm's local ``2026-11-29T18:48:36`` (None for ``Unknown`` or junk)."""
-    try:
-        return now - time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+    ended = parse_slurm_time(end)
+    return replace(obs, down_nodes=down,
+                   ended_s_ago=None if ended is None else now - ended), settle_s
 
 
 def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock, *,

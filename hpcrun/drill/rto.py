@@ -11,8 +11,9 @@ interrupted ─ detect ─► decided ─ requeue/wait ─► fence g' ─ start
   event or note (a drill's fault from outside, such as a node crash), a ``fault`` entry, or
   the start of the stop commit after a preemption signal;
 - *decided*: the first decision entry after ``g`` started (PREEMPTED, RECOVERING, FAILED or
-  REQUEUED state, or a requeue operation; by the supervisor or by a login-node reconcile
-  pass); for a preemption it includes the stop commit and the tier-1 drain, which must finish
+  REQUEUED state, or a requeue operation; by the supervisor, by a login-node reconcile pass,
+  or, for a requeue Slurm did by itself, by the next incarnation with Slurm's end time of the
+  interrupted run as ``decided_at``); for a preemption it includes the stop commit and the tier-1 drain, which must finish
   before the allocation is given back;
 - *fence g'*: the new incarnation's claim (after the relaunch, backoff or queue wait);
 - *restore begins / restored*: the earliest ``restore`` span start and the latest end over
@@ -101,8 +102,12 @@ def rto_splits(entries: Sequence[Any], events: Iterable[Any]) -> list[RtoSplit]:
               and int(_field(e, "generation")) in started]
     out = []
     for i, j in itertools.pairwise(fences):
-        split = _split(entries[i:j], entries, by_gen, int(_field(entries[i], "generation")),
-                       int(_field(entries[j], "generation")), float(_field(entries[j], "ts")))
+        g2 = int(_field(entries[j], "generation"))
+        # up to g2's STARTING: what g2 logged before it (why Slurm requeued) is about the gap
+        k = next((n for n in range(j, len(entries)) if _field(entries[n], "generation") == g2
+                  and _state_of(entries[n]) == "STARTING"), j)
+        split = _split(entries[i:k], entries, by_gen, int(_field(entries[i], "generation")),
+                       g2, float(_field(entries[j], "ts")))
         if split is not None:
             out.append(split)
     return out
@@ -117,9 +122,12 @@ def _split(window: Sequence[Any], entries: Sequence[Any], by_gen: Mapping[int, l
                     and _state_of(e) == "RUNNING"), None)
     if decided is None or running is None:
         return None  # not a recovery (the new generation never ran)
-    interrupted = _interrupted(window, by_gen.get(g, []), float(_field(decided, "ts")))
+    # a requeue Slurm decided is logged by the next incarnation, with Slurm's time of it
+    at = _payload(decided).get("decided_at")
+    decided_ts = float(at) if isinstance(at, int | float) else float(_field(decided, "ts"))
+    interrupted = _interrupted(window, by_gen.get(g, []), decided_ts)
     restores = [ev for ev in by_gen.get(g2, []) if _field(ev, "kind") == "restore"]
-    marks = {"interrupted": interrupted, "decided": float(_field(decided, "ts")),
+    marks = {"interrupted": interrupted, "decided": decided_ts,
              "fence": fence_ts, "running": float(_field(running, "ts"))}
     if restores:
         marks["restore_begin"] = min(float(_field(ev, "data", {}).get("start_ts", _field(ev, "ts")))

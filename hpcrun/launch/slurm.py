@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -182,6 +183,48 @@ def parse_sacct(text: str) -> list[Observation]:
     return list(seen.values())
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PastRun:
+    """One run of a job that Slurm requeued (a line of ``sacct --duplicates``)."""
+
+    state: SlurmJobState
+    """How that run ended (NODE_FAIL, PREEMPTED, ...)."""
+    exit_code: int | None
+    """Exit status of its batch script."""
+    signal: int | None
+    """Signal that ended it."""
+    nodes: tuple[str, ...]
+    """Its allocation."""
+    ended_at: float | None
+    """When it ended (epoch seconds; None when unknown)."""
+
+
+RUNS_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "End")
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """Slurm's local ``2026-11-29T18:48:36`` as epoch seconds (None for ``Unknown`` or junk)."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def parse_sacct_runs(text: str) -> list[PastRun]:
+    """Parse ``sacct --duplicates --noheader --parsable2 -X --format=JobID,State,ExitCode,
+    NodeList,End``: every run of the job, oldest first (malformed lines are skipped)."""
+    runs = []
+    for line in text.splitlines():
+        parts = _split(line, len(RUNS_FIELDS))
+        if not parts or not parts[0] or "." in parts[0]:
+            continue
+        _, state, exit_text, nodes, end = parts
+        code, sig = parse_exit_code(exit_text)
+        runs.append(PastRun(state=parse_state(state), exit_code=code, signal=sig,
+                            nodes=tuple(parse_nodelist(nodes)), ended_at=parse_slurm_time(end)))
+    return runs
+
+
 def parse_scontrol_show_job(text: str) -> dict[str, str]:
     """Parse one job of ``scontrol show job [-o] ID`` into ``{key: value}``.
 
@@ -339,6 +382,12 @@ class SlurmClient:
         result = self._run(["squeue", "--me", "--noheader", "--states=all", "-o",
                             SQUEUE_FORMAT])
         return [o.job_id for o in parse_squeue(result.check().stdout) if o.comment == comment]
+
+    def runs(self, job_id: str) -> list[PastRun]:
+        """Every run of ``job_id`` so far (one per requeue), oldest first, from accounting."""
+        result = self._run(["sacct", "--duplicates", "--noheader", "--parsable2", "-X",
+                            f"--format={','.join(RUNS_FIELDS)}", "-j", job_id])
+        return parse_sacct_runs(result.check().stdout)
 
     def scontrol_show_job(self, job_id: str) -> dict[str, str]:
         return parse_scontrol_show_job(

@@ -84,6 +84,8 @@ class Agent:
         key = self.node.incarnation_key(attempt)
         if self.node.is_supervisor:
             claimed = self.log.claim(new_holder(key))
+            if attempt == 0 and self.node.restart_count > 0:
+                self._account_for_requeue(claimed.generation, claimed.holder)
             self._finalize_previous(claimed.generation, claimed.holder)
             restore_point = self._publish_start(claimed.generation, claimed.holder, attempt)
             return self._incarnation(claimed.generation, claimed.holder, restore_point, attempt)
@@ -114,6 +116,32 @@ class Agent:
 
         finalize_tier1(self.run_dir, log=self.log, generation=generation, holder=holder,
                        num_nodes=len(self.node.nodes))
+
+    def _account_for_requeue(self, generation: int, holder: str) -> None:
+        """Record why Slurm requeued the job when the last incarnation could not say.
+
+        A lost node (NODE_FAIL) or a job Slurm preempted before any agent saw the signal is
+        requeued by Slurm itself, and the gang that was running never logged a decision: the
+        fault and the REQUEUED state are recorded here, from Slurm's account of that run.
+        """
+        self.view.refresh()
+        if self.view.state() in ("REQUEUED", "PREEMPTED", None):
+            return  # the last incarnation decided (or there was none)
+        from hpcrun.control.retry import classify_exit
+
+        past = self.requeuer.previous_run()
+        state = str(past.state) if past is not None else "unknown"
+        fault = classify_exit(slurm_state=state, exit_code=past.exit_code,
+                              signal=past.signal) if past is not None else "unknown"
+        detail = (f"Slurm requeued job {self.node.job_id} (restart {self.node.restart_count}) "
+                  f"after its previous run ended {state}"
+                  + (f" on {','.join(past.nodes)}" if past is not None and past.nodes else ""))
+        self.log.append(EntryKind.FAULT, generation=generation, holder=holder, payload={
+            "fault": str(fault), "signature": f"slurm:{state}", "detail": detail,
+            "step": self.view.last_step()})
+        self.log.publish(EntryKind.STATE, generation=generation, holder=holder, payload={
+            "state": "REQUEUED", "reason": detail,
+            "decided_at": past.ended_at if past is not None else None})
 
     def _start_of(self, fence: Any) -> int | None:
         """Slot of the STARTING entry under ``fence``: the incarnation's restore point."""

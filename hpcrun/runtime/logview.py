@@ -40,6 +40,11 @@ class LogView:
         states = [e.payload.get("state") for e in self.valid if e.kind == EntryKind.STATE]
         return str(states[-1]) if states else None
 
+    def last_step(self) -> int | None:
+        """The newest step a PROGRESS entry that counts reported."""
+        steps = [e.payload.get("step") for e in self.valid if e.kind == EntryKind.PROGRESS]
+        return int(steps[-1]) if steps and isinstance(steps[-1], int) else None
+
     def terminal(self) -> str | None:
         st = self.state()
         return st if st in TERMINAL_STATES else None

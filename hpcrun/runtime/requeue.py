@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from hpcrun.launch.slurm import PastRun
 
 
 class Requeuer(Protocol):
@@ -27,12 +30,20 @@ class Requeuer(Protocol):
         """Do it; return a short description of what was done (for the log)."""
         ...
 
+    def previous_run(self) -> PastRun | None:
+        """How the scheduler ended this job's previous run, when it requeued the job by
+        itself (None when unknown, or not applicable)."""
+        ...
+
 
 class LocalRequeuer:
     """The local launcher relaunches on EXIT_PREEMPTED; nothing to do here."""
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         return f"local launcher relaunches after {delay_s:.1f} s"
+
+    def previous_run(self) -> PastRun | None:
+        return None  # the local launcher relaunches only on what the log says
 
 
 class SlurmRequeuer:
@@ -71,6 +82,16 @@ class SlurmRequeuer:
             signal.signal(signal.SIGTERM, previous)
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
                 f"exclude {','.join(exclude) or '-'}, release)")
+
+    def previous_run(self) -> PastRun | None:
+        """The run before this one, from ``sacct --duplicates`` (None without accounting)."""
+        from hpcrun.errors import SchedulerError
+
+        try:
+            runs = self._client.runs(self._job_id)  # type: ignore[attr-defined]
+        except SchedulerError:
+            return None
+        return runs[-2] if len(runs) >= 2 else None
 
     def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
         """Keep the job alive until Slurm ends it (True), or until ``timeout_s`` (False).

@@ -89,6 +89,8 @@ def test_restore_after_node_crash_comes_from_the_shared_tier(
     assert restored and all(e["data"]["tier"] == "shared" for e in restored)
     history = slurm.wait_for_accounting(int(run.job_id), {"NODE_FAIL", "COMPLETED"}, timeout=30)
     assert [r.state for r in history] == ["NODE_FAIL", "COMPLETED"]
+    # Slurm requeued by itself; the next gang logged why, from Slurm's account of the run
+    assert [f.fault for f in rec.faults] == ["node_failure"] and victim in rec.faults[0].detail
     wait_until(f"{victim} back in service", lambda: _idle(slurm, victim), timeout=60)
 
 

@@ -68,6 +68,21 @@ def test_node_loss_decided_by_a_reconcile_pass_is_measured_from_the_crash() -> N
     assert s.total_s == 42.0 and round(s.phases["detect"], 6) == 30.2 and s.steps_lost == 10
 
 
+def test_a_requeue_slurm_decided_is_timed_by_slurm_and_logged_by_the_next_gang() -> None:
+    entries = [
+        _e(0, "fence", 1, 100.0), _e(1, "state", 1, 100.1, state="STARTING"),
+        _e(2, "state", 1, 105.0, state="RUNNING", restored_step=0),
+        _e(3, "note", -1, 110.0, event="fault_injected", fault="node-loss"),
+        _e(4, "fence", 2, 150.0), _e(5, "fault", 2, 150.1, fault="node_failure"),
+        _e(6, "state", 2, 150.2, state="REQUEUED", decided_at=140.0),
+        _e(7, "state", 2, 150.3, state="STARTING"),
+        _e(8, "state", 2, 157.0, state="RUNNING", restored_step=50),
+    ]
+    (s,) = rto_splits(entries, [])
+    assert s.cause == "node_failure" and s.total_s == 47.0
+    assert s.phases["detect"] == 30.0 and s.phases["requeue_wait"] == 10.0
+
+
 def test_a_fence_without_validated_progress_is_not_a_recovery() -> None:
     entries, events = _preempted_run()
     assert rto_splits(entries[:-1], events) == []

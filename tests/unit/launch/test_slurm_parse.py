@@ -16,6 +16,7 @@ from hpcrun.launch.slurm import (
     parse_exit_code,
     parse_nodelist,
     parse_sacct,
+    parse_sacct_runs,
     parse_sbatch_output,
     parse_scontrol_show_job,
     parse_settle_s,
@@ -187,3 +188,20 @@ def test_settle_time_from_captured_config() -> None:
     job = parse_scontrol_show_job(golden("scontrol_show_job_failed.txt"))
     assert job["JobState"] == "FAILED" and job["ExitCode"] == "137:0"
     assert job["EndTime"].startswith("2026-")
+
+
+def test_runs_of_a_requeued_job_captured() -> None:
+    first, second = parse_sacct_runs(golden("sacct_runs_node_fail.txt"))
+    assert first.state == SlurmJobState.NODE_FAIL and first.nodes == ("node1", "node2")
+    assert second.state == SlurmJobState.COMPLETED and first.ended_at is not None
+    assert second.ended_at is not None and second.ended_at - first.ended_at == 31
+
+
+def test_requeuer_reports_the_run_before_this_one() -> None:
+    from hpcrun.runtime.requeue import SlurmRequeuer
+
+    runner = FakeRunner({"sacct": golden("sacct_runs_node_fail.txt")})
+    past = SlurmRequeuer(SlurmClient(runner), "4").previous_run()
+    assert past is not None and past.state == SlurmJobState.NODE_FAIL
+    assert "--duplicates" in runner.calls[0]
+    assert SlurmRequeuer(SlurmClient(FakeRunner()), "4").previous_run() is None  # no sacct
