@@ -13,8 +13,8 @@ interrupted ─ detect ─► decided ─ requeue/wait ─► fence g' ─ start
 - *decided*: the first decision entry after ``g`` started (PREEMPTED, RECOVERING, FAILED or
   REQUEUED state, or a requeue operation; by the supervisor, by a login-node reconcile pass,
   or, for a requeue Slurm did by itself, by the next incarnation with Slurm's end time of the
-  interrupted run as ``decided_at``); for a preemption it includes the stop commit and the tier-1 drain, which must finish
-  before the allocation is given back;
+  interrupted run as ``decided_at``); for a preemption it includes the stop commit and the
+  tier-1 drain, which must finish before the allocation is given back;
 - *fence g'*: the new incarnation's claim (after the relaunch, backoff or queue wait);
 - *restore begins / restored*: the earliest ``restore`` span start and the latest end over
   the ranks of ``g'`` (process start, imports and the process group come before);

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog, new_holder
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.runtime.drainer import DrainTarget, drain_round_safely
@@ -136,9 +137,11 @@ class Agent:
         detail = (f"Slurm requeued job {self.node.job_id} (restart {self.node.restart_count}) "
                   f"after its previous run ended {state}"
                   + (f" on {','.join(past.nodes)}" if past is not None and past.nodes else ""))
-        self.log.append(EntryKind.FAULT, generation=generation, holder=holder, payload={
-            "fault": str(fault), "signature": f"slurm:{state}", "detail": detail,
-            "step": self.view.last_step()})
+        # Unfenced, like the login node's record of what Slurm did: under this generation it
+        # would read as a fault of the gang now starting, and stop it.
+        self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="", payload={
+            "fault": str(fault), "node": None, "rank": None, "step": self.view.last_step(),
+            "signature": f"slurm:{state}", "detail": detail})
         self.log.publish(EntryKind.STATE, generation=generation, holder=holder, payload={
             "state": "REQUEUED", "reason": detail,
             "decided_at": past.ended_at if past is not None else None})
