@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import jinja2
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.site import SiteConfig
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ BARE = ""
 
 
 def sbatch_templates_dir() -> Path:
-    """The ``sbatch_templates/`` directory shipped next to the ``hpcrun`` package."""
-    return Path(__file__).resolve().parents[2] / "sbatch_templates"
+    """The shipped ``sbatch_templates/`` directory (:func:`~hpcrun.launch.shipped.shipped_dir`)."""
+    return shipped_dir("sbatch_templates")
 
 
 def job_logs_dir(run_dir: Path) -> Path:

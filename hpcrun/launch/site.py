@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
@@ -258,8 +259,8 @@ def _as_env(value: object, source: str) -> dict[str, str]:
 # -- finding and loading ------------------------------------------------------------------------
 
 def site_configs_dir() -> Path:
-    """The ``site_configs/`` directory shipped next to the ``hpcrun`` package."""
-    return Path(__file__).resolve().parents[2] / "site_configs"
+    """The shipped ``site_configs/`` directory (:func:`~hpcrun.launch.shipped.shipped_dir`)."""
+    return shipped_dir("site_configs")
 
 
 def default_search_dirs(environ: Mapping[str, str]) -> list[Path]:
