@@ -334,7 +334,7 @@ def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
 
 def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
     from hpcrun.clock import SYSTEM_CLOCK
-    from hpcrun.control.reconcile import watch_once
+    from hpcrun.control.watch import watch_once
     from hpcrun.launch.slurm import SlurmClient
 
     result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run)

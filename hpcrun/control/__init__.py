@@ -8,14 +8,7 @@ from __future__ import annotations
 from hpcrun.control.cancel import CancelResult, cancel_run
 from hpcrun.control.fencing import UNFENCED, Fence, fold_fences, is_effective
 from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
-from hpcrun.control.reconcile import (
-    Action,
-    ReconcilePolicy,
-    WatchResult,
-    execute,
-    reconcile,
-    watch_once,
-)
+from hpcrun.control.reconcile import Action, ReconcilePolicy, reconcile
 from hpcrun.control.record import (
     CheckpointRef,
     FaultRecord,
@@ -52,6 +45,7 @@ from hpcrun.control.spec import (
     load_spec,
 )
 from hpcrun.control.states import RunState, is_terminal, transition
+from hpcrun.control.watch import WatchResult, execute, watch_once
 
 __all__ = [
     "UNFENCED", "Action", "AsyncPolicy", "Budgets", "Cadence", "CancelResult", "CheckpointPolicy",

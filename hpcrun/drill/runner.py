@@ -267,7 +267,7 @@ def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
     if backend != "slurm":
         return action
     from hpcrun.clock import SYSTEM_CLOCK
-    from hpcrun.control.reconcile import watch_once
+    from hpcrun.control.watch import watch_once
     from hpcrun.launch.slurm import SlurmClient
     from hpcrun.runner import SubprocessRunner
 

@@ -17,15 +17,13 @@ from hpcrun.control.reconcile import (
     Release,
     Requeue,
     Submit,
-    execute,
     reconcile,
-    script_submitter,
-    watch_once,
 )
 from hpcrun.control.record import RunRecord, create_run, read_record
 from hpcrun.control.retry import FaultClass
 from hpcrun.control.spec import RetryPolicy, RunSpec
 from hpcrun.control.states import RunState
+from hpcrun.control.watch import execute, script_submitter, watch_once
 from hpcrun.errors import SchedulerError
 from hpcrun.launch.slurm import Observation, SlurmClient, SlurmJobState
 from hpcrun.testing import FakeClock

@@ -30,5 +30,5 @@ def test_installed_layout_is_found_and_a_broken_install_says_so(tmp_path: Path) 
     share = tmp_path / "share" / "hpcrun"
     (share / "site_configs").mkdir(parents=True)
     assert shipped_dir("site_configs", roots=[tmp_path / "nope", share]) == share / "site_configs"
-    with pytest.raises(ConfigError, match="sbatch_templates/ is missing.*reinstall hpcrun"):
+    with pytest.raises(ConfigError, match=r"sbatch_templates/ is missing.*reinstall hpcrun"):
         shipped_dir("sbatch_templates", roots=[share])

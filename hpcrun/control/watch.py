@@ -1,0 +1,294 @@
+"""The effectful shell around :func:`~hpcrun.control.reconcile.reconcile` (login node).
+
+:func:`execute` logs each operation's intent *before* sending it, tags the job with
+``--comment=hpcrun:<op_id>``, and logs ``done`` after. An operation already ``done`` is skipped;
+of two passes racing on the same operation, the intent in the earlier slot wins (the log's order
+decides, as with fences). :func:`watch_once` is one bounded, lock-free pass for ``hpcrun status``
+and a cron-safe ``hpcrun watch``: it reads the record, asks Slurm about the newest job (and, for
+a job that ended badly, about its nodes), plans with :func:`reconcile` and executes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hpcrun.clock import Clock
+from hpcrun.control.fencing import UNFENCED, Fence
+from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
+from hpcrun.control.reconcile import (
+    Action,
+    ActionKind,
+    Cancel,
+    ExcludeNodes,
+    MarkFailed,
+    MarkState,
+    ReconcilePolicy,
+    RecordFault,
+    Release,
+    Requeue,
+    SetBeginTime,
+    Submit,
+    reconcile,
+)
+from hpcrun.control.record import RunRecord, load_run_spec, read_record
+from hpcrun.control.states import RunState, is_terminal
+from hpcrun.errors import HpcrunError, SchedulerError
+from hpcrun.launch.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState, parse_slurm_time
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+__all__ = ["Outcome", "Submitter", "WatchResult", "execute", "heartbeat_age",
+           "script_submitter", "watch_once"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """What :func:`execute` did with one action."""
+
+    op_id: str
+    """The operation."""
+    kind: ActionKind
+    """Its kind."""
+    status: str
+    """``done``, ``already-done`` or ``elsewhere`` (another pass claimed it first)."""
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    """What it produced (e.g. the job id of a submit)."""
+
+
+Submitter = Callable[[Submit, str], str]
+"""Submits a fresh job for a :class:`Submit` with the given ``--comment``; returns its id."""
+
+
+def script_submitter(run_dir: str | os.PathLike[str], slurm: SlurmClient) -> Submitter:
+    """Resubmit ``<run_dir>/job.sh`` (the batch script written at submit)."""
+    script = Path(run_dir) / "job.sh"
+
+    def submit(action: Submit, comment: str) -> str:
+        if not script.exists():
+            raise SchedulerError(f"cannot resubmit: {script} is missing; expected the batch "
+                                 "script written by `hpcrun submit`; resubmit the run by hand")
+        args = [f"--comment={comment}"]
+        if action.delay_s > 0:
+            args.append(f"--begin=now+{math.ceil(action.delay_s)}")
+        if action.exclude:
+            args.append(f"--exclude={','.join(action.exclude)}")
+        return slurm.sbatch(script, args)
+
+    return submit
+
+
+class _Executor:
+    def __init__(self, *, log: RunLog, slurm: SlurmClient, record: RunRecord,
+                 fence: Fence | None, submitter: Submitter | None, holder_prefix: str) -> None:
+        self.log, self.slurm, self.record = log, slurm, record
+        self.fence, self.submitter, self.holder_prefix = fence, submitter, holder_prefix
+
+    def run(self, action: Action) -> Outcome:
+        if self.record.op_done(action.op_id):
+            return Outcome(op_id=action.op_id, kind=action.kind, status="already-done")
+        known = self.record.ops.get(action.op_id)
+        try_no = len(known.get("tries", {})) if known else 0
+        mine = self._op(action, "intent", {"try": try_no})
+        if not self._won(action.op_id, try_no, mine.slot):
+            return Outcome(op_id=action.op_id, kind=action.kind, status="elsewhere")
+        try:
+            detail = self._perform(action, resumed=known is not None)
+        except HpcrunError as exc:
+            self._op(action, "failed", {"error": str(exc)})
+            raise
+        self._op(action, "done", detail)
+        return Outcome(op_id=action.op_id, kind=action.kind, status="done", detail=detail)
+
+    def _op(self, action: Action, phase: str, extra: Mapping[str, Any]) -> LogEntry:
+        payload = {**action.payload(), **extra, "action": action.kind.value, "phase": phase}
+        return self.log.append(EntryKind.OP, generation=UNFENCED, holder="", payload=payload)
+
+    def _won(self, op_id: str, try_no: int, slot: int) -> bool:
+        """Whether our intent is the first claim of this try (log order decides)."""
+        for e in self.log.read(since_slot=self.record.last_slot + 1):
+            p = e.payload
+            if (e.kind == EntryKind.OP and p.get("op_id") == op_id and p.get("phase") == "intent"
+                    and p.get("try") == try_no):
+                return e.slot == slot
+        return True
+
+    def _fenced(self, kind: str, payload: Mapping[str, Any]) -> None:
+        if self.fence is None:
+            claim = self.log.claim(new_holder(self.holder_prefix))
+            self.fence = Fence(generation=claim.generation, holder=claim.holder, slot=claim.slot)
+        self.log.publish(kind, generation=self.fence.generation, holder=self.fence.holder,
+                         payload=payload)
+
+    def _perform(self, action: Action, *, resumed: bool) -> dict[str, Any]:
+        handler = getattr(self, f"_do_{action.kind.value}")
+        return handler(action, resumed)  # type: ignore[no-any-return]
+
+    def _do_record_fault(self, a: RecordFault, resumed: bool) -> dict[str, Any]:
+        self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="", payload={
+            "fault": a.fault.value, "node": None, "rank": None, "step": a.step,
+            "signature": a.signature, "detail": a.detail, "op_id": a.op_id})
+        return {}
+
+    def _do_mark_state(self, a: MarkState, resumed: bool) -> dict[str, Any]:
+        self._fenced(EntryKind.STATE, {"state": a.state.value, "reason": a.reason,
+                                       "not_before": a.not_before, "exclude": list(a.exclude),
+                                       "op_id": a.op_id})
+        return {}
+
+    def _do_mark_failed(self, a: MarkFailed, resumed: bool) -> dict[str, Any]:
+        self._fenced(EntryKind.RESULT, {"state": RunState.FAILED.value, "reason": a.reason,
+                                        "op_id": a.op_id})
+        return {}
+
+    def _do_submit(self, a: Submit, resumed: bool) -> dict[str, Any]:
+        comment = f"hpcrun:{a.op_id}"
+        found = self.slurm.find_by_comment(comment) if resumed else []
+        if found:
+            job_id = found[-1]  # the crashed pass did submit: bind that job, never a second
+        else:
+            if self.submitter is None:
+                raise SchedulerError("no submitter configured for a resubmission; pass one to "
+                                     "execute() or write job.sh into the run directory")
+            job_id = self.submitter(a, comment)
+        self.log.append(EntryKind.JOB, generation=UNFENCED, holder="",
+                        payload={"job_id": job_id, "backend": "slurm", "op_id": a.op_id})
+        return {"job_id": job_id, "rebound": bool(found)}
+
+    def _do_requeue(self, a: Requeue, resumed: bool) -> dict[str, Any]:
+        obs = self.slurm.observe(a.job_id)
+        if not obs.held:
+            self.slurm.requeuehold(a.job_id)  # updates below cannot race the requeue's kill
+        fields_ = {"Comment": f"hpcrun:{a.op_id}"}
+        if a.delay_s >= 1:
+            fields_["StartTime"] = f"now+{math.ceil(a.delay_s)}"
+        if a.exclude:
+            fields_["ExcNodeList"] = ",".join(a.exclude)
+        try:
+            self.slurm.update_job(a.job_id, **fields_)
+        finally:  # a refused update must not leave the job held forever
+            self.slurm.release(a.job_id)
+        return {"job_id": a.job_id}
+
+    def _do_set_begin_time(self, a: SetBeginTime, resumed: bool) -> dict[str, Any]:
+        self.slurm.update_job(a.job_id, StartTime=f"now+{math.ceil(a.delay_s)}")
+        return {}
+
+    def _do_exclude_nodes(self, a: ExcludeNodes, resumed: bool) -> dict[str, Any]:
+        self.slurm.update_job(a.job_id, ExcNodeList=",".join(a.nodes))
+        return {}
+
+    def _do_release(self, a: Release, resumed: bool) -> dict[str, Any]:
+        self.slurm.release(a.job_id)
+        return {}
+
+    def _do_cancel(self, a: Cancel, resumed: bool) -> dict[str, Any]:
+        return {"known": self.slurm.scancel(a.job_id)}
+
+
+def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, record: RunRecord,
+            fence: Fence | None = None, submitter: Submitter | None = None,
+            holder_prefix: str = "watch-") -> list[Outcome]:
+    """Carry out ``actions`` in order: log intent, send, log done.
+
+    Args:
+        actions: from :func:`reconcile`.
+        log: the run's log.
+        slurm: the scheduler client.
+        record: the record the actions were planned from (for already-done operations).
+        fence: the caller's fencing token for state entries; None claims a new generation
+            (holder ``<holder_prefix><hex>``) the first time a state entry is written.
+        submitter: how to submit a fresh job (default: none; see :func:`script_submitter`).
+
+    Raises:
+        SchedulerError: Slurm refused or failed; the operation is logged ``failed`` and the
+            next pass resumes it.
+        StaleGenerationError: another incarnation fenced between planning and writing.
+    """
+    ex = _Executor(log=log, slurm=slurm, record=record, fence=fence, submitter=submitter,
+                   holder_prefix=holder_prefix)
+    return [ex.run(a) for a in actions]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WatchResult:
+    """One reconcile pass."""
+
+    record: RunRecord
+    """The record the pass planned from."""
+    observation: Observation | None
+    """What Slurm said about the newest job."""
+    actions: tuple[Action, ...]
+    """What was planned."""
+    outcomes: tuple[Outcome, ...]
+    """What was done."""
+
+
+def heartbeat_age(record: RunRecord, run_dir: Path, now: float,
+                  storage: Storage = LOCAL_STORAGE) -> float | None:
+    """Seconds since the newest heartbeat (the log's summary or a ``heartbeat/`` file)."""
+    stamps = [float(record.heartbeat["last_ts"])] if record.heartbeat else []
+    for name in storage.listdir(run_dir / "heartbeat"):
+        try:
+            stamps.append(os.stat(run_dir / "heartbeat" / name).st_mtime)
+        except OSError:
+            continue  # removed while listing
+    return now - max(stamps) if stamps else None
+
+
+def _ended_badly(obs: Observation, record: RunRecord) -> bool:
+    """A job that ended without completing while the run had not finished."""
+    return not is_terminal(record.state) and not obs.vanished and obs.state not in ACTIVE \
+        and obs.state not in (SlurmJobState.COMPLETED, SlurmJobState.CANCELLED)
+
+
+def _node_evidence(obs: Observation, slurm: SlurmClient,
+                   now: float) -> tuple[Observation, float]:
+    """``obs`` with the nodes Slurm now reports lost and, while the controller holds the job,
+    how long ago it ended; and the site's node settle time. Best effort: when a query fails
+    they stay unknown and the job's own end state decides."""
+    try:
+        down = slurm.down_nodes(obs.nodes)
+        end = slurm.scontrol_show_job(obs.job_id).get("EndTime", "") if obs.in_controller \
+            else ""
+        settle_s = slurm.node_settle_s()
+    except SchedulerError:
+        return obs, 0.0
+    ended = parse_slurm_time(end)
+    return replace(obs, down_nodes=down,
+                   ended_s_ago=None if ended is None else now - ended), settle_s
+
+
+def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock, *,
+               storage: Storage = LOCAL_STORAGE, submitter: Submitter | None = None,
+               dry_run: bool = False, **policy_overrides: Any) -> WatchResult:
+    """One bounded, idempotent, lock-free reconcile pass over a run.
+
+    ``policy_overrides`` go to :meth:`ReconcilePolicy.from_spec` (``hang_timeout_s``,
+    ``preempt_mode``). With ``dry_run`` the actions are planned but not executed.
+    """
+    run_dir = Path(run_dir)
+    spec = load_run_spec(run_dir, storage=storage)
+    record = read_record(run_dir, storage=storage, spec_id=spec.spec_id)
+    now = clock.now()
+    jobs = record.slurm_job_ids()
+    if record.job_ids and not jobs:  # a local-backend run: nothing for Slurm to reconcile
+        return WatchResult(record=record, observation=None, actions=(), outcomes=())
+    obs = slurm.observe(jobs[-1]) if jobs else None
+    if obs is not None:
+        obs = replace(obs, heartbeat_age_s=heartbeat_age(record, run_dir, now, storage))
+    if obs is not None and _ended_badly(obs, record):
+        obs, settle_s = _node_evidence(obs, slurm, now)
+        policy_overrides = {"node_settle_s": settle_s, **policy_overrides}
+    policy = ReconcilePolicy.from_spec(spec, **policy_overrides)
+    actions = reconcile(record, obs, now, policy)
+    outcomes: list[Outcome] = []
+    if actions and not dry_run:
+        outcomes = execute(actions, log=RunLog(run_dir, storage=storage, clock=clock),
+                           slurm=slurm, record=record,
+                           submitter=submitter or script_submitter(run_dir, slurm))
+    return WatchResult(record=record, observation=obs, actions=tuple(actions),
+                       outcomes=tuple(outcomes))
