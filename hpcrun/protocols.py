@@ -90,7 +90,11 @@ class RunContext(Protocol):
         ...
 
     def step_done(self, *, tokens: int = 0, loss: float | None = None, **metrics: float) -> None:
-        """Report the optimizer step as done: heartbeat, progress, cursor, maybe a checkpoint."""
+        """Report the optimizer step as done: heartbeat, progress, cursor, maybe a checkpoint.
+
+        ``tokens`` are this rank's for the step; hpcrun sums them over the gang at the next
+        step boundary, so progress and status report the whole gang's tokens.
+        """
         ...
 
 

@@ -130,21 +130,30 @@ def agree_to_stop(flag: StopFlag, *, group: Any = None) -> bool:
 
 
 def agree_any(votes: Sequence[bool], *, group: Any = None) -> list[bool]:
-    """For each vote, whether any rank of ``group`` voted yes: one all-reduce (MAX) for all.
+    """For each vote, whether any rank of ``group`` voted yes (:func:`agree_sum` of 0/1).
 
     Collective: every rank calls it at the same point with the same number of votes. Without an
     initialised process group the votes come back unchanged.
     """
+    return [n > 0 for n in agree_sum([1 if v else 0 for v in votes], group=group)]
+
+
+def agree_sum(values: Sequence[int], *, group: Any = None) -> list[int]:
+    """Each value summed over the ranks of ``group``: one all-reduce (SUM, int64) for all.
+
+    Collective, like :func:`agree_any`; without an initialised process group the values come
+    back unchanged.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return [bool(v) for v in votes]
+        return [int(v) for v in values]
     import torch
 
     device = _collective_device(dist.get_backend(group))
-    tally = torch.tensor([1 if v else 0 for v in votes], dtype=torch.int32, device=device)
-    dist.all_reduce(tally, op=dist.ReduceOp.MAX, group=group)
-    return [bool(x) for x in tally.tolist()]
+    tally = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(tally, op=dist.ReduceOp.SUM, group=group)
+    return [int(x) for x in tally.tolist()]
 
 
 def _collective_device(backend: str) -> Any:

@@ -33,6 +33,7 @@ class HangReason(StrEnum):
 
     NO_PROGRESS = "no_progress"   # a rank's last completed step is older than the threshold
     NODE_SILENT = "node_silent"   # the node's agent stopped publishing heartbeats
+    NEVER_STEPPED = "never_stepped"  # a rank finished no step since its incarnation started
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +81,21 @@ def detect_hangs(heartbeats: Mapping[str, NodeHeartbeat], now: float, *,
                 hangs.append(Hang(node=node, rank=rank, step=beat.step, pid=beat.pid,
                                   stalled_s=now - beat.ts, reason=HangReason.NO_PROGRESS))
     return hangs
+
+
+def never_stepped(node: str, ranks: Iterable[int], reported: Iterable[int], *, started: float,
+                  now: float, grace_s: float) -> list[Hang]:
+    """Ranks of ``node`` that finished no step in the ``grace_s`` since ``started`` (pure).
+
+    Start-up (imports, process group, restore, a first step that compiles) has no heartbeat
+    to judge; a rank stuck there (a wedged filesystem during restore) would otherwise never be
+    caught, so it gets this longer allowance instead of the hang threshold.
+    """
+    if now - started <= grace_s:
+        return []
+    seen = set(reported)
+    return [Hang(node=node, rank=r, step=-1, stalled_s=now - started,
+                 reason=HangReason.NEVER_STEPPED) for r in sorted(set(ranks) - seen)]
 
 
 def learned_threshold(step_times: Sequence[float], *, floor_s: float, factor: float) -> float:

@@ -38,6 +38,7 @@ from hpcrun.runtime.node import NodeInfo
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
 RELAY_EVERY_S = 2.0  # a rank still starting up ignores the signal: say it again
+START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
 
 
 class Agent:
@@ -253,21 +254,27 @@ class Agent:
         return (EXIT_STALE, None)
 
     def _hang_watch(self, inc: Incarnation, gang: Gang) -> Any:
-        from hpcrun.observe.hang import detect_hangs, respond_to_hang
+        from hpcrun.observe.hang import detect_hangs, never_stepped, respond_to_hang
         from hpcrun.observe.heartbeat import NodeHeartbeat, read_rank_beats
 
         threshold = float(self.environ.get("HPCRUN_HANG_S", "0") or 0) or _hang_threshold(
             self.spec)
+        start_grace = float(self.environ.get("HPCRUN_START_S", "0") or 0) or max(
+            2 * threshold, START_GRACE_S)
         started = self.clock.now()
 
         def check() -> bool:
-            beats = read_rank_beats(inc.heartbeat_dir())
-            if not beats or threshold <= 0:
+            if threshold <= 0:
                 return False
-            # A rank that has not reported since this incarnation began is judged from its start.
-            beats = {r: b for r, b in beats.items() if b.ts >= started - 1}
-            hb = NodeHeartbeat(node=self.node.node, ts=self.clock.now(), ranks=beats)
-            hangs = detect_hangs({self.node.node: hb}, self.clock.now(), threshold_s=threshold)
+            now = self.clock.now()
+            # only this incarnation's beats count: older files are the last gang's
+            beats = {r: b for r, b in read_rank_beats(inc.heartbeat_dir()).items()
+                     if b.ts >= started - 1}
+            hangs = never_stepped(self.node.node, gang.live_ranks, beats, started=started, now=now,
+                                  grace_s=start_grace)
+            if beats:
+                hb = NodeHeartbeat(node=self.node.node, ts=now, ranks=beats)
+                hangs += detect_hangs({self.node.node: hb}, now, threshold_s=threshold)
             return bool(respond_to_hang(
                 hangs, pids=gang.pids, kill_gang=lambda: gang.kill(grace_s=1.0),
                 record_fault=lambda payload: self._append_fault(inc, payload),

@@ -29,6 +29,9 @@ from hpcrun.runtime.incarnation import Incarnation
 class _Progress:
     step: int = 0
     tokens: int = 0
+    """Tokens of the whole gang through the last agreed step boundary."""
+    my_tokens: int = 0
+    """This rank's tokens since that boundary."""
     restored_step: int = 0
     restored_tier: str | None = None
     committed_step: int = -1
@@ -128,7 +131,7 @@ class Context:
         """
         self._p.in_step = False
         self._p.step += 1
-        self._p.tokens += int(tokens)
+        self._p.my_tokens += int(tokens)
         self._fire_injections(slow=True)  # a slowed rank is slow inside its measured step
         dur = self._clock.monotonic() - self._p.step_started
         if loss is not None and not math.isfinite(loss):
@@ -148,14 +151,22 @@ class Context:
         """(stop, checkpoint due), the same on every rank: one tiny all-reduce per step.
 
         A time-based cadence (every_seconds, Young) reads each rank's own clock; a save is a
-        collective, so the ranks must agree on it as on a stop, or one would wait forever.
+        collective, so the ranks must agree on it as on a stop, or one would wait forever. The
+        same all-reduce sums the tokens the ranks consumed since the last boundary.
         """
-        from hpcrun.launch.signals import agree_any
-
         due = self._p.step > 0 and self._cadence.due(self._p.step, self._clock.monotonic())
+        stop, due = self._sum_at_boundary(int(self._stop.is_set), int(due))
+        return bool(stop), bool(due)
+
+    def _sum_at_boundary(self, *votes: int) -> list[int]:
+        """All-reduce (SUM) ``votes`` and this rank's new tokens; add the gang's to the total."""
+        from hpcrun.launch.signals import agree_sum
+
         with self._events.span("collective", self._p.step, what="stop_agreement"):
-            stop, due = agree_any([self._stop.is_set, due], group=self._group)
-        return stop, due
+            *summed, tokens = agree_sum([*votes, self._p.my_tokens], group=self._group)
+        self._p.tokens += tokens
+        self._p.my_tokens = 0
+        return summed
 
     def _extra(self) -> dict[str, Any]:
         return {"tokens": self._p.tokens}
@@ -219,6 +230,7 @@ class Context:
         self.stopped = True
 
     def _final_commit(self) -> None:
+        self._sum_at_boundary()  # every rank ends here: count the last step's tokens
         with self._events.span("ckpt_commit", self._p.step, reason="final"):
             self._ensure_committed()
 

@@ -114,6 +114,11 @@ class Gang:
         return [r for r, p in self.procs.items() if p.poll() is None]
 
     @property
+    def live_ranks(self) -> list[int]:
+        """Ranks whose process is still running."""
+        return [r for r, p in self.procs.items() if p.poll() is None]
+
+    @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values() if p.poll() is None]
 

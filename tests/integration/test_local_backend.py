@@ -43,6 +43,7 @@ def test_preemption_signal_resumes_from_the_committed_step(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     record = wait_for_state(run, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=300)
     assert (str(record.state), record.step) == ("SUCCEEDED", STEPS)
+    assert record.tokens == STEPS * 8 * 16  # the gang's tokens (global batch x seq_len)
     seen = states(run)
     assert seen.count("PREEMPTED") == 1 and seen.count("REQUEUED") == 1
     # No periodic checkpoint was due: the resume point is the stop commit, so no step is redone.
@@ -110,4 +111,16 @@ def test_hang_is_detected_the_gang_killed_and_the_run_recovers(tmp_path: Path) -
     assert hangs, [e.payload for e in valid_entries(run, "fault")]
     assert record.generation >= 2
     # The gang was killed: the hung rank's process is gone, not left behind.
+    assert run_processes(run) == []
+
+
+def test_a_rank_wedged_before_its_first_step_is_a_hang(tmp_path: Path) -> None:
+    """No heartbeat to judge yet: the start-up allowance (HPCRUN_START_S) catches it."""
+    spec = local_spec(steps=10, every_steps=5, entrypoint="tests.integration.stuck_start:main")
+    run = submit(tmp_path, spec, env={"HPCRUN_START_S": "15"})
+    record = read_record(run)
+    assert (str(record.state), record.step) == ("SUCCEEDED", 10), record.state_info
+    hangs = [e.payload for e in valid_entries(run, "fault") if e.payload["fault"] == "hang"]
+    assert hangs and all("never_stepped" in h["detail"] for h in hangs), hangs
+    assert {h["rank"] for h in hangs} >= {1} and all(h["step"] == -1 for h in hangs)
     assert run_processes(run) == []

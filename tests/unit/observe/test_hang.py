@@ -16,6 +16,7 @@ from hpcrun.observe.hang import (
     capture_stacks,
     detect_hangs,
     learned_threshold,
+    never_stepped,
     respond_to_hang,
 )
 from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
@@ -114,3 +115,11 @@ def test_gone_pids_are_skipped_and_the_dump_signal_is_not_a_preemption_signal() 
     time.sleep(0.05)
     assert capture_stacks([p.pid], wait_s=0.0) == []
     assert DUMP_SIGNAL not in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+def test_a_rank_that_never_finishes_a_step_is_caught_after_the_start_grace() -> None:
+    assert never_stepped("n1", [0, 1], [0], started=100.0, now=700.0, grace_s=600) == []
+    (hang,) = never_stepped("n1", [0, 1], [0], started=100.0, now=701.0, grace_s=600)
+    assert (hang.rank, hang.step, hang.reason) == (1, -1, HangReason.NEVER_STEPPED)
+    assert hang.stalled_s == 601.0 and "never_stepped" in hang.signature
+    assert never_stepped("n1", [0, 1], [0, 1], started=100.0, now=9e9, grace_s=600) == []
