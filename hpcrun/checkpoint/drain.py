@@ -110,11 +110,13 @@ def pending_drains(committed: list[CommittedCheckpoint], node: str) -> list[Comm
 
 
 def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLog,
-                  generation: int, holder: str, run_id: str | None = None,
+                  generation: int, holder: str, run_id: str | None = None, limit: int | None = 1,
                   storage: Storage = LOCAL_STORAGE) -> list[str]:
-    """Drain this node's shards of one committed, undrained checkpoint to tier 1.
+    """Drain this node's shards of committed, undrained checkpoints to tier 1.
 
-    Tries :func:`pending_drains`'s candidates in order and stops after the first it drains.
+    Tries :func:`pending_drains`'s candidates in order and stops after ``limit`` drained (a
+    background round drains one, so it sees the log afresh; the last round of an incarnation
+    passes None, to leave the newest checkpoint on tier 1 as well).
 
     Returns:
         IDs drained by this call (a DRAINED entry appended for each).
@@ -124,8 +126,8 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
     """
     done: list[str] = []
     for ckpt in pending_drains(fold_checkpoints(log.read()), node):
-        if done:
-            break  # one checkpoint per round: the next round sees the log afresh
+        if limit is not None and len(done) >= limit:
+            break
         try:
             if not _drain_one(Path(run_dir), Path(node_local_root), ckpt, node, run_id, storage):
                 continue

@@ -190,7 +190,7 @@ class Agent:
             return outcome
         status = self._node_status(gang, outcome)
         if status in ("succeeded", "preempted") and drainer is not None:
-            drain_round_safely(self._drain_target(inc), self.log)
+            drain_round_safely(self._drain_target(inc), self.log, last=True)
         self._report_node_exit(inc, status)
         from hpcrun.runtime.supervisor import conclude, follow
 

@@ -52,13 +52,15 @@ class DrainTarget:
                     ["--supervisor"] if self.supervisor else [])
 
 
-def drain_round(target: DrainTarget, log: RunLog) -> list[str]:
-    """Drain what is pending once; return the checkpoint ids committed on tier 1 this round."""
+def drain_round(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
+    """Drain once (one checkpoint; everything pending when ``last``, the incarnation's final
+    round); return the checkpoint ids committed on tier 1 this round."""
     from hpcrun.checkpoint import drain_pending, finalize_tier1
 
     _injected_failure(os.environ.get(FAIL_WHILE_ENV, ""))
     drain_pending(target.run_dir, target.node_local_root, node=target.node, log=log,
-                  generation=target.generation, holder=target.holder)
+                  generation=target.generation, holder=target.holder,
+                  limit=None if last else 1)
     if not target.supervisor:
         return []
     return list(finalize_tier1(target.run_dir, log=log, generation=target.generation,
@@ -72,10 +74,10 @@ def _injected_failure(flag: str) -> None:
                            f"{FAIL_WHILE_ENV}); remove the file to drain normally")
 
 
-def drain_round_safely(target: DrainTarget, log: RunLog) -> list[str]:
+def drain_round_safely(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
     """:func:`drain_round`, with a failure recorded as a storage fault instead of raised."""
     try:
-        return drain_round(target, log)
+        return drain_round(target, log, last=last)
     except StaleGenerationError:
         raise
     except (HpcrunError, OSError) as exc:

@@ -218,7 +218,7 @@ def _await_tier1(agent: Agent, inc: Incarnation) -> None:
         return
     deadline = agent.clock.monotonic() + TIER1_WAIT_S
     while agent.clock.monotonic() < deadline:
-        drain_round_safely(agent._drain_target(inc), agent.log)
+        drain_round_safely(agent._drain_target(inc), agent.log, last=True)
         agent.view.refresh()
         commits = [e for e in agent.view.valid if e.kind == EntryKind.COMMIT]
         local = [e.payload.get("ckpt_id") for e in commits if e.payload.get("tier") == "node_local"]
