@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from hpcrun.checkpoint import Tier, drain_pending, finalize_tier1, fold_checkpoints
 from hpcrun.checkpoint.retention import collect_run
 from hpcrun.control.log import EntryKind, RunLog
@@ -96,3 +98,20 @@ def test_partially_drained_checkpoint_is_finished_before_the_newest() -> None:
     cks = [_ck(1, drained=("a",)), _ck(2, drained=("a", "b"), shared=True), _ck(3)]
     assert [c.ckpt_id for c in pending_drains(cks, "b")] == ["c3"]
     assert pending_drains([_ck(1, drained=("a", "b"), shared=True)], "b") == []
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_background_round_drains_one_and_the_last_round_everything(
+        run_dir: Path, tmp_path: Path, log: RunLog, incarnation, last: bool) -> None:
+    nvme = tmp_path / "nvme"
+    ck = incarnation(node_local_root=nvme)
+    older, newest = _save(ck, 1), _save(ck, 2)
+    gen, holder = ck.id.generation, ck.id.holder
+    # another node already drained the older one: finishing it comes first
+    log.publish(EntryKind.DRAINED, generation=gen, holder=holder,
+                payload={"ckpt_id": older, "node": "node1"})
+    kw = {"node": "node0", "log": log, "generation": gen, "holder": holder}
+    if last:  # an incarnation's last round leaves the newest (its stop commit) on tier 1 too
+        assert drain_pending(run_dir, nvme, **kw, limit=None) == [older, newest]
+    else:
+        assert drain_pending(run_dir, nvme, **kw) == [older]
