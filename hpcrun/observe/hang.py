@@ -152,8 +152,10 @@ def hang_fault_payload(hang: Hang, *, threshold_s: float) -> dict[str, Any]:
     return {
         "fault": "hang", "node": hang.node, "rank": hang.rank, "step": hang.step,
         "signature": hang.signature,
-        "detail": f"no progress for {hang.stalled_s:.0f} s (threshold {threshold_s:.0f} s, "
-                  f"{hang.reason})",
+        "detail": (f"no step finished {hang.stalled_s:.0f} s after the start "
+                   f"({hang.reason}: past the start-up allowance, HPCRUN_START_S)")
+        if hang.reason == HangReason.NEVER_STEPPED else
+        f"no progress for {hang.stalled_s:.0f} s (threshold {threshold_s:.0f} s, {hang.reason})",
     }
 
 

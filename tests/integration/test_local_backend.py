@@ -122,5 +122,7 @@ def test_a_rank_wedged_before_its_first_step_is_a_hang(tmp_path: Path) -> None:
     assert (str(record.state), record.step) == ("SUCCEEDED", 10), record.state_info
     hangs = [e.payload for e in valid_entries(run, "fault") if e.payload["fault"] == "hang"]
     assert hangs and all("never_stepped" in h["detail"] for h in hangs), hangs
-    assert {h["rank"] for h in hangs} >= {1} and all(h["step"] == -1 for h in hangs)
+    # the healthy rank waits for the wedged one in a collective: whichever node's agent sees
+    # it first names its own rank (the stacks in diagnostics/ tell which one is stuck where)
+    assert all(h["step"] == -1 for h in hangs)
     assert run_processes(run) == []
