@@ -68,6 +68,11 @@ class Agent:
         from hpcrun.launch.signals import stop_on
 
         attempt = 0
+        # Outside the handled block (before it, and after it while exiting) a late preemption
+        # or time-limit signal is ignored: with the default action it would kill an agent whose
+        # run has already ended, and Slurm would mark a finished job FAILED. Ignoring first
+        # also makes it the disposition the block restores on the way out.
+        signal.signal(self.preempt_signal, signal.SIG_IGN)
         with stop_on([self.preempt_signal, signal.SIGTERM], self.stop):
             while True:
                 try:

@@ -90,7 +90,9 @@ def test_restore_after_node_crash_comes_from_the_shared_tier(
     history = slurm.wait_for_accounting(int(run.job_id), {"NODE_FAIL", "COMPLETED"}, timeout=30)
     assert [r.state for r in history] == ["NODE_FAIL", "COMPLETED"]
     # Slurm requeued by itself; the next gang logged why, from Slurm's account of the run
-    assert [f.fault for f in rec.faults] == ["node_failure"] and victim in rec.faults[0].detail
+    assert rec.faults[0].fault == "node_failure" and victim in rec.faults[0].detail
+    # the rest: the newest checkpoint, whose tier-0 copy died with the node, was skipped
+    assert {f.fault for f in rec.faults[1:]} <= {"storage_error"}
     wait_until(f"{victim} back in service", lambda: _idle(slurm, victim), timeout=60)
 
 
