@@ -137,20 +137,20 @@ class Agent:
         from hpcrun.control.retry import classify_exit
 
         past = self.requeuer.previous_run()
-        state = str(past.state) if past is not None else "unknown"
-        fault = classify_exit(slurm_state=state, exit_code=past.exit_code,
-                              signal=past.signal) if past is not None else "unknown"
+        if past is None:
+            return  # no account of it (local backend, no accounting): the record infers it
+        fault = classify_exit(slurm_state=str(past.state), exit_code=past.exit_code,
+                              signal=past.signal)
         detail = (f"Slurm requeued job {self.node.job_id} (restart {self.node.restart_count}) "
-                  f"after its previous run ended {state}"
-                  + (f" on {','.join(past.nodes)}" if past is not None and past.nodes else ""))
+                  f"after its previous run ended {past.state}"
+                  + (f" on {','.join(past.nodes)}" if past.nodes else ""))
         # Unfenced, like the login node's record of what Slurm did: under this generation it
         # would read as a fault of the gang now starting, and stop it.
         self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="", payload={
             "fault": str(fault), "node": None, "rank": None, "step": self.view.last_step(),
-            "signature": f"slurm:{state}", "detail": detail})
+            "signature": f"slurm:{past.state}", "detail": detail})
         self.log.publish(EntryKind.STATE, generation=generation, holder=holder, payload={
-            "state": "REQUEUED", "reason": detail,
-            "decided_at": past.ended_at if past is not None else None})
+            "state": "REQUEUED", "reason": detail, "decided_at": past.ended_at})
 
     def _start_of(self, fence: Any) -> int | None:
         """Slot of the STARTING entry under ``fence``: the incarnation's restore point."""
