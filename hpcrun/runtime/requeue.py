@@ -30,7 +30,7 @@ class Requeuer(Protocol):
         """Do it; return a short description of what was done (for the log)."""
         ...
 
-    def previous_run(self) -> PastRun | None:
+    def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> PastRun | None:
         """How the scheduler ended this job's previous run, when it requeued the job by
         itself (None when unknown, or not applicable)."""
         ...
@@ -42,7 +42,7 @@ class LocalRequeuer:
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         return f"local launcher relaunches after {delay_s:.1f} s"
 
-    def previous_run(self) -> PastRun | None:
+    def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> PastRun | None:
         return None  # the local launcher relaunches only on what the log says
 
 
@@ -83,15 +83,24 @@ class SlurmRequeuer:
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
                 f"exclude {','.join(exclude) or '-'}, release)")
 
-    def previous_run(self) -> PastRun | None:
-        """The run before this one, from ``sacct --duplicates`` (None without accounting)."""
+    def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> PastRun | None:
+        """The run before this one, from ``sacct --duplicates`` (None without accounting).
+
+        slurmdbd records asynchronously: while it lists fewer than two runs the query is
+        repeated, ``tries`` times at most, ``wait_s`` apart.
+        """
         from hpcrun.errors import SchedulerError
 
-        try:
-            runs = self._client.runs(self._job_id)  # type: ignore[attr-defined]
-        except SchedulerError:
-            return None
-        return runs[-2] if len(runs) >= 2 else None
+        for attempt in range(tries):
+            try:
+                runs = self._client.runs(self._job_id)  # type: ignore[attr-defined]
+            except SchedulerError:
+                return None
+            if len(runs) >= 2:
+                return runs[-2]
+            if attempt + 1 < tries:
+                self._clock.sleep(wait_s)
+        return None
 
     def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
         """Keep the job alive until Slurm ends it (True), or until ``timeout_s`` (False).

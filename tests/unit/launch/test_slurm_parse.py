@@ -25,7 +25,7 @@ from hpcrun.launch.slurm import (
     parse_state,
 )
 from hpcrun.runner import CommandResult
-from hpcrun.testing import FakeRunner
+from hpcrun.testing import FakeClock, FakeRunner
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -205,3 +205,8 @@ def test_requeuer_reports_the_run_before_this_one() -> None:
     assert past is not None and past.state == SlurmJobState.NODE_FAIL
     assert "--duplicates" in runner.calls[0]
     assert SlurmRequeuer(SlurmClient(FakeRunner()), "4").previous_run() is None  # no sacct
+    # accounting not caught up yet (only the current run listed): asked again, then given up
+    clock = FakeClock(0.0)
+    one = FakeRunner({"sacct": golden("sacct_runs_node_fail.txt").splitlines()[-1] + "\n"})
+    assert SlurmRequeuer(SlurmClient(one), "4", clock=clock).previous_run(tries=3) is None
+    assert len(one.calls) == 3 and clock.monotonic() == 2.0
