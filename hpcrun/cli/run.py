@@ -338,9 +338,7 @@ def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
     from hpcrun.launch.slurm import SlurmClient
 
     result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run)
-    seen = result.observation.state if result.observation is not None else "no slurm job"
-    acts = ", ".join(type(a).__name__ for a in result.actions) or "nothing to do"
-    return f"{run_dir.name}: {result.record.state}, slurm {seen}: {acts}"
+    return f"{run_dir.name}: {result.record.state}, {result.summary()}"
 
 
 @click.command(hidden=True)

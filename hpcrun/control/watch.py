@@ -225,6 +225,15 @@ class WatchResult:
     """What was planned."""
     outcomes: tuple[Outcome, ...]
     """What was done."""
+    waiting: str = ""
+    """Why nothing was done yet although the job ended (one line; empty otherwise)."""
+
+    def summary(self) -> str:
+        """One line for people: what Slurm said and what the pass did (or waits for)."""
+        seen = self.observation.state if self.observation is not None else "no slurm job"
+        acts = ", ".join(type(a).__name__ for a in self.actions) or (
+            self.waiting or "nothing to do")
+        return f"slurm {seen}: {acts}"
 
 
 def heartbeat_age(record: RunRecord, run_dir: Path, now: float,
@@ -262,6 +271,14 @@ def _node_evidence(obs: Observation, slurm: SlurmClient,
                    ended_s_ago=None if ended is None else now - ended), settle_s
 
 
+def _settling(obs: Observation | None, policy: ReconcilePolicy) -> str:
+    if obs is None or obs.state != SlurmJobState.FAILED or obs.ended_s_ago is None \
+            or obs.down_nodes or obs.ended_s_ago >= policy.node_settle_s:
+        return ""
+    return (f"job {obs.job_id} ended FAILED {obs.ended_s_ago:.0f} s ago; waiting until "
+            f"{policy.node_settle_s:.0f} s for Slurm to mark a lost node down before classifying")
+
+
 def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock, *,
                storage: Storage = LOCAL_STORAGE, submitter: Submitter | None = None,
                dry_run: bool = False, **policy_overrides: Any) -> WatchResult:
@@ -285,10 +302,11 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
         policy_overrides = {"node_settle_s": settle_s, **policy_overrides}
     policy = ReconcilePolicy.from_spec(spec, **policy_overrides)
     actions = reconcile(record, obs, now, policy)
+    waiting = _settling(obs, policy) if not actions else ""
     outcomes: list[Outcome] = []
     if actions and not dry_run:
         outcomes = execute(actions, log=RunLog(run_dir, storage=storage, clock=clock),
                            slurm=slurm, record=record,
                            submitter=submitter or script_submitter(run_dir, slurm))
     return WatchResult(record=record, observation=obs, actions=tuple(actions),
-                       outcomes=tuple(outcomes))
+                       outcomes=tuple(outcomes), waiting=waiting)

@@ -237,6 +237,8 @@ def run_bounded(fn: Callable[[], Any], *, timeout_s: float) -> ReconcileOutcome:
 def _short(value: Any) -> str:
     if value is None:
         return "no action needed"
+    if callable(getattr(value, "summary", None)):
+        return _one_line(value.summary())
     if isinstance(value, list | tuple):
         return f"{len(value)} action(s): " + _one_line("; ".join(str(v) for v in value))
     return _one_line(str(value))

@@ -79,7 +79,9 @@ class FakeCluster:
         if args[:2] == ["show", "config"]:
             return 0, "MessageTimeout          = 10 sec\nSlurmdTimeout           = 10 sec\n", ""
         if args[:2] == ["show", "job"]:
-            return 0, f"JobId={args[-1]} JobState=FAILED EndTime=Unknown\n", ""
+            job = self.jobs[args[-1]]
+            return 0, (f"JobId={args[-1]} JobState={job.state} "
+                       f"EndTime={job.fields.get('EndTime', 'Unknown')}\n"), ""
         if verb == "update":
             job_id = args[1].split("=", 1)[1]
             if self.refuse_update:

@@ -235,6 +235,21 @@ def test_watch_asks_slurm_about_the_nodes_of_a_failed_job(live_run: Path) -> Non
     assert read_record(live_run).faults[-1].fault == FaultClass.NODE_FAILURE
 
 
+def test_watch_waits_while_a_lost_node_may_not_be_flagged_yet(live_run: Path) -> None:
+    import time
+
+    cluster, clock = FakeCluster(), FakeClock(NOW)
+    ended = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(NOW - 5))
+    cluster.jobs["101"] = Job(state="FAILED", exit="137:0", nodes="n[1-2]",
+                              fields={"EndTime": ended})
+    result = watch_once(live_run, SlurmClient(cluster), clock)
+    assert result.actions == () and read_record(live_run).faults == ()
+    assert "ended FAILED 5 s ago" in result.summary() and "28 s" in result.summary()
+    clock.advance(30)  # settled, every node still up: the job's own failure
+    result = watch_once(live_run, SlurmClient(cluster), clock)
+    assert read_record(live_run).faults[-1].fault != FaultClass.NODE_FAILURE
+
+
 def test_refused_update_still_releases_and_says_why(live_run: Path) -> None:
     cluster, clock = FakeCluster(), FakeClock(NOW)
     cluster.jobs["101"] = Job(state="RUNNING")
