@@ -213,11 +213,18 @@ def decide_retry(record: RunRecord, fault: FaultRecord, policy: RetryPolicy, *,
                          f"(attempt {attempt} of {budget})")
 
 
+def _names_culprit(f: FaultRecord) -> bool:
+    """Whether the fault's node is evidence against that node. A start-up hang
+    (``hang:never_stepped:...``) names the node whose agent noticed first: the healthy ranks
+    wait for the stuck one inside a collective and never step either."""
+    return not f.signature.startswith("hang:never_stepped:")
+
+
 def quarantine_candidates(faults: Iterable[FaultRecord], now: float,
                           policy: RetryPolicy) -> set[str]:
     """Nodes with at least ``quarantine_after`` node-suspect faults in the window ending ``now``."""
     since = now - policy.quarantine_window_s
     seen = {(f.node, _incident(f)) for f in faults
-            if f.node and f.fault in NODE_SUSPECT and since < f.ts <= now}
+            if f.node and f.fault in NODE_SUSPECT and since < f.ts <= now and _names_culprit(f)}
     counts = Counter(node for node, _ in seen)
     return {node for node, n in counts.items() if n >= policy.quarantine_after}

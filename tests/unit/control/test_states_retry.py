@@ -159,6 +159,10 @@ def test_quarantine_after_k_failures_inside_window_only() -> None:
     assert quarantine_candidates(inside, 1000 + 3600 + 1, policy) == set()
     preempted = [_fault(FaultClass.PREEMPTION, slot=i, ts=4000, node="n5") for i in range(5)]
     assert quarantine_candidates(preempted, 4500, policy) == set()
+    # a start-up hang names the node that noticed, not the stuck one: no evidence against it
+    unstarted = [_fault(FaultClass.HANG, slot=i, ts=4000, node="n6",
+                        sig="hang:never_stepped:n6:0") for i in range(5)]
+    assert quarantine_candidates(unstarted, 4500, policy) == set()
 
 
 def test_decision_excludes_quarantined_nodes() -> None:
