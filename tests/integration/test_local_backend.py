@@ -117,7 +117,7 @@ def test_hang_is_detected_the_gang_killed_and_the_run_recovers(tmp_path: Path) -
 def test_a_rank_wedged_before_its_first_step_is_a_hang(tmp_path: Path) -> None:
     """No heartbeat to judge yet: the start-up allowance (HPCRUN_START_S) catches it."""
     spec = local_spec(steps=10, every_steps=5, entrypoint="tests.integration.stuck_start:main")
-    run = submit(tmp_path, spec, env={"HPCRUN_START_S": "15"})
+    run = submit(tmp_path, spec, env={"HPCRUN_START_S": "25"})  # 3x a loaded start-up
     record = read_record(run)
     assert (str(record.state), record.step) == ("SUCCEEDED", 10), record.state_info
     hangs = [e.payload for e in valid_entries(run, "fault") if e.payload["fault"] == "hang"]
