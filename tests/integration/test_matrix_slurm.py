@@ -1,8 +1,9 @@
 """The remaining fault-matrix rows on the real Slurm testbed (``docs/recovery.md``).
 
 Rows covered here and nowhere else in ``tests/integration``: a stale worker on a frozen node, a
-storage error on the shared tier during the drain, a world-size change at restore, and a rank
-killed inside a checkpoint (staging, shard write, between shard write and manifest publish).
+storage error on the shared tier during the drain, a world-size change at restore, a rank
+killed inside a checkpoint (staging, shard write, between shard write and manifest publish),
+and a truncated and a bit-flipped shard of the newest checkpoint.
 Each run is 2 nodes x 1 rank, so ``global_batch`` (8) divides the 1-, 2- and 4-rank layouts.
 Run with ``-s`` to see the measured figures.
 """
@@ -260,4 +261,53 @@ def test_rank_killed_inside_a_checkpoint_recovers_from_the_previous_commit(
     results = check_contracts(collect(run.run_dir, victim_rank=None), row)
     failed = [f"{r.name}: {r.detail}" for r in results if r.ok is False]
     print(f"\n{fault}: {inject}; " + "; ".join(f"{r.name} {r.mark}" for r in results))
+    assert not failed, f"drill contracts failed: {failed}"
+
+
+# -- corrupt shards ----------------------------------------------------------------------------
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(bytes(data[:len(data) // 2]))
+    else:
+        data[len(data) * 2 // 3] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+def test_corrupt_shards_of_the_newest_checkpoint_restore_the_previous_one(
+        testbed: Testbed, runs: RunFactory) -> None:
+    """The stop checkpoint's shards are damaged on both tiers (one truncated, one bit-flipped)
+    between the requeue and the restore: it is never loaded, the previous one is."""
+    steps = 60
+    run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.1))
+    run.wait_for("a checkpoint on the shared tier", lambda: any(
+        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+    assert run.cli("signal", run.name).returncode == 0
+    run.wait_for("the requeue", lambda: any(
+        e.payload.get("event") == "requeue_sent" for e in run.valid(EntryKind.NOTE)),
+        timeout=120)
+    # the next incarnation reads its restore point ~15 s from now (queue, start-up): in time
+    checkpoints = run.record().checkpoints
+    newest = [c for c in checkpoints if c.tier == "shared"][-1]  # the stop commit
+    previous = max(c.step for c in checkpoints if c.step < newest.step)  # on either tier
+    copies = sorted(run.run_dir.glob(f"ckpt/{newest.ckpt_id}/*/rank-*.h5")) + sorted(
+        p for node in testbed.nodes
+        for p in testbed.node_local_dir(node).rglob(f"{newest.ckpt_id}/**/rank-*.h5"))
+    assert {p.name for p in copies} == {"rank-00000.h5", "rank-00001.h5"}, copies
+    for path in copies:
+        _damage(path, "truncate" if path.name == "rank-00000.h5" else "flip")
+
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    assert rec.step == steps
+    second = _fences(run)[1]
+    resumed = first_after(run.states(), "RUNNING", second.slot)
+    assert resumed.payload["restored_step"] == previous
+    skipped = [e.payload for e in run.valid(EntryKind.FAULT)
+               if e.payload.get("signature") == "ckpt:verify"]
+    assert skipped and {p["ckpt_id"] for p in skipped} == {newest.ckpt_id}, skipped
+    assert all(p.get("background") for p in skipped)  # an incident: training went on
+    results = check_contracts(collect(run.run_dir, victim_rank=None),
+                              row_for(DrillFault.CORRUPT_SHARD))
+    failed = [f"{r.name}: {r.detail}" for r in results if r.ok is False]
     assert not failed, f"drill contracts failed: {failed}"
