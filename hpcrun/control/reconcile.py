@@ -29,7 +29,7 @@ from hpcrun.launch.slurm import ACTIVE, Observation, SlurmJobState
 __all__ = [
     "Action", "ActionKind", "Cancel", "ExcludeNodes", "MarkFailed", "MarkState", "Observation",
     "ReconcilePolicy", "RecordFault", "Release", "Requeue", "SetBeginTime", "Submit",
-    "op_id_for", "reconcile",
+    "awaiting_node_state", "op_id_for", "reconcile",
 ]
 
 _ALIVE = frozenset({SlurmJobState.RUNNING, SlurmJobState.COMPLETING, SlurmJobState.SIGNALING,
@@ -310,14 +310,20 @@ def _while_live(record: RunRecord, obs: Observation, now: float,
         return _retry(record, obs, FaultClass.NODE_FAILURE,
                       f"job {obs.job_id} ended {state.value}; node(s) "
                       f"{','.join(obs.down_nodes)} down or not responding", now, policy)
-    if state == SlurmJobState.FAILED and obs.ended_s_ago is not None \
-            and obs.ended_s_ago < policy.node_settle_s:
+    if awaiting_node_state(obs, policy):
         return []  # a lost node may not be flagged yet: classify on a later pass
     fault = FaultClass.UNKNOWN if state == SlurmJobState.COMPLETED else classify_exit(
         slurm_state=state.value, exit_code=obs.exit_code, signal=obs.signal)
     detail = f"job {obs.job_id} ended {state.value} (exit {obs.exit_code}, signal " \
              f"{obs.signal}) without a result"
     return _retry(record, obs, fault, detail, now, policy)
+
+
+def awaiting_node_state(obs: Observation, policy: ReconcilePolicy) -> bool:
+    """A FAILED job, none of whose nodes Slurm reports lost yet, that ended less than the
+    site's settle time ago: srun aborts before slurmctld marks a dead node down (pure)."""
+    return (obs.state == SlurmJobState.FAILED and not obs.down_nodes
+            and obs.ended_s_ago is not None and obs.ended_s_ago < policy.node_settle_s)
 
 
 def _exclude_quarantined(record: RunRecord, obs: Observation) -> list[Action]:

@@ -33,6 +33,7 @@ from hpcrun.control.reconcile import (
     Requeue,
     SetBeginTime,
     Submit,
+    awaiting_node_state,
     reconcile,
 )
 from hpcrun.control.record import RunRecord, load_run_spec, read_record
@@ -272,10 +273,9 @@ def _node_evidence(obs: Observation, slurm: SlurmClient,
 
 
 def _settling(obs: Observation | None, policy: ReconcilePolicy) -> str:
-    if obs is None or obs.state != SlurmJobState.FAILED or obs.ended_s_ago is None \
-            or obs.down_nodes or obs.ended_s_ago >= policy.node_settle_s:
+    if obs is None or not awaiting_node_state(obs, policy):
         return ""
-    return (f"job {obs.job_id} ended FAILED {obs.ended_s_ago:.0f} s ago; waiting until "
+    return (f"job {obs.job_id} ended FAILED {obs.ended_s_ago or 0:.0f} s ago; waiting until "
             f"{policy.node_settle_s:.0f} s for Slurm to mark a lost node down before classifying")
 
 

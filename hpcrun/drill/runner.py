@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.drill.contracts import ContractResult, check_contracts
 from hpcrun.drill.evidence import collect
@@ -242,7 +243,7 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
             done.append(True)
             node = str(record.membership[-1])
             crash_testbed_node(node)
-            RunLog(run_dir).append(EntryKind.NOTE, generation=-1, holder="", payload={
+            RunLog(run_dir).append(EntryKind.NOTE, generation=UNFENCED, holder="", payload={
                 "event": "fault_injected", "fault": str(row.fault), "node": node,
                 "step": int(record.step)})
             crashed.append(node)

@@ -70,6 +70,11 @@ def _slurmd_pid(testbed: Testbed, node: str) -> int:
     return pid
 
 
+def _wait_for_shared_checkpoint(run: TestbedRun) -> None:
+    run.wait_for("a checkpoint on the shared tier", lambda: any(
+        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+
+
 def _committed_before(run: TestbedRun, step: int, slot: int) -> bool:
     return any(e.payload.get("step") == step and e.slot < slot
                for e in run.valid(EntryKind.COMMIT))
@@ -89,8 +94,7 @@ def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
     flag = runs.runs_root / "shared-tier-down"
     run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.1),
                       env={FAIL_WHILE_ENV: str(flag)})
-    run.wait_for("a checkpoint on the shared tier", lambda: any(
-        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+    _wait_for_shared_checkpoint(run)
     first = run.record()
     victim = first.membership[0]  # the batch host and supervisor: its agent outlives the gang
     pid = _slurmd_pid(testbed, victim)
@@ -157,8 +161,7 @@ def test_drain_storage_error_keeps_training_and_reports_rpo_exposure(
     flag = runs.runs_root / "shared-tier-down"
     run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.08),
                       env={FAIL_WHILE_ENV: str(flag)})
-    run.wait_for("a checkpoint on the shared tier", lambda: any(
-        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+    _wait_for_shared_checkpoint(run)
     flag.touch()
     window_start, step_before = time.time(), run.record().step
     exposures = []
@@ -281,8 +284,7 @@ def test_corrupt_shards_of_the_newest_checkpoint_restore_the_previous_one(
     between the requeue and the restore: it is never loaded, the previous one is."""
     steps = 60
     run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.1))
-    run.wait_for("a checkpoint on the shared tier", lambda: any(
-        c.tier == "shared" for c in run.record().checkpoints), timeout=120)
+    _wait_for_shared_checkpoint(run)
     assert run.cli("signal", run.name).returncode == 0
     run.wait_for("the requeue", lambda: any(
         e.payload.get("event") == "requeue_sent" for e in run.valid(EntryKind.NOTE)),
