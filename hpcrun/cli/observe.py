@@ -29,7 +29,7 @@ def _reconcile(run_dir: Path, timeout_s: float) -> Any:
     def once() -> Any:
         from hpcrun.clock import SYSTEM_CLOCK
         from hpcrun.control.watch import watch_once
-        from hpcrun.launch.slurm import SlurmClient
+        from hpcrun.scheduler.slurm import SlurmClient
         from hpcrun.runner import SubprocessRunner
 
         return watch_once(run_dir, SlurmClient(SubprocessRunner(), timeout=timeout_s),

@@ -232,7 +232,7 @@ def _job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
 def cancel(run: str) -> None:
     """Cancel RUN: fence it first (so running workers can no longer publish), then scancel."""
     from hpcrun.control.cancel import cancel_run
-    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.scheduler.slurm import SlurmClient
     from hpcrun.observe.status import resolve_run_dir
 
     run_dir = resolve_run_dir(run)
@@ -335,7 +335,7 @@ def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
 def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once
-    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.scheduler.slurm import SlurmClient
 
     result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run)
     return f"{run_dir.name}: {result.record.state}, {result.summary()}"

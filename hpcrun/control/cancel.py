@@ -21,7 +21,7 @@ from hpcrun.control.record import RunRecord, load_run_spec, read_record
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import RunState, is_terminal
 from hpcrun.errors import PermissionDeniedError, SchedulerError, StaleGenerationError
-from hpcrun.launch.slurm import SlurmClient
+from hpcrun.scheduler.slurm import SlurmClient
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 CLAIM_TRIES = 5

@@ -24,7 +24,7 @@ from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, classify_exit, decide_retry
 from hpcrun.control.spec import RetryPolicy, RunSpec
 from hpcrun.control.states import RunState, is_terminal
-from hpcrun.launch.slurm import ACTIVE, Observation, SlurmJobState
+from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmJobState
 
 __all__ = [
     "Action", "ActionKind", "Cancel", "ExcludeNodes", "MarkFailed", "MarkState", "Observation",

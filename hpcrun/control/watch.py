@@ -39,7 +39,7 @@ from hpcrun.control.reconcile import (
 from hpcrun.control.record import RunRecord, load_run_spec, read_record
 from hpcrun.control.states import RunState, is_terminal
 from hpcrun.errors import HpcrunError, SchedulerError
-from hpcrun.launch.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState, parse_slurm_time
+from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState, parse_slurm_time
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 __all__ = ["Outcome", "Submitter", "WatchResult", "execute", "heartbeat_age",

@@ -269,7 +269,7 @@ def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
         return action
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once
-    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.scheduler.slurm import SlurmClient
     from hpcrun.runner import SubprocessRunner
 
     last = [time.monotonic()]

@@ -6,8 +6,9 @@
 - :mod:`hpcrun.launch.env`: ``DistEnv.from_environ`` and ``derive_master_port``.
 - :mod:`hpcrun.launch.dist`: ``init_process_group``, ``destroy_process_group``, ``device_for``.
 - :mod:`hpcrun.launch.signals`: ``StopFlag``, ``stop_on``, ``agree_to_stop``, ``signal_number``.
-- :mod:`hpcrun.launch.slurm`: the Slurm client and parsers; :mod:`hpcrun.launch.local`: the
-  embedded local backend.
+- :mod:`hpcrun.launch.local`: the embedded local backend.
+
+The Slurm client and its parsers live in :mod:`hpcrun.scheduler`.
 
 Submodules are imported on use, so ``import hpcrun.launch`` stays cheap (no torch, no submitit).
 """

@@ -306,7 +306,7 @@ _READERS: dict[Launcher, Callable[[_Vars], DistEnv]] = {
 
 def _expand_nodelist(text: str, var: str) -> list[str]:
     """Expand a Slurm hostlist (``node[1-3,07],gpu1``) with the Slurm client's parser."""
-    from hpcrun.launch.slurm import parse_nodelist
+    from hpcrun.scheduler.slurm import parse_nodelist
 
     try:
         hosts = list(parse_nodelist(text))

@@ -419,7 +419,7 @@ def _requeuer(node: NodeInfo) -> Any:
 
     if node.backend == "local":
         return LocalRequeuer()
-    from hpcrun.launch.slurm import SlurmClient
+    from hpcrun.scheduler.slurm import SlurmClient
     from hpcrun.runner import SubprocessRunner
 
     return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id)

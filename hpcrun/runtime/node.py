@@ -61,7 +61,7 @@ class NodeInfo:
                 raise EnvError(f"{var} is not set: `hpcrun agent` runs inside a Slurm job step "
                                "(srun) or under the local backend; submit with `hpcrun submit`")
         from hpcrun.launch.site import expand_path
-        from hpcrun.launch.slurm import parse_nodelist
+        from hpcrun.scheduler.slurm import parse_nodelist
 
         nodes = tuple(parse_nodelist(env["SLURM_JOB_NODELIST"]))
         node_rank = int(env["SLURM_NODEID"])

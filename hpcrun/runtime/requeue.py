@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
-    from hpcrun.launch.slurm import PastRun
+    from hpcrun.scheduler.slurm import PastRun
 
 
 class Requeuer(Protocol):

@@ -20,7 +20,7 @@ from typing import Any
 from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import EntryKind, LogEntry, RunLog
 from hpcrun.control.record import RunRecord, read_record
-from hpcrun.launch.slurm import parse_scontrol_show_job
+from hpcrun.scheduler.slurm import parse_scontrol_show_job
 from hpcrun.testbed import JobClient, Testbed
 from hpcrun.testing.runs import TERMINAL, hpcrun, tiny_spec, write_spec
 

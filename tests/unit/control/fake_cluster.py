@@ -1,7 +1,7 @@
 """A tiny in-memory Slurm behind the CommandRunner seam, for reconcile and cancel tests.
 
 It answers squeue/sacct/sbatch/scontrol/scancel with the output formats of Slurm 22.05 that
-``hpcrun.launch.slurm`` asks for (see tests/unit/launch/golden/ for captured real outputs).
+``hpcrun.scheduler.slurm`` asks for (see tests/unit/scheduler/golden/ for captured real outputs).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from hpcrun.control.spec import RetryPolicy, RunSpec
 from hpcrun.control.states import RunState
 from hpcrun.control.watch import execute, script_submitter, watch_once
 from hpcrun.errors import SchedulerError
-from hpcrun.launch.slurm import Observation, SlurmClient, SlurmJobState
+from hpcrun.scheduler.slurm import Observation, SlurmClient, SlurmJobState
 from hpcrun.testing import FakeClock
 from tests.unit.control.fake_cluster import FakeCluster, Job
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrun.errors import SchedulerError
-from hpcrun.launch.slurm import (
+from hpcrun.scheduler.slurm import (
     SlurmClient,
     SlurmJobState,
     node_is_down,
