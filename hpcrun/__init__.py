@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hpcrun._lazy import lazy_getattr
-
-__version__ = "0.1.0"
+from hpcrun.lazy import lazy_getattr
+from hpcrun.version import __version__
 
 _WHERE = {
     # errors

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hpcrun._lazy import lazy_getattr
+from hpcrun.lazy import lazy_getattr
 
 _WHERE = {
     "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",

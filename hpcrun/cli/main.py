@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from hpcrun import __version__
 from hpcrun.errors import HpcrunError
+from hpcrun.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

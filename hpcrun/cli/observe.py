@@ -29,8 +29,8 @@ def _reconcile(run_dir: Path, timeout_s: float) -> Any:
     def once() -> Any:
         from hpcrun.clock import SYSTEM_CLOCK
         from hpcrun.control.watch import watch_once
-        from hpcrun.scheduler.slurm import SlurmClient
         from hpcrun.runner import SubprocessRunner
+        from hpcrun.scheduler.slurm import SlurmClient
 
         return watch_once(run_dir, SlurmClient(SubprocessRunner(), timeout=timeout_s),
                           SYSTEM_CLOCK)

@@ -180,6 +180,7 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) 
     from hpcrun.control.fencing import UNFENCED
     from hpcrun.control.log import EntryKind, RunLog
     from hpcrun.launch.submit import submit_submitit
+    from hpcrun.runtime.agent import agent_main
 
     log = RunLog(run_dir)
     op_id = f"{run_dir.name}.submit.0"
@@ -187,7 +188,7 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) 
                payload={"op_id": op_id, "action": "submit"})
     _job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
     os.environ.update(job_env)  # sbatch exports the submitting environment to the job
-    job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id)
+    job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id, entry=agent_main)
     log.append(EntryKind.JOB, generation=UNFENCED, holder="",
                payload={"job_id": job_id, "backend": "slurm", "op_id": op_id})
     return job_id
@@ -232,8 +233,8 @@ def _job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
 def cancel(run: str) -> None:
     """Cancel RUN: fence it first (so running workers can no longer publish), then scancel."""
     from hpcrun.control.cancel import cancel_run
-    from hpcrun.scheduler.slurm import SlurmClient
     from hpcrun.observe.status import resolve_run_dir
+    from hpcrun.scheduler.slurm import SlurmClient
 
     run_dir = resolve_run_dir(run)
     cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser())
@@ -282,7 +283,8 @@ def signal_cmd(run: str, signame: str | None, crash_node: str | None) -> None:
 
 
 def _crash_local_node(run_dir: Path, node: str) -> None:
-    from hpcrun.launch.local import crash_process_tree, launcher_alive, read_agents, read_launcher
+    from hpcrun.launch.local import launcher_alive, read_agents, read_launcher
+    from hpcrun.proctree import crash_process_tree
 
     info = read_launcher(run_dir)
     agents = read_agents(run_dir)

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from hpcrun import __version__
 from hpcrun.data.dataset import index_path, write_index
 from hpcrun.data.formats import ObjectFormat, ObjectScan, detect_format, scan_object
 from hpcrun.data.manifest import DatasetManifest, ObjectEntry, SourceEntry, digest_arrays
 from hpcrun.errors import DataError
 from hpcrun.storage import LOCAL_STORAGE
+from hpcrun.version import __version__
 
 __all__ = ["BuildOptions", "build_manifest", "parse_source_arg", "resolve_source",
            "select_records"]

@@ -186,6 +186,26 @@ class DatasetManifest:
         return json.dumps(raw, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
     @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DatasetManifest:
+        """Build a manifest from its decoded JSON body (a stored ``dataset_id`` is ignored:
+        :meth:`from_json` checks it).
+
+        Raises:
+            DataError: ``raw`` is not an hpcrun dataset manifest.
+            KeyError, TypeError, ValueError: a field is missing or has the wrong type.
+        """
+        if raw.get("kind") != MANIFEST_KIND:
+            raise DataError(f"not a valid hpcrun dataset manifest: expected kind "
+                            f"{MANIFEST_KIND!r}, found {raw.get('kind')!r}; build one with "
+                            "`hpcrun data build`")
+        sources = tuple(_source(s) for s in raw["sources"])
+        return cls(sources=sources, tokenizer=dict(raw["tokenizer"]),
+                   transforms=tuple(str(t) for t in raw["transforms"]),
+                   packing=dict(raw["packing"]), provenance=dict(raw["provenance"]),
+                   sample_id_rule=str(raw["sample_id_rule"]),
+                   schema_version=int(raw["schema_version"]))
+
+    @classmethod
     def from_json(cls, text: str, *, origin: str = "manifest") -> DatasetManifest:
         """Parse and validate an untrusted manifest; its stored ``dataset_id`` must match.
 
@@ -195,7 +215,7 @@ class DatasetManifest:
         """
         try:
             raw = json.loads(text)
-            manifest = _from_raw(raw)
+            manifest = cls.from_dict(raw)
         except DataError as exc:
             raise DataError(f"{origin}: {exc}") from exc
         except (ValueError, KeyError, TypeError) as exc:
@@ -206,18 +226,6 @@ class DatasetManifest:
                             f"match its content ({manifest.dataset_id}); the file was edited, "
                             "rebuild it with `hpcrun data build`")
         return manifest
-
-
-def _from_raw(raw: Mapping[str, Any]) -> DatasetManifest:
-    if raw.get("kind") != MANIFEST_KIND:
-        raise DataError(f"not a valid hpcrun dataset manifest: expected kind {MANIFEST_KIND!r}, "
-                        f"found {raw.get('kind')!r}; build one with `hpcrun data build`")
-    sources = tuple(_source(s) for s in raw["sources"])
-    return DatasetManifest(sources=sources, tokenizer=dict(raw["tokenizer"]),
-                           transforms=tuple(str(t) for t in raw["transforms"]),
-                           packing=dict(raw["packing"]), provenance=dict(raw["provenance"]),
-                           sample_id_rule=str(raw["sample_id_rule"]),
-                           schema_version=int(raw["schema_version"]))
 
 
 def _source(raw: Mapping[str, Any]) -> SourceEntry:

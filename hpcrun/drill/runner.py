@@ -142,7 +142,7 @@ def changed_data_manifest(manifest: Path, out_dir: Path) -> Path:
     The copy is self-consistent (its dataset id is recomputed), so what the run meets is exactly
     an object that changed after the manifest was built. The user's data is not touched.
     """
-    from hpcrun.data.manifest import _from_raw
+    from hpcrun.data.manifest import DatasetManifest
 
     raw = json.loads(manifest.read_text())
     raw.pop("dataset_id", None)
@@ -154,7 +154,7 @@ def changed_data_manifest(manifest: Path, out_dir: Path) -> Path:
     if index.is_dir():
         shutil.copytree(index, out_dir / index.name, dirs_exist_ok=True)
     target = out_dir / manifest.name
-    target.write_text(_from_raw(raw).to_json())
+    target.write_text(DatasetManifest.from_dict(raw).to_json())
     return target
 
 
@@ -269,8 +269,8 @@ def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
         return action
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once
-    from hpcrun.scheduler.slurm import SlurmClient
     from hpcrun.runner import SubprocessRunner
+    from hpcrun.scheduler.slurm import SlurmClient
 
     last = [time.monotonic()]
 

@@ -11,8 +11,8 @@ import platform
 import shutil
 from pathlib import Path
 
-from hpcrun import __version__
 from hpcrun.runner import CommandRunner
+from hpcrun.version import __version__
 
 SNAPSHOT_DIR = "code"
 

@@ -8,7 +8,8 @@ again with the next restart count, which the agents turn into the next generatio
 are the ones that hold on Slurm; only the scheduler is different.
 
 A node power loss is emulated by SIGKILLing a node's agent and everything it started
-(:func:`crash_process_tree`: the ``nodecrash`` injection, ``hpcrun signal RUN --crash-node``).
+(:func:`hpcrun.proctree.crash_process_tree`: the ``nodecrash`` injection,
+``hpcrun signal RUN --crash-node``).
 The launcher then plays the scheduler noticing a dead node: it records a ``node_failure`` fault
 for the incarnation in force, and the node comes back for the next start with an empty node-local
 directory, as a replacement node would.
@@ -17,7 +18,6 @@ directory, as a replacement node would.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -198,57 +198,6 @@ def record_node_failure(log: RunLog, *, node: str, detail: str) -> None:
     log.append(EntryKind.FAULT, generation=fence.generation, holder=fence.holder,
                payload={"fault": "node_failure", "node": node, "rank": None, "step": None,
                         "signature": f"node_failure:{node}", "detail": detail})
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc), parents before children."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: fields start after the last ')'.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(0), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def crash_process_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and all its descendants at once, as a node power loss would.
-
-    The tree is listed first and the root killed first, so nothing can react or respawn; each
-    descendant's process group goes too (ranks lead their own sessions with their helpers). The
-    calling process, when part of the tree, dies last.
-    """
-    tree = [pid, *descendants(pid)]
-    me = os.getpid()
-    leaders = [t for t in tree if t != me and _leads_group(t)]
-    for target in tree:
-        if target != me:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(target, signal.SIGKILL)
-    for leader in leaders:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader, signal.SIGKILL)
-    if me in tree and _leads_group(me):
-        os.killpg(me, signal.SIGKILL)
-    elif me in tree:
-        os.kill(me, signal.SIGKILL)
-
-
-def _leads_group(pid: int) -> bool:
-    try:
-        return os.getpgid(pid) == pid
-    except OSError:
-        return False
 
 
 def read_agents(run_dir: Path) -> dict[str, int]:

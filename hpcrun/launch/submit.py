@@ -12,7 +12,9 @@ the job before hpcrun has committed. So hpcrun switches it off:
 - the job's only ``--signal`` is hpcrun's (``<site.preempt_signal>@<lead>``, to the steps), set
   through ``additional_parameters``, which replaces submitit's ``--signal=USR2@90``;
 - the submitted callable is :func:`submitit_entry`, which first replaces submitit's handler with
-  one that only logs, then runs :func:`hpcrun.runtime.agent.agent_main`; the agent's own handler
+  one that only logs, then runs the agent's entry the caller passed
+  (:func:`hpcrun.runtime.agent.agent_main`: launch sits below the runtime and does not import
+  it); the agent's own handler
   (installed with :func:`hpcrun.launch.signals.stop_on`) takes hpcrun's signal, and the node-0
   agent alone decides whether to requeue, after the commit (never when Slurm's
   ``PreemptMode=REQUEUE`` already requeues). A requeue therefore happens exactly once.
@@ -27,7 +29,7 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,12 +92,19 @@ def submitit_parameters(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id
     return params
 
 
+AgentEntry = Callable[[str], int]
+"""What each task of the job runs: the node's agent, given the run directory; returns the exit
+status (:func:`hpcrun.runtime.agent.agent_main`)."""
+
+
 def submit_submitit(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
-                    exclude: Sequence[str] = (), begin: str | None = None,
+                    entry: AgentEntry, exclude: Sequence[str] = (), begin: str | None = None,
                     python: str | None = None) -> str:
     """Submit the run's gang through submitit; return the Slurm job id.
 
     submitit's folder is ``run_dir/submitit``; it needs ``srun`` and ``sbatch`` on PATH.
+    ``entry`` is pickled by reference into the job and run by :func:`submitit_entry` in every
+    task.
 
     Raises:
         SchedulerError: submitit could not be set up or ``sbatch`` refused the job.
@@ -109,7 +118,7 @@ def submit_submitit(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: st
         executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR, python=interpreter)
         executor.update_parameters(**submitit_parameters(
             spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin))
-        job = executor.submit(submitit_entry, str(run_dir), site.signal_name())
+        job = executor.submit(submitit_entry, str(run_dir), site.signal_name(), entry)
     except (RuntimeError, ValueError, OSError) as exc:
         raise SchedulerError(f"submitit could not submit run {spec.name!r}: "
                              f"{_first_line(exc)}; check `sbatch` works on this host, or "
@@ -122,15 +131,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[-1] if text else type(exc).__name__
 
 
-def submitit_entry(run_dir: str, preempt_signal: str) -> int:
+def submitit_entry(run_dir: str, preempt_signal: str, entry: AgentEntry) -> int:
     """What submitit runs in each task of the job (one per node): hpcrun's agent.
 
-    Switches submitit's requeueing handler off (see module doc), then runs the agent.
+    Switches submitit's requeueing handler off (see module doc), then runs ``entry(run_dir)``.
     """
     neutralise_submitit_handler(preempt_signal)
-    from hpcrun.runtime.agent import agent_main
-
-    return int(agent_main(run_dir))
+    return int(entry(run_dir))
 
 
 def neutralise_submitit_handler(preempt_signal: str) -> int | None:

@@ -419,8 +419,8 @@ def _requeuer(node: NodeInfo) -> Any:
 
     if node.backend == "local":
         return LocalRequeuer()
-    from hpcrun.scheduler.slurm import SlurmClient
     from hpcrun.runner import SubprocessRunner
+    from hpcrun.scheduler.slurm import SlurmClient
 
     return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id)
 

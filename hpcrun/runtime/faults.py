@@ -139,7 +139,7 @@ def fire(injection: Injection, *, preempt_signal: int) -> None:
     elif injection.kind == FaultKind.SLOW:
         time.sleep(injection.seconds)
     elif injection.kind == FaultKind.NODECRASH:
-        from hpcrun.launch.local import crash_process_tree
+        from hpcrun.proctree import crash_process_tree
 
         crash_process_tree(os.getppid())
 

@@ -13,8 +13,8 @@ from hpcrun.control.record import create_run, read_record
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import RunState
 from hpcrun.errors import PermissionDeniedError, SchedulerError, StaleGenerationError
-from hpcrun.scheduler.slurm import SlurmClient
 from hpcrun.runner import CommandResult
+from hpcrun.scheduler.slurm import SlurmClient
 from hpcrun.testing import FakeClock
 from tests.unit.control.fake_cluster import FakeCluster, Job
 

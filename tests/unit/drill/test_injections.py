@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hpcrun.errors import SpecError
-from hpcrun.launch.local import crash_process_tree, descendants
+from hpcrun.proctree import crash_process_tree, descendants
 from hpcrun.runtime.faults import CKPT_STAGES, FaultKind, checkpoint_hook, due, parse_injections
 
 

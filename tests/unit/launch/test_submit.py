@@ -25,6 +25,7 @@ from hpcrun.launch.submit import (
     submitit_entry,
 )
 from hpcrun.runner import CommandResult
+from hpcrun.runtime.agent import agent_main
 from hpcrun.testing.fakes import FakeRunner
 from tests.unit.launch.test_sbatch import assert_golden, make_spec
 
@@ -50,7 +51,8 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def submit_tiny(run_dir: Path, **kw: object) -> str:
     return submit_submitit(make_spec(), load_site("testbed"), run_dir=run_dir,
-                           op_id="tiny.submit.0", python=PYTHON, **kw)  # type: ignore[arg-type]
+                           op_id="tiny.submit.0", entry=agent_main, python=PYTHON,
+                           **kw)  # type: ignore[arg-type]
 
 
 def test_submitit_script_golden_and_job_id(fake_slurm: Path) -> None:
@@ -88,7 +90,7 @@ def test_submitted_callable_is_the_agent_entry_with_the_run_dir(fake_slurm: Path
     assert len(pickles) == 1
     delayed = DelayedSubmission.load(pickles[0])  # submitit's own format, written just now
     assert delayed.function is submitit_entry
-    assert delayed.args == (str(run_dir), "USR1")
+    assert delayed.args == (str(run_dir), "USR1", agent_main)
     assert not hasattr(delayed.function, "checkpoint"), "not a submitit Checkpointable"
 
 
@@ -152,7 +154,7 @@ def test_submitit_requeue_handler_is_switched_off(tmp_path: Path, mode: str) -> 
 
 def test_submitit_entry_outside_submitit_runs_the_agent_and_returns_its_status(
         tmp_path: Path) -> None:
-    status = submitit_entry(str(tmp_path / "no-such-run"), "USR1")
+    status = submitit_entry(str(tmp_path / "no-such-run"), "USR1", agent_main)
     assert isinstance(status, int) and status != 0, "a missing run directory is an error exit"
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrun.errors import SchedulerError
+from hpcrun.runner import CommandResult
 from hpcrun.scheduler.slurm import (
     SlurmClient,
     SlurmJobState,
@@ -24,7 +25,6 @@ from hpcrun.scheduler.slurm import (
     parse_squeue,
     parse_state,
 )
-from hpcrun.runner import CommandResult
 from hpcrun.testing import FakeClock, FakeRunner
 
 GOLDEN = Path(__file__).parent / "golden"
