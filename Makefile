@@ -23,6 +23,7 @@ venv: $(STAMP)
 lint: venv
 	$(VENV)/bin/ruff check hpcrun tests benchmarks examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -48,4 +49,4 @@ testbed-down: venv
 	$(VENV)/bin/hpcrun testbed down
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
