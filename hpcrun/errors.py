@@ -25,6 +25,25 @@ class ConfigError(HpcrunError, ValueError):
     """A site config or other configuration file is invalid."""
 
 
+class ArgumentError(HpcrunError, ValueError):
+    """A value passed to an hpcrun function or class is outside what it accepts (a negative
+    count, empty weights, an unknown option): the caller's code needs fixing."""
+
+
+class FormatError(HpcrunError, ValueError):
+    """Something read back or received (an event line, a ledger line, a node's manifest
+    summary) does not have the shape its format requires."""
+
+
+class OutOfRangeError(HpcrunError, IndexError):
+    """A position (record, sample ID, global batch, permutation index) lies outside what the
+    data holds."""
+
+
+class WaitTimeoutError(HpcrunError, TimeoutError):
+    """A wait for a run to reach a state ran out of time."""
+
+
 class StaleGenerationError(HpcrunError, RuntimeError):
     """This incarnation no longer owns the run: a newer generation fenced it out."""
 

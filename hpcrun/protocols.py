@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from hpcrun.clock import Clock
-from hpcrun.errors import DataError
+from hpcrun.errors import DataError, FormatError
 from hpcrun.runner import CommandResult, CommandRunner
 from hpcrun.storage import Storage
 
@@ -134,7 +134,8 @@ class Event:
     def from_json(cls, line: str) -> Event:
         raw = json.loads(line)
         if not isinstance(raw, dict) or raw.get("schema_version") != EVENT_SCHEMA_VERSION:
-            raise ValueError(f"not an hpcrun event of schema {EVENT_SCHEMA_VERSION}: {line[:80]!r}")
+            raise FormatError(f"not an hpcrun event of schema {EVENT_SCHEMA_VERSION} (a JSON "
+                              f"object with schema_version {EVENT_SCHEMA_VERSION}): {line[:80]!r}")
         return cls(**raw)
 
 

@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.errors import ConfigError
+from hpcrun.errors import ArgumentError, ConfigError
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -252,7 +252,8 @@ class CadenceTimer:
     def saved(self, step: int, *, cost_s: float, now: float | None = None) -> None:
         """Record a completed save (its exposed cost) at ``step``."""
         if cost_s < 0:
-            raise ValueError(f"checkpoint cost must be >= 0 s, got {cost_s}")
+            raise ArgumentError(f"checkpoint cost must be >= 0 s, got {cost_s}; pass the "
+                                "measured exposed pause of the save")
         now = self._clock.monotonic() if now is None else now
         self._exposure_s += max(0.0, now - self._last_ts)
         self._costs.append(cost_s)

@@ -50,7 +50,7 @@ from hpcrun.checkpoint.manifest import (
 from hpcrun.checkpoint.state import META_KEY
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.log import EntryKind, RunLog
-from hpcrun.errors import CorruptCheckpointError, StaleGenerationError
+from hpcrun.errors import CorruptCheckpointError, FormatError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -95,17 +95,21 @@ class NodeSummary:
         n = len(self.starts)
         if len(self.totals) != len(self.keys) or len(self.stops) != n or \
                 len(self.key_index) not in (0, n):
-            raise ValueError(f"node summary of {self.node!r} has mismatched arrays: "
-                             f"{len(self.keys)} keys, {len(self.totals)} totals, "
-                             f"{len(self.key_index)} key indices, {n} intervals")
+            raise FormatError(f"node summary of {self.node!r} has mismatched arrays: "
+                              f"{len(self.keys)} keys, {len(self.totals)} totals, "
+                              f"{len(self.key_index)} key indices, {n} intervals; expected "
+                              "one total per key, one stop per start and no key indices or "
+                              "one per interval; rewrite the node's sub-manifest")
 
     def interval_keys(self, table_size: int) -> np.ndarray:
         """Key index of each interval (``key_index``, or one per key in table order)."""
         if self.key_index.size or not self.starts.size:
             return self.key_index
         if self.starts.size != table_size:
-            raise ValueError(f"node {self.node} sent {self.starts.size} intervals without key "
-                             f"indices for a table of {table_size} keys")
+            raise FormatError(f"node {self.node} sent {self.starts.size} intervals without "
+                              f"key indices for a table of {table_size} keys; expected one "
+                              "interval per key, or key indices; rewrite the node's "
+                              "sub-manifest")
         return np.arange(table_size, dtype=np.int64)
 
 

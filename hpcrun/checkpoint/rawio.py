@@ -128,7 +128,8 @@ def _pread_into(fd: int, view: memoryview, offset: int) -> None:
     while len(view):
         got = os.preadv(fd, [view], offset)
         if got == 0:
-            raise EOFError(f"file ends before offset {offset}")
+            raise StorageError(f"file ends at offset {offset}, {len(view)} bytes short of "
+                               "the extent the manifest records")
         view, offset = view[got:], offset + got
 
 
@@ -156,7 +157,7 @@ def read_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             drop_cache(fd)
             list(pool.map(lambda c: _read_one(fd, direct, c), chunks))
-    except (OSError, EOFError) as exc:
+    except OSError as exc:
         raise StorageError(f"reading {os.fspath(path)!r} failed: {exc}; the shard is missing "
                            "or truncated") from exc
 

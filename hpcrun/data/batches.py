@@ -19,7 +19,7 @@ from hpcrun.data.dataset import SourceView
 from hpcrun.data.mixture import MixState, Mixture
 from hpcrun.data.packing import PackingPolicy, PackState, pack
 from hpcrun.data.permutation import Permutation
-from hpcrun.errors import DataError
+from hpcrun.errors import ArgumentError, DataError
 
 __all__ = ["DOC_DTYPE", "LEDGER_DTYPE", "BatchPlan", "DocStream", "GlobalOrder", "OrderState",
            "replica_for_rank", "replica_rows"]
@@ -54,8 +54,8 @@ def replica_rows(global_batch: int, replica: int, num_replicas: int) -> range:
 def replica_for_rank(rank: int, *, model_parallel_size: int = 1) -> int:
     """Data-parallel replica of a global rank when consecutive ranks form one model replica."""
     if model_parallel_size < 1 or rank < 0:
-        raise ValueError(f"need rank >= 0 and model_parallel_size >= 1, found {rank}, "
-                         f"{model_parallel_size}")
+        raise ArgumentError(f"need rank >= 0 and model_parallel_size >= 1, found rank {rank}, "
+                            f"model_parallel_size {model_parallel_size}")
     return rank // model_parallel_size
 
 
@@ -140,7 +140,8 @@ class OrderState:
         try:
             batch = raw["batch"]
             if not isinstance(batch, int) or isinstance(batch, bool):
-                raise TypeError(f"batch must be an int, found {batch!r}")
+                raise DataError(f"data cursor position is malformed: batch must be an int, "
+                                f"found {batch!r}; the checkpoint's cursor was edited or damaged")
             return cls(batch=batch, pack=PackState.from_dict(raw["pack"]),
                        mix=MixState.from_dict(raw["mixture"]))
         except (KeyError, TypeError) as exc:
@@ -179,8 +180,8 @@ class GlobalOrder:
     def __init__(self, stream: DocStream, *, global_batch: int, seq_len: int,
                  policy: PackingPolicy | str = PackingPolicy.CONCAT) -> None:
         if global_batch < 1 or seq_len < 1:
-            raise ValueError(f"global_batch and seq_len must be >= 1, found {global_batch}, "
-                             f"{seq_len}")
+            raise ArgumentError(f"global_batch and seq_len must be >= 1, found global_batch "
+                                f"{global_batch}, seq_len {seq_len}")
         self.stream, self.global_batch, self.seq_len = stream, global_batch, seq_len
         self.policy = PackingPolicy(policy)
         self._memo: collections.OrderedDict[int, OrderState] = collections.OrderedDict()
@@ -203,7 +204,7 @@ class GlobalOrder:
     def state_at(self, k: int) -> OrderState | None:
         """State before global batch ``k`` (``None`` when the stream ends before it)."""
         if k < 0:
-            raise ValueError(f"batch index must be >= 0, found {k}")
+            raise ArgumentError(f"global batch index must be >= 0, found {k}")
         base = max(b for b in self._memo if b <= k)
         state = self._memo[base]
         while state.batch < k:

@@ -22,7 +22,7 @@ import numpy as np
 
 from hpcrun.data.formats import ObjectFormat, ObjectReader, digest_file
 from hpcrun.data.manifest import DatasetManifest, ObjectEntry, SourceEntry, digest_arrays
-from hpcrun.errors import DataError
+from hpcrun.errors import DataError, OutOfRangeError
 from hpcrun.storage import LOCAL_STORAGE
 
 __all__ = ["Dataset", "SourceView", "Verify", "index_path", "load_index", "write_index"]
@@ -146,7 +146,8 @@ class Dataset:
         """Tokens of logical record ``record`` of source ``source``."""
         view = self.sources[source]
         if not 0 <= record < view.size:
-            raise IndexError(f"record {record} outside source {view.name!r} of {view.size}")
+            raise OutOfRangeError(f"record {record} is outside source {view.name!r}, which "
+                                  f"holds records 0..{view.size - 1}")
         obj = int(np.searchsorted(self._starts[source], record, side="right")) - 1
         entry = self.manifest.sources[source].objects[obj]
         physical = int(self._indexes[source][obj]["records"][record - entry.start])
@@ -157,7 +158,7 @@ class Dataset:
         bases = [s.base for s in self.sources]
         source = int(np.searchsorted(bases, sample_id, side="right")) - 1
         if source < 0:
-            raise IndexError(f"sample ID {sample_id} is negative")
+            raise OutOfRangeError(f"sample ID {sample_id} is negative; sample IDs start at 0")
         return self.read(source, sample_id - bases[source])
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import ArgumentError
 
 __all__ = ["LoaderMetrics", "OrderedReader", "RateCheck", "call_with_retries"]
 
@@ -37,14 +38,12 @@ def call_with_retries(fn: Callable[[T], U], item: T, retries: int, backoff_s: fl
     Only I/O errors are retried: a :class:`~hpcrun.errors.DataError` (changed object, bad
     record) is deterministic and surfaces at once.
     """
-    for attempt in range(retries + 1):
+    for attempt in range(retries):
         try:
             return fn(item), attempt
         except OSError:
-            if attempt == retries:
-                raise
             clock.sleep(backoff_s * 2**attempt)
-    raise AssertionError("unreachable")
+    return fn(item), retries
 
 
 class OrderedReader(Generic[T, U], Iterator[U]):
@@ -66,8 +65,8 @@ class OrderedReader(Generic[T, U], Iterator[U]):
                  max_inflight: int = 16, executor: Executor | None = None, retries: int = 2,
                  backoff_s: float = 0.05, clock: Clock = SYSTEM_CLOCK) -> None:
         if workers < 1 or max_inflight < 1:
-            raise ValueError(f"workers and max_inflight must be >= 1, found {workers}, "
-                             f"{max_inflight}")
+            raise ArgumentError(f"workers and max_inflight must be >= 1, found workers "
+                                f"{workers}, max_inflight {max_inflight}")
         self._fn, self._items = fn, iter(items)
         self._own = executor is None
         self._pool = executor or ThreadPoolExecutor(max_workers=workers,
@@ -191,6 +190,7 @@ class LoaderMetrics:
     def rate_check(self, *, tokens_per_step: int, target_step_time_s: float) -> RateCheck:
         """Compare the delivered token rate with ``tokens_per_step / target_step_time_s``."""
         if tokens_per_step < 1 or target_step_time_s <= 0:
-            raise ValueError("tokens_per_step must be >= 1 and target_step_time_s > 0")
+            raise ArgumentError(f"tokens_per_step must be >= 1 and target_step_time_s > 0, "
+                                f"found {tokens_per_step} and {target_step_time_s}")
         return RateCheck(required_tokens_per_s=tokens_per_step / target_step_time_s,
                          delivered_tokens_per_s=self.summary()["tokens_per_s"])

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcrun.errors import DataError
+from hpcrun.errors import ArgumentError, DataError
 
 __all__ = ["MIXTURE_VERSION", "Exhaustion", "MixMode", "MixState", "MixUnit", "Mixture"]
 
@@ -127,7 +127,8 @@ class MixState:
 
 def _int(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"expected an int, found {value!r}")
+        raise DataError(f"mixture state is malformed: expected an int, found {value!r}; the "
+                        "checkpoint's cursor was edited or damaged")
     return value
 
 
@@ -193,7 +194,8 @@ class Mixture:
             DataError: a ``fail`` source ran out.
         """
         if start < 0 or count < 0:
-            raise ValueError(f"start and count must be >= 0, found {start}, {count}")
+            raise ArgumentError(f"start and count must be >= 0, found start {start}, "
+                                f"count {count}")
         state = self.state_at(start)
         out, state = self._advance(state, count)
         self._remember(state)
@@ -385,7 +387,8 @@ def _categorical_key(seed: int) -> np.uint64:
 def _normalize(weights: Sequence[float]) -> tuple[float, ...]:
     w = [float(x) for x in weights]
     if not w or any(not math.isfinite(x) or x <= 0 for x in w):
-        raise ValueError(f"mixture weights must be finite and > 0, found {list(weights)!r}")
+        raise ArgumentError(f"mixture weights must be finite and > 0, found "
+                            f"{list(weights)!r}; drop a source rather than give it weight 0")
     total = math.fsum(w)
     return tuple(x / total for x in w)
 
@@ -396,7 +399,8 @@ def _policies(exhaustion: Exhaustion | str | Sequence[Exhaustion | str],
         return (Exhaustion(exhaustion),) * k
     out = tuple(Exhaustion(e) for e in exhaustion)
     if len(out) != k:
-        raise ValueError(f"expected {k} exhaustion policies (one per source), found {len(out)}")
+        raise ArgumentError(f"expected {k} exhaustion policies (one per source), found "
+                            f"{len(out)}; pass one policy for all sources or one per source")
     return out
 
 
@@ -404,11 +408,13 @@ def _sizes(sizes: Sequence[int] | None, policies: tuple[Exhaustion, ...],
            k: int) -> tuple[int, ...]:
     if sizes is None:
         if any(p is not Exhaustion.REPEAT for p in policies):
-            raise ValueError("mixture sizes are required unless every policy is 'repeat'")
+            raise ArgumentError("mixture sizes are required unless every exhaustion policy is "
+                                "'repeat'; pass sizes=[records of each source]")
         return ()
     out = tuple(int(s) for s in sizes)
     if len(out) != k or min(out) < 1:
-        raise ValueError(f"expected {k} source sizes >= 1, found {list(sizes)!r}")
+        raise ArgumentError(f"expected {k} source sizes >= 1 (one per weight), found "
+                            f"{list(sizes)!r}")
     return out
 
 
@@ -418,7 +424,8 @@ def _draw_weights(weights: tuple[float, ...], unit: MixUnit,
     if unit is MixUnit.SAMPLES:
         return w
     if mean_tokens is None or len(mean_tokens) != w.size or min(mean_tokens) <= 0:
-        raise ValueError("unit='tokens' needs mean_tokens > 0 for every source, found "
-                         f"{mean_tokens!r}")
+        raise ArgumentError("unit='tokens' needs mean_tokens > 0 for every source, found "
+                            f"{mean_tokens!r}; pass each source's mean tokens per record, or "
+                            "use unit='samples'")
     per_draw = w / np.asarray(mean_tokens, dtype=np.float64)
     return per_draw / per_draw.sum()

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcrun.errors import DataError
+from hpcrun.errors import ArgumentError, DataError
 
 __all__ = ["SEGMENT_DTYPE", "PackState", "PackingPolicy", "pack"]
 
@@ -88,7 +88,8 @@ def pack(fetch: Fetch, state: PackState, rows: int, seq_len: int,
         DataError: ``state.offset`` is not inside its document.
     """
     if rows < 1 or seq_len < 1:
-        raise ValueError(f"rows and seq_len must be >= 1, found {rows}, {seq_len}")
+        raise ArgumentError(f"rows and seq_len must be >= 1, found rows {rows}, seq_len "
+                            f"{seq_len}")
     if policy is PackingPolicy.NONE:
         return _pack_none(fetch, state, rows, seq_len)
     docs = _fetch_tokens(fetch, state, rows * seq_len)

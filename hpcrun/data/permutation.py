@@ -23,6 +23,8 @@ import json
 
 import numpy as np
 
+from hpcrun.errors import ArgumentError, OutOfRangeError
+
 __all__ = ["PERMUTATION_VERSION", "Permutation", "derive_round_keys"]
 
 PERMUTATION_VERSION = 1
@@ -85,13 +87,14 @@ class Permutation:
 
     def __init__(self, n: int, *, seed: int, epoch: int, salt: str = "") -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"Permutation size must be an int >= 1, found {n!r}")
+            raise ArgumentError(f"Permutation size must be an int >= 1, found {n!r}")
         if not 0 <= seed < 2**63 or not 0 <= epoch < 2**63:
-            raise ValueError(f"seed and epoch must be in [0, 2**63), found {seed!r}, {epoch!r}")
+            raise ArgumentError(f"seed and epoch must be in [0, 2**63), found seed {seed!r}, "
+                                f"epoch {epoch!r}")
         self.n, self.seed, self.epoch, self.salt = n, seed, epoch, salt
         width = max(1, (n - 1).bit_length())
         if width > 62:
-            raise ValueError(f"Permutation size {n} exceeds 2**62; split the dataset")
+            raise ArgumentError(f"Permutation size {n} exceeds 2**62; split the dataset")
         self._bits_hi = width // 2
         self._bits_lo = width - self._bits_hi
         self._mask_lo = np.uint64((1 << self._bits_lo) - 1)
@@ -102,7 +105,8 @@ class Permutation:
 
     def __getitem__(self, i: int) -> int:
         if not -self.n <= i < self.n:
-            raise IndexError(f"index {i} out of range for a permutation of size {self.n}")
+            raise OutOfRangeError(f"index {i} is out of range for a permutation of size "
+                                  f"{self.n}; expected -{self.n} <= index < {self.n}")
         return int(self.take(np.array([i % self.n], dtype=np.int64))[0])
 
     def __repr__(self) -> str:
@@ -124,8 +128,8 @@ class Permutation:
         arr = np.asarray(idx)
         if arr.size and (not np.issubdtype(arr.dtype, np.integer)
                          or arr.min() < 0 or arr.max() >= self.n):
-            raise IndexError(f"positions must be integers in [0, {self.n}), found "
-                             f"dtype {arr.dtype} range [{arr.min()}, {arr.max()}]")
+            raise OutOfRangeError(f"positions must be integers in [0, {self.n}), found "
+                                  f"dtype {arr.dtype} range [{arr.min()}, {arr.max()}]")
         flat = arr.astype(np.uint64).ravel()
         out = np.empty(flat.shape, dtype=np.int64)
         for lo in range(0, flat.size, _CHUNK):

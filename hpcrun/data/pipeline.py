@@ -26,7 +26,7 @@ from hpcrun.data.dataset import Dataset, Verify
 from hpcrun.data.loader import LoaderMetrics, OrderedReader
 from hpcrun.data.mixture import Exhaustion, MixMode, Mixture, MixUnit
 from hpcrun.data.packing import PackingPolicy
-from hpcrun.errors import DataError
+from hpcrun.errors import ArgumentError, DataError, OutOfRangeError
 
 __all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
 
@@ -170,8 +170,9 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self.packing = PackingPolicy(packing)
         self.mixture_spec = mixture or MixtureSpec()
         if executor not in ("thread", "process") or workers < 1 or prefetch_batches < 1:
-            raise ValueError(f"need executor thread|process, workers >= 1, prefetch >= 1; "
-                             f"found {executor!r}, {workers}, {prefetch_batches}")
+            raise ArgumentError(f"need executor 'thread' or 'process', workers >= 1 and "
+                                f"prefetch_batches >= 1; found {executor!r}, {workers}, "
+                                f"{prefetch_batches}")
         self.workers, self.executor_kind = workers, executor
         self.prefetch_batches = prefetch_batches
         self.as_torch, self.clock = as_torch, clock
@@ -202,11 +203,12 @@ class DataPipeline(Iterator[dict[str, Any]]):
         """Segments of global batch ``k`` (all rows) as :data:`~hpcrun.data.batches.LEDGER_DTYPE`.
 
         Raises:
-            IndexError: the stream ends before batch ``k``.
+            OutOfRangeError: the stream ends before batch ``k`` (an ``IndexError``).
         """
         plan = self._order.plan(k)
         if plan is None:
-            raise IndexError(f"the data stream ends before global batch {k}")
+            raise OutOfRangeError(f"the data stream ends before global batch {k}; ask for a "
+                                  "batch the mixture's exhaustion policy still produces")
         return plan.ledger()
 
     def __iter__(self) -> DataPipeline:

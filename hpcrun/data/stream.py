@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from hpcrun.data.permutation import Permutation
-from hpcrun.errors import DataError
+from hpcrun.errors import ArgumentError, DataError
 
 __all__ = ["ShuffleBufferStream"]
 
@@ -41,8 +41,8 @@ class ShuffleBufferStream(Generic[T], Iterator[T]):
     def __init__(self, open_shard: Callable[[int], Iterator[T]], num_shards: int, *,
                  buffer_size: int, seed: int, epoch: int = 0) -> None:
         if num_shards < 1 or buffer_size < 1:
-            raise ValueError(f"need num_shards >= 1 and buffer_size >= 1, found {num_shards}, "
-                             f"{buffer_size}")
+            raise ArgumentError(f"need num_shards >= 1 and buffer_size >= 1, found "
+                                f"num_shards {num_shards}, buffer_size {buffer_size}")
         self._open, self.buffer_size, self.seed, self.epoch = (open_shard, buffer_size, seed,
                                                                 epoch)
         self._order = Permutation(num_shards, seed=seed, epoch=epoch, salt="shuffle-buffer")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcrun.errors import ArgumentError
+
 __all__ = ["synthetic_document", "write_token_shards"]
 
 
@@ -19,8 +21,8 @@ def synthetic_document(index: int, *, vocab: int, seed: int, min_len: int = 8,
                        max_len: int = 256) -> np.ndarray:
     """Tokens of synthetic document ``index`` (``int32``), a pure function of its arguments."""
     if vocab < 2 or not 1 <= min_len <= max_len:
-        raise ValueError(f"need vocab >= 2 and 1 <= min_len <= max_len, found {vocab}, "
-                         f"{min_len}, {max_len}")
+        raise ArgumentError(f"need vocab >= 2 and 1 <= min_len <= max_len, found vocab "
+                            f"{vocab}, min_len {min_len}, max_len {max_len}")
     rng = np.random.default_rng([seed, index])
     length = int(rng.integers(min_len, max_len + 1))
     start, stride = (int(v) for v in rng.integers(0, vocab, size=2))

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcrun.errors import ArgumentError, FormatError
+
 LEDGER_FILE = "ledger.jsonl"
 
 Segment = tuple[int, ...]
@@ -37,8 +39,8 @@ class LedgerLine:
 
     def __post_init__(self) -> None:
         if self.step < 0 or self.batch < 0:
-            raise ValueError(f"ledger step and batch must be >= 0, found {self.step}, "
-                             f"{self.batch}")
+            raise ArgumentError(f"ledger step and batch must be >= 0, found step {self.step}, "
+                                f"batch {self.batch}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,10 +85,12 @@ class LedgerReport:
 
 
 def parse_line(raw: Any) -> LedgerLine:
-    """Validate one decoded ledger line; ValueError/TypeError/KeyError when malformed."""
+    """Validate one decoded ledger line; a ValueError (:class:`FormatError`), TypeError or
+    KeyError when malformed."""
     samples = tuple(tuple(int(x) for x in row) for row in raw["samples"])
     if not all(len(row) == 6 for row in samples):
-        raise ValueError("ledger rows have 6 fields")
+        raise FormatError("ledger rows have 6 fields (row, sample_id, source, epoch, offset, "
+                          f"length), found rows of {sorted({len(r) for r in samples})} fields")
     return LedgerLine(step=int(raw["step"]), batch=int(raw["batch"]),
                       generation=int(raw["generation"]), samples=samples)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from hpcrun.errors import SpecError
+from hpcrun.errors import ArgumentError, SpecError
 
 
 class DrillFault(StrEnum):
@@ -68,7 +68,8 @@ class MatrixRow:
 
     def __post_init__(self) -> None:
         if not self.backends <= {"local", "slurm"}:
-            raise ValueError(f"backends must be local/slurm, found {sorted(self.backends)}")
+            raise ArgumentError(f"a drill row's backends must be among 'local' and 'slurm', "
+                                f"found {sorted(self.backends)}")
 
 
 _L, _S = "local", "slurm"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CheckpointError
+from hpcrun.errors import ArgumentError, CheckpointError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,7 +49,8 @@ class CheckpointState:
 
     def __post_init__(self) -> None:
         if len(self.ranks) != self.world_size:
-            raise ValueError(f"{len(self.ranks)} rank states for world size {self.world_size}")
+            raise ArgumentError(f"{len(self.ranks)} rank states for world size "
+                                f"{self.world_size}; expected one per restore rank")
 
 
 def committed(run_dir: Path) -> list[Any]:

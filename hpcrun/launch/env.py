@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from hpcrun.errors import EnvError, HpcrunError
+from hpcrun.errors import ArgumentError, EnvError, HpcrunError
 
 
 class Launcher(StrEnum):
@@ -56,10 +56,11 @@ def derive_master_port(job_id: str, restart_count: int, attempt: int, *, base: i
         ValueError: negative counts, or a range outside 1..65535.
     """
     if restart_count < 0 or attempt < 0:
-        raise ValueError(f"restart_count and attempt must be >= 0, found {restart_count}, "
-                         f"{attempt}")
+        raise ArgumentError(f"restart_count and attempt must be >= 0, found restart_count "
+                            f"{restart_count}, attempt {attempt}")
     if not (base >= 1 and span >= 1 and base + span - 1 <= 65535):
-        raise ValueError(f"port range [{base}, {base + span}) is not within 1..65535")
+        raise ArgumentError(f"port range [{base}, {base + span}) is not within 1..65535; "
+                            "choose a base and span that fit below the ephemeral range")
     digest = hashlib.blake2b(job_id.encode(), digest_size=8).digest()
     offset = int.from_bytes(digest, "big") % span
     diagonal = restart_count + attempt

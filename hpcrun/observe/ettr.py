@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from hpcrun.errors import ArgumentError
 from hpcrun.observe.events import span_bounds
 from hpcrun.protocols import Event
 
@@ -75,8 +76,9 @@ class Allocation:
 
     def __post_init__(self) -> None:
         if self.end < self.start or self.nodes < 1:
-            raise ValueError(f"allocation of generation {self.generation} needs end >= start "
-                             f"and nodes >= 1, got {self.start}..{self.end}, {self.nodes} nodes")
+            raise ArgumentError(f"allocation of generation {self.generation} needs end >= "
+                                f"start and nodes >= 1, got {self.start}..{self.end}, "
+                                f"{self.nodes} nodes")
 
     @property
     def seconds(self) -> float:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import ArgumentError
 from hpcrun.protocols import Event
 
 EVENTS_DIR = "events"
@@ -91,7 +92,7 @@ class EventWriter:
                  dataset_id: str = "", versions: Mapping[str, str] | None = None,
                  clock: Clock = SYSTEM_CLOCK, max_queue: int = 10000) -> None:
         if max_queue < 1:
-            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+            raise ArgumentError(f"max_queue must be >= 1 event, got {max_queue}")
         self.path = Path(path)
         self._base: dict[str, Any] = {
             "run_id": run_id, "generation": generation, "rank": rank, "node": node,

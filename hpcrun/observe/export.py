@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcrun.errors import ArgumentError
 from hpcrun.observe.status import StatusView
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
@@ -37,9 +38,11 @@ class Metric:
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", self.name):
-            raise ValueError(f"invalid Prometheus metric name {self.name!r}")
+            raise ArgumentError(f"invalid Prometheus metric name {self.name!r}; expected "
+                                "letters, digits, '_' and ':', not starting with a digit")
         if self.type not in ("gauge", "counter"):
-            raise ValueError(f"metric type must be gauge or counter, got {self.type!r}")
+            raise ArgumentError(f"metric type must be 'gauge' or 'counter', got "
+                                f"{self.type!r}")
 
 
 def metrics_from_status(view: StatusView) -> list[Metric]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import ArgumentError
 from hpcrun.observe.heartbeat import NodeHeartbeat
 
 DUMP_SIGNAL: int = signal.SIGRTMIN + 2
@@ -67,7 +68,7 @@ def detect_hangs(heartbeats: Mapping[str, NodeHeartbeat], now: float, *,
     beats are then stale by construction. Sorted by node then rank.
     """
     if threshold_s <= 0:
-        raise ValueError(f"hang threshold must be > 0 s, got {threshold_s}")
+        raise ArgumentError(f"hang threshold must be > 0 s, got {threshold_s}")
     hangs: list[Hang] = []
     for node in sorted(heartbeats):
         hb = heartbeats[node]
@@ -105,7 +106,8 @@ def learned_threshold(step_times: Sequence[float], *, floor_s: float, factor: fl
     being mistaken for the norm while still tracking the run's real pace.
     """
     if floor_s <= 0 or factor < 1:
-        raise ValueError(f"need floor_s > 0 and factor >= 1, got {floor_s}, {factor}")
+        raise ArgumentError(f"need floor_s > 0 and factor >= 1, got floor_s {floor_s}, "
+                            f"factor {factor}")
     clean = sorted(t for t in step_times if t >= 0)
     if not clean:
         return floor_s

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import ArgumentError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 HEARTBEAT_SCHEMA_VERSION = 1
@@ -43,7 +44,8 @@ class RankBeat:
 
     def __post_init__(self) -> None:
         if self.rank < 0 or self.pid < 0:
-            raise ValueError(f"rank and pid must be >= 0, got rank={self.rank} pid={self.pid}")
+            raise ArgumentError(f"rank and pid must be >= 0, got rank={self.rank} "
+                                f"pid={self.pid}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

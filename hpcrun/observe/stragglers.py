@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hpcrun.errors import ArgumentError
 from hpcrun.protocols import Event
 
 
@@ -48,13 +49,13 @@ class Straggler:
 
     def __post_init__(self) -> None:
         if self.score < 0:
-            raise ValueError(f"straggler score must be >= 0, got {self.score}")
+            raise ArgumentError(f"straggler score must be >= 0, got {self.score}")
 
 
 def quantile(values: Sequence[float], q: float) -> float:
     """Nearest-rank quantile of non-empty ``values`` (q in [0, 1])."""
     if not values:
-        raise ValueError("quantile of an empty sequence")
+        raise ArgumentError(f"quantile {q} of an empty sequence; expected at least one value")
     ordered = sorted(values)
     idx = math.ceil(round(q * len(ordered), 9)) - 1  # round: 0.95 × 20 must be 19, not 19.0000001
     return ordered[max(0, min(len(ordered) - 1, idx))]
@@ -75,7 +76,7 @@ def straggler_scores(step_times_by_rank: Mapping[int, Sequence[float]], *,
                      window: int) -> dict[int, float]:
     """Each rank's score over its last ``window`` steps (ranks with fewer steps are omitted)."""
     if window < 1:
-        raise ValueError(f"straggler window must be >= 1 step, got {window}")
+        raise ArgumentError(f"straggler window must be >= 1 step, got {window}")
     medians = {r: statistics.median(ts[-window:]) for r, ts in step_times_by_rank.items()
                if len(ts) >= window}
     if not medians:
@@ -90,8 +91,8 @@ def find_stragglers(step_times_by_rank: Mapping[int, Sequence[float]], threshold
                     window: int, *, nodes: Mapping[int, str] | None = None) -> list[Straggler]:
     """Ranks whose score over the last ``window`` steps exceeds ``threshold``, slowest first."""
     if threshold <= 1.0:
-        raise ValueError(f"straggler threshold must be > 1.0 (a ratio to the gang median), "
-                         f"got {threshold}")
+        raise ArgumentError(f"straggler threshold must be > 1.0 (a ratio to the gang "
+                            f"median), got {threshold}")
     nodes = nodes or {}
     found = [Straggler(rank=r, node=nodes.get(r, ""), score=s)
              for r, s in straggler_scores(step_times_by_rank, window=window).items()

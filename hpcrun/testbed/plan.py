@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from hpcrun.errors import ArgumentError
 from hpcrun.testbed.config import CONTROLLER_HOSTNAME, TestbedConfig
 
 PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server")
@@ -40,7 +41,8 @@ def pid_file_name(daemon: Daemon, node: str | None = None) -> str:
     """Name of the testbed's own pid file for ``daemon`` (one per node for slurmd)."""
     if daemon is Daemon.SLURMD:
         if node is None:
-            raise ValueError("slurmd pid files are per node: pass node")
+            raise ArgumentError("slurmd pid files are per node, and no node was given: pass "
+                                "node=<name>")
         return f"slurmd-{node}.pid"
     return f"{daemon.value}.pid"
 

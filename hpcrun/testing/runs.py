@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from hpcrun.errors import WaitTimeoutError
+
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
@@ -76,5 +78,6 @@ def wait_for_state(run_dir: Path, states: Iterable[str], *, timeout: float,
         if str(record.state) in wanted:
             return record
         time.sleep(poll_s)
-    raise TimeoutError(f"run {run_dir.name} is {record.state} (step {record.step}) after "
-                       f"{timeout:.0f} s; wanted one of {sorted(wanted)}")
+    raise WaitTimeoutError(f"run {run_dir.name} is {record.state} (step {record.step}) after "
+                           f"{timeout:.0f} s; wanted one of {sorted(wanted)}; read its "
+                           "logs/ and `hpcrun status` for why it is stuck")
