@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +52,9 @@ from hpcrun.errors import (
     StaleGenerationError,
 )
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import AsyncPolicy
 
 _log = logging.getLogger(__name__)
-
-
-class AsyncPolicy(StrEnum):
-    """What a save does while another is still being written."""
-
-    BLOCK = "block"
-    SKIP = "skip"
 
 
 @dataclass(kw_only=True, slots=True)

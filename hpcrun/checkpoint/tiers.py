@@ -14,24 +14,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import EntryKind, LogEntry
 from hpcrun.errors import CheckpointError
+from hpcrun.vocab import Tier
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CKPT_DIR = "ckpt"
 MANIFEST_NAME = "manifest.json"
-
-
-class Tier(StrEnum):
-    """Storage tiers, fastest first."""
-
-    NODE_LOCAL = "node_local"
-    SHARED = "shared"
 
 
 def checkpoint_id(*, generation: int, step: int, holder: str) -> str:

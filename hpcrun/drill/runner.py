@@ -31,8 +31,8 @@ from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
 from hpcrun.drill.rto import RtoSplit, rto_splits
 from hpcrun.errors import HpcrunError, SpecError
+from hpcrun.vocab import TERMINAL
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 HANG_S = 6.0
 """Hang threshold the drill sets (``HPCRUN_HANG_S``): detection in seconds, not minutes."""
 
@@ -181,7 +181,7 @@ def wait_terminal(run_dir: Path, *, timeout_s: float, clock: Clock = SYSTEM_CLOC
     deadline = clock.monotonic() + timeout_s
     while True:
         record = read_record(run_dir)
-        if str(record.state) in TERMINAL or clock.monotonic() > deadline:
+        if record.state in TERMINAL or clock.monotonic() > deadline:
             return record
         if on_poll is not None:
             on_poll(record)

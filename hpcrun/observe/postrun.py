@@ -19,11 +19,11 @@ from hpcrun.errors import RecordError
 from hpcrun.observe.ettr import EttrReport
 from hpcrun.observe.status import RecordFacts
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import TERMINAL
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_DIR = "post_run"
 ARTIFACTS_DIR = "artifacts"
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,9 +99,9 @@ def realized_counts(cursor: Mapping[str, Any], depth: int = 3) -> dict[str, Any]
 def build_manifest(facts: RecordFacts, *, provenance: Provenance, artifacts: Iterable[Artifact],
                    ettr: EttrReport, created_ts: float) -> dict[str, Any]:
     """The post-run manifest of a terminal run (pure)."""
-    if facts.state not in TERMINAL_STATES:
+    if facts.state not in TERMINAL:
         raise RecordError(f"run {facts.run_id} is {facts.state}, expected a terminal state "
-                          f"({', '.join(sorted(TERMINAL_STATES))}); the manifest is written at "
+                          f"({', '.join(sorted(TERMINAL))}); the manifest is written at "
                           "the end")
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION, "run_id": facts.run_id,

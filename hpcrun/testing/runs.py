@@ -16,8 +16,6 @@ from typing import Any
 
 import yaml
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-
 
 def tiny_spec(*, manifest: Path, site: str = "local", nodes: int = 2, tasks_per_node: int = 2,
               steps: int = 40, every_steps: int = 10, **overrides: Any) -> dict[str, Any]:
