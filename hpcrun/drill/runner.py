@@ -24,8 +24,9 @@ from typing import Any
 import yaml
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.log import RunLog
 from hpcrun.drill.contracts import ContractResult, check_contracts
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
@@ -243,9 +244,9 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
             done.append(True)
             node = str(record.membership[-1])
             crash_testbed_node(node)
-            RunLog(run_dir).append(EntryKind.NOTE, generation=UNFENCED, holder="", payload={
-                "event": "fault_injected", "fault": str(row.fault), "node": node,
-                "step": int(record.step)})
+            RunLog(run_dir).append_entry(FaultInjectedNote(
+                fault=row.fault.value, node=node, step=int(record.step)),
+                generation=UNFENCED, holder="")
             crashed.append(node)
 
     if row.fault == DrillFault.CANCEL:
