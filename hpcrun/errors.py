@@ -95,6 +95,14 @@ class RecordError(HpcrunError, RuntimeError):
     """A run record or run directory is missing, unreadable or inconsistent."""
 
 
+class PayloadError(RecordError, ValueError):
+    """A log entry's payload does not have the shape its kind requires."""
+
+
+class MalformedEntryError(RecordError, ValueError):
+    """A log slot's bytes are not a log entry of a known schema version."""
+
+
 class TransitionError(HpcrunError, ValueError):
     """A run state change that the state machine does not allow (e.g. leaving a terminal state)."""
 

@@ -21,11 +21,11 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ArgumentError, ConfigError
+from hpcrun.vocab import CadenceKind
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -137,14 +137,6 @@ def posterior_mtbf(prior_mtbf_s: float, *, exposure_s: float, interruptions: int
     return (prior_mtbf_s + exposure_s) / (1 + interruptions)
 
 
-class CadenceKind(StrEnum):
-    """How checkpoints are spaced."""
-
-    EVERY_STEPS = "every_steps"
-    EVERY_SECONDS = "every_seconds"
-    YOUNG = "young"
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CadencePolicy:
     """A run's checkpoint cadence as declared in its spec."""
@@ -184,9 +176,9 @@ def as_cadence_policy(policy: Any) -> CadencePolicy:
     """
     if isinstance(policy, CadencePolicy):
         return policy
-    kind = getattr(policy, "kind", None) or getattr(policy, "cadence", None)
+    kind: Any = getattr(policy, "kind", None) or getattr(policy, "cadence", None)
     try:
-        cadence = CadenceKind(str(kind))
+        cadence = CadenceKind(kind)
     except ValueError:
         raise ConfigError(f"unknown checkpoint cadence {kind!r}; expected one of "
                           f"{', '.join(k.value for k in CadenceKind)}") from None

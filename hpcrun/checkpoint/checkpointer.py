@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,8 @@ from hpcrun.checkpoint.tiers import (
     tier_paths,
 )
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.entries import FaultPayload, RestoreFellBackNote
+from hpcrun.control.log import RunLog
 from hpcrun.errors import (
     CheckpointError,
     ConfigError,
@@ -53,15 +53,9 @@ from hpcrun.errors import (
     StaleGenerationError,
 )
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import AsyncPolicy, FaultClass
 
 _log = logging.getLogger(__name__)
-
-
-class AsyncPolicy(StrEnum):
-    """What a save does while another is still being written."""
-
-    BLOCK = "block"
-    SKIP = "skip"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -327,13 +321,12 @@ class Checkpointer:
     def _incident(self, ckpt: CommittedCheckpoint, detail: str) -> None:
         _log.warning("checkpoint %s not restorable on rank %d: %s", ckpt.ckpt_id,
                      self.layout.rank, detail)
-        self._log.append(EntryKind.FAULT, generation=self.id.generation, holder=self.id.holder,
-                         payload={"fault": "storage_error", "node": self.layout.node,
-                                  "rank": self.layout.rank, "step": ckpt.step,
-                                  "signature": "ckpt:verify", "ckpt_id": ckpt.ckpt_id,
-                                  "detail": detail[:2000],
-                                  # an incident: the restore falls back, training goes on
-                                  "background": True})
+        self._log.append_entry(FaultPayload(
+            fault=FaultClass.STORAGE_ERROR, node=self.layout.node, rank=self.layout.rank,
+            step=ckpt.step, signature="ckpt:verify", ckpt_id=ckpt.ckpt_id,
+            detail=detail[:2000],
+            background=True),  # an incident: the restore falls back, training goes on
+            generation=self.id.generation, holder=self.id.holder)
 
     def _load(self, m: Manifest, buf: Any, tiers: set[str], state: Mapping[str, Any],
               rows: Mapping[str, Any], skipped: list[str]) -> RestoreResult:
@@ -348,9 +341,9 @@ class Checkpointer:
             restore_rng(meta[RNG_FIELD])
         self._parent = m.ckpt_id
         if skipped and self.layout.rank == 0:
-            self._log.append(EntryKind.NOTE, generation=self.id.generation, holder=self.id.holder,
-                             payload={"note": "restore fell back", "restored": m.ckpt_id,
-                                      "skipped": skipped})
+            self._log.append_entry(RestoreFellBackNote(restored=m.ckpt_id,
+                                                       skipped=tuple(skipped)),
+                                   generation=self.id.generation, holder=self.id.holder)
         return RestoreResult(ckpt_id=m.ckpt_id, step=m.step,
                              tier=str(Tier.SHARED if shared else Tier.NODE_LOCAL),
                              extra=dict(m.extra), skipped=tuple(skipped))

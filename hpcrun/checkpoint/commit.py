@@ -31,9 +31,11 @@ from hpcrun.checkpoint.manifest import (
     parse_json,
 )
 from hpcrun.checkpoint.tiers import MANIFEST_NAME, CommittedCheckpoint, Tier, manifest_relpath
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.entries import CommitPayload, FaultPayload
+from hpcrun.control.log import RunLog
 from hpcrun.errors import CorruptCheckpointError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import FaultClass
 
 FAULT_STAGES = ("staging", "shard_write", "before_manifest", "before_commit", "after_commit")
 """Named points of the protocol where a fault hook is called (for crash tests)."""
@@ -147,11 +149,24 @@ def write_manifest(run_dir: Path, m: Manifest, *, storage: Storage = LOCAL_STORA
     return digest_bytes(top)
 
 
-def commit_payload(m: Manifest, *, tier: Tier, digest: str) -> dict[str, Any]:
-    """The COMMIT entry's payload (read by the control plane's fold)."""
-    return {"ckpt_id": m.ckpt_id, "tier": str(tier), "step": m.step,
-            "manifest": manifest_relpath(m.ckpt_id), "digest": digest, "bytes": m.bytes,
-            "nodes": m.node_names, "run_id": m.run_id, "generation": m.generation}
+def commit_entry(*, run_id: str, ckpt_id: str, generation: int, step: int, tier: Tier,
+                 digest: str, total_bytes: int, nodes: Sequence[str]) -> CommitPayload:
+    """The COMMIT entry of a checkpoint on ``tier``: every commit path builds it here.
+
+    Args:
+        run_id: run the checkpoint belongs to.
+        ckpt_id: the checkpoint.
+        generation: generation that saved it (not necessarily the one publishing this entry:
+            a shared-tier commit may come from a later incarnation).
+        step: step it holds.
+        tier: tier it is committed on.
+        digest: digest of its top manifest's bytes.
+        total_bytes: bytes of all its shards.
+        nodes: nodes that wrote its shards.
+    """
+    return CommitPayload(ckpt_id=ckpt_id, tier=tier, step=step,
+                         manifest=manifest_relpath(ckpt_id), digest=digest, bytes=total_bytes,
+                         nodes=tuple(nodes), run_id=run_id, generation=generation)
 
 
 def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[ShardReport], *,
@@ -164,33 +179,36 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
     """
     refused = refusal(reports, info.step)
     if refused is not None:
-        kind = "nonfinite" if refused[0] is Outcome.NONFINITE else "storage_error"
+        kind = FaultClass.NONFINITE if refused[0] is Outcome.NONFINITE else \
+            FaultClass.STORAGE_ERROR
         record_fault(log, info, kind=kind, detail=refused[1])
         return CommitOutcome(outcome=refused[0], message=refused[1])
     m = build_manifest(info, reports)
     if problems := check_coverage(m):
         detail = f"checkpoint {m.ckpt_id} is incomplete: {'; '.join(problems[:4])}"
-        record_fault(log, info, kind="storage_error", detail=detail)
+        record_fault(log, info, kind=FaultClass.STORAGE_ERROR, detail=detail)
         return CommitOutcome(outcome=Outcome.FAILED, message=detail)
     fault("before_manifest")
     digest = write_manifest(run_dir, m, storage=storage)
     fault("before_commit")
     try:
-        entry = log.publish(EntryKind.COMMIT, generation=info.generation, holder=info.holder,
-                            payload=commit_payload(m, tier=tier, digest=digest))
+        entry = log.publish_entry(commit_entry(
+            run_id=m.run_id, ckpt_id=m.ckpt_id, generation=m.generation, step=m.step,
+            tier=tier, digest=digest, total_bytes=m.bytes, nodes=m.node_names),
+            generation=info.generation, holder=info.holder)
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")
     return CommitOutcome(outcome=Outcome.COMMITTED, bytes=m.bytes, slot=entry.slot)
 
 
-def record_fault(log: RunLog, info: CheckpointInfo, *, kind: str, detail: str,
+def record_fault(log: RunLog, info: CheckpointInfo, *, kind: FaultClass, detail: str,
                  rank: int = 0, node: str = "") -> None:
     """Append a FAULT entry (an observation: it never publishes state)."""
-    log.append(EntryKind.FAULT, generation=info.generation, holder=info.holder,
-               payload={"fault": kind, "node": node or (info.nodes[rank] if info.nodes else ""),
-                        "rank": rank, "step": info.step, "signature": f"ckpt:{kind}",
-                        "detail": detail[:2000], "ckpt_id": info.ckpt_id})
+    log.append_entry(FaultPayload(
+        fault=kind, node=node or (info.nodes[rank] if info.nodes else ""), rank=rank,
+        step=info.step, signature=f"ckpt:{kind.value}", detail=detail[:2000],
+        ckpt_id=info.ckpt_id), generation=info.generation, holder=info.holder)
 
 
 def read_committed_json(run_dir: Path, ckpt: CommittedCheckpoint, *,
@@ -235,5 +253,5 @@ def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
 
 
 __all__ = ["FAULT_STAGES", "MANIFEST_NAME", "CheckpointInfo", "CommitOutcome", "Outcome",
-           "ShardReport", "build_manifest", "commit", "commit_payload", "read_manifest",
+           "ShardReport", "build_manifest", "commit", "commit_entry", "read_manifest",
            "record_fault", "refusal", "write_manifest"]

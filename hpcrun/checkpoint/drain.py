@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcrun.checkpoint.commit import read_manifest
+from hpcrun.checkpoint.commit import commit_entry, read_manifest
 from hpcrun.checkpoint.manifest import ShardRecord
 from hpcrun.checkpoint.rawio import Extent, read_file_cold, write_extents
 from hpcrun.checkpoint.shards import checksum, read_shard
@@ -32,7 +32,8 @@ from hpcrun.checkpoint.tiers import (
 from hpcrun.checkpoint.tiers import (
     node_local_root as local_ckpt_root,
 )
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.entries import DrainedPayload, DrainErrorNote
+from hpcrun.control.log import RunLog
 from hpcrun.errors import CorruptCheckpointError, HpcrunError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
@@ -135,12 +136,12 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
             _log.warning("drain of %s on %s failed: %s", ckpt.ckpt_id, node, exc)
             # A background incident, not a gang fault: training goes on, the drain is retried
             # next round, and the tier-1 RPO exposure grows until it succeeds.
-            log.append(EntryKind.NOTE, generation=generation, holder=holder,
-                       payload={"event": "drain_error", "node": node, "step": ckpt.step,
-                                "ckpt_id": ckpt.ckpt_id, "detail": str(exc)[:2000]})
+            log.append_entry(DrainErrorNote(node=node, step=ckpt.step, ckpt_id=ckpt.ckpt_id,
+                                            detail=str(exc)[:2000]),
+                             generation=generation, holder=holder)
             continue
-        log.publish(EntryKind.DRAINED, generation=generation, holder=holder,
-                    payload={"ckpt_id": ckpt.ckpt_id, "node": node})
+        log.publish_entry(DrainedPayload(ckpt_id=ckpt.ckpt_id, node=node),
+                          generation=generation, holder=holder)
         done.append(ckpt.ckpt_id)
     return done
 
@@ -152,14 +153,16 @@ def finalize_tier1(run_dir: Path, *, log: RunLog, generation: int, holder: str,
     ``num_nodes`` is the gang's node count; a checkpoint's own node list (from its COMMIT entry)
     decides coverage, so checkpoints of an earlier, differently sized incarnation also finalize.
     """
-    del run_dir, num_nodes  # coverage comes from the log alone
+    del num_nodes  # coverage comes from the log alone
     out = []
     for c in fold_checkpoints(log.read()):
         if Tier.NODE_LOCAL in c.tiers and Tier.SHARED not in c.tiers and set(c.nodes) <= c.drained:
-            log.publish(EntryKind.COMMIT, generation=generation, holder=holder,
-                        payload={"ckpt_id": c.ckpt_id, "tier": str(Tier.SHARED), "step": c.step,
-                                 "manifest": c.manifest, "digest": c.digest, "bytes": c.bytes,
-                                 "nodes": list(c.nodes)})
+            # the same entry as the tier-0 commit, on tier 1 (the run directory is named by
+            # the run id, for checkpoints committed before commits carried it)
+            log.publish_entry(commit_entry(
+                run_id=c.run_id or Path(run_dir).name, ckpt_id=c.ckpt_id,
+                generation=c.generation, step=c.step, tier=Tier.SHARED, digest=c.digest,
+                total_bytes=c.bytes, nodes=c.nodes), generation=generation, holder=holder)
             out.append(c.ckpt_id)
     return out
 

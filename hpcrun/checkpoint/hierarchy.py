@@ -33,6 +33,7 @@ from hpcrun.checkpoint.commit import (
     CheckpointInfo,
     CommitOutcome,
     Outcome,
+    commit_entry,
     read_committed_json,
     record_fault,
 )
@@ -49,9 +50,10 @@ from hpcrun.checkpoint.manifest import (
 )
 from hpcrun.checkpoint.state import META_KEY
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.log import RunLog
 from hpcrun.errors import CorruptCheckpointError, FormatError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import FaultClass
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -380,11 +382,11 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     """
     if any(s.nonfinite for s in summaries):
         detail = "; ".join(p for s in summaries if s.nonfinite for p in s.problems[:1])
-        record_fault(log, info, kind="nonfinite", detail=detail)
+        record_fault(log, info, kind=FaultClass.NONFINITE, detail=detail)
         return CommitOutcome(outcome=Outcome.NONFINITE, message=detail)
     if problems := check_nodes(info.nodes, summaries):
         detail = f"checkpoint {info.ckpt_id} is incomplete: {'; '.join(problems[:4])}"
-        record_fault(log, info, kind="storage_error", detail=detail)
+        record_fault(log, info, kind=FaultClass.STORAGE_ERROR, detail=detail)
         return CommitOutcome(outcome=Outcome.FAILED, message=detail)
     fault("before_manifest")
     top = encode_top_manifest(info, summaries)
@@ -393,13 +395,12 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     storage.write_atomic(path, top)
     fault("before_commit")
     total = sum(s.bytes for s in summaries)
-    payload = {"ckpt_id": info.ckpt_id, "tier": str(tier), "step": info.step,
-               "manifest": manifest_relpath(info.ckpt_id), "digest": digest_bytes(top),
-               "bytes": total, "nodes": sorted(set(info.nodes)), "run_id": info.run_id,
-               "generation": info.generation}
+    payload = commit_entry(run_id=info.run_id, ckpt_id=info.ckpt_id,
+                           generation=info.generation, step=info.step, tier=tier,
+                           digest=digest_bytes(top), total_bytes=total,
+                           nodes=sorted(set(info.nodes)))
     try:
-        entry = log.publish(EntryKind.COMMIT, generation=info.generation, holder=info.holder,
-                            payload=payload)
+        entry = log.publish_entry(payload, generation=info.generation, holder=info.holder)
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")

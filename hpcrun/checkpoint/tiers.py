@@ -12,26 +12,26 @@ A checkpoint is committed on a tier only through a COMMIT entry that counts unde
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
+from hpcrun.control.entries import (
+    CommitPayload,
+    DrainedPayload,
+    EntryKind,
+    EntryPayload,
+    LogEntry,
+    PayloadError,
+    decode,
+)
 from hpcrun.control.fencing import fold_fences
-from hpcrun.control.log import EntryKind, LogEntry
 from hpcrun.errors import CheckpointError
+from hpcrun.vocab import Tier
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CKPT_DIR = "ckpt"
 MANIFEST_NAME = "manifest.json"
-
-
-class Tier(StrEnum):
-    """Storage tiers, fastest first."""
-
-    NODE_LOCAL = "node_local"
-    SHARED = "shared"
 
 
 def checkpoint_id(*, generation: int, step: int, holder: str) -> str:
@@ -84,20 +84,26 @@ class CommittedCheckpoint:
     """Slot of its first COMMIT entry (log order = commit order)."""
     committed_at: float
     """Wall time of its first commit."""
-    tiers: frozenset[str] = frozenset()
+    tiers: frozenset[Tier] = frozenset()
     """Tiers it is committed on."""
     shared_at: float | None = None
     """Wall time of its tier-1 commit, if any."""
     drained: frozenset[str] = frozenset()
     """Nodes whose DRAINED entry counts."""
+    run_id: str | None = None
+    """Run it belongs to, as its first commit says (None in commits that predate the field)."""
 
 
-def _commit_fields(p: Mapping[str, Any]) -> dict[str, Any] | None:
-    ok = (isinstance(p.get("ckpt_id"), str) and _ID_RE.match(p["ckpt_id"])
-          and p.get("tier") in set(Tier) and isinstance(p.get("step"), int)
-          and isinstance(p.get("manifest"), str) and isinstance(p.get("nodes"), list)
-          and all(isinstance(n, str) for n in p["nodes"]))
-    return dict(p) if ok else None
+def _counted_payloads(entries: Iterable[LogEntry]) -> Iterator[tuple[LogEntry, EntryPayload]]:
+    """Entries that count under generation fencing, decoded; malformed ones are left out."""
+    _, valid = fold_fences(entries)
+    for e in valid:
+        if e.kind not in (EntryKind.COMMIT, EntryKind.DRAINED):
+            continue
+        try:
+            yield e, decode(e)
+        except PayloadError:
+            continue
 
 
 def fold_checkpoints(entries: Iterable[LogEntry]) -> list[CommittedCheckpoint]:
@@ -105,23 +111,21 @@ def fold_checkpoints(entries: Iterable[LogEntry]) -> list[CommittedCheckpoint]:
 
     Only entries that count under generation fencing are used; malformed payloads are ignored.
     """
-    _, valid = fold_fences(entries)
     found: dict[str, CommittedCheckpoint] = {}
     drained: dict[str, set[str]] = {}
-    for e in valid:
-        if e.kind == EntryKind.DRAINED and isinstance(e.payload.get("node"), str):
-            drained.setdefault(str(e.payload.get("ckpt_id")), set()).add(e.payload["node"])
-        if e.kind != EntryKind.COMMIT or (p := _commit_fields(e.payload)) is None:
+    for e, p in _counted_payloads(entries):
+        if isinstance(p, DrainedPayload):
+            drained.setdefault(p.ckpt_id, set()).add(p.node)
+        if not isinstance(p, CommitPayload) or not _ID_RE.match(p.ckpt_id):
             continue
-        old = found.get(p["ckpt_id"])
+        old = found.get(p.ckpt_id)
         if old is None:
             old = CommittedCheckpoint(
-                ckpt_id=p["ckpt_id"], step=p["step"], generation=e.generation,
-                manifest=p["manifest"], digest=str(p.get("digest", "")),
-                bytes=int(p.get("bytes", 0)), nodes=tuple(p["nodes"]), slot=e.slot,
-                committed_at=e.ts)
-        shared_at = e.ts if p["tier"] == Tier.SHARED and old.shared_at is None else old.shared_at
-        found[p["ckpt_id"]] = replace(old, tiers=old.tiers | {p["tier"]}, shared_at=shared_at)
+                ckpt_id=p.ckpt_id, step=p.step, generation=e.generation, manifest=p.manifest,
+                digest=p.digest, bytes=p.bytes, nodes=p.nodes, slot=e.slot, committed_at=e.ts,
+                run_id=p.run_id)
+        shared_at = e.ts if p.tier == Tier.SHARED and old.shared_at is None else old.shared_at
+        found[p.ckpt_id] = replace(old, tiers=old.tiers | {p.tier}, shared_at=shared_at)
     return [replace(c, drained=frozenset(drained.get(c.ckpt_id, ()))) for c in found.values()]
 
 

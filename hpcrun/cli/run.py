@@ -177,20 +177,21 @@ def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
 
 
 def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) -> str:
+    from hpcrun.control.entries import ActionKind, JobPayload, OpPayload
     from hpcrun.control.fencing import UNFENCED
-    from hpcrun.control.log import EntryKind, RunLog
+    from hpcrun.control.log import RunLog
     from hpcrun.launch.submit import submit_submitit
     from hpcrun.runtime.agent import agent_main
 
     log = RunLog(run_dir)
     op_id = f"{run_dir.name}.submit.0"
-    log.append(EntryKind.OP, generation=UNFENCED, holder="",
-               payload={"op_id": op_id, "action": "submit"})
+    log.append_entry(OpPayload(op_id=op_id, action=ActionKind.SUBMIT), generation=UNFENCED,
+                     holder="")
     _job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
     os.environ.update(job_env)  # sbatch exports the submitting environment to the job
     job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id, entry=agent_main)
-    log.append(EntryKind.JOB, generation=UNFENCED, holder="",
-               payload={"job_id": job_id, "backend": "slurm", "op_id": op_id})
+    log.append_entry(JobPayload(job_id=job_id, backend="slurm", op_id=op_id),
+                     generation=UNFENCED, holder="")
     return job_id
 
 

@@ -20,7 +20,6 @@ from hpcrun.control.record import (
     read_record,
 )
 from hpcrun.control.retry import (
-    FaultClass,
     RetryAction,
     RetryDecision,
     backoff_delay,
@@ -29,12 +28,9 @@ from hpcrun.control.retry import (
     quarantine_candidates,
 )
 from hpcrun.control.spec import (
-    AsyncPolicy,
     Budgets,
-    Cadence,
     CheckpointPolicy,
     CodeVersion,
-    Contract,
     DataSpec,
     Membership,
     MembershipMode,
@@ -44,14 +40,16 @@ from hpcrun.control.spec import (
     freeze_spec,
     load_spec,
 )
-from hpcrun.control.states import RunState, is_terminal, transition
+from hpcrun.control.states import is_terminal, transition
 from hpcrun.control.watch import WatchResult, execute, watch_once
+from hpcrun.vocab import AsyncPolicy, CadenceKind, FaultClass, ResumeContract, RunState
 
 __all__ = [
-    "UNFENCED", "Action", "AsyncPolicy", "Budgets", "Cadence", "CancelResult", "CheckpointPolicy",
-    "CheckpointRef", "CodeVersion", "Contract", "DataSpec", "EntryKind", "FaultClass",
+    "UNFENCED", "Action", "AsyncPolicy", "Budgets", "CadenceKind", "CancelResult",
+    "CheckpointPolicy", "CheckpointRef", "CodeVersion", "DataSpec", "EntryKind", "FaultClass",
     "FaultRecord", "Fence", "LogEntry", "Membership", "MembershipMode", "ReconcilePolicy",
-    "Resources", "RetryAction", "RetryDecision", "RetryPolicy", "RunLog", "RunRecord",
+    "Resources", "ResumeContract", "RetryAction", "RetryDecision", "RetryPolicy", "RunLog",
+    "RunRecord",
     "RunSpec", "RunState", "WatchResult", "backoff_delay", "cancel_run", "classify_exit",
     "create_run", "decide_retry", "execute", "fold_fences", "fold_record", "freeze_spec",
     "is_effective", "is_terminal", "latest_checkpoint", "load_run_spec", "load_spec",

@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import ActionKind, OpPayload, OpPhase, StatePayload
 from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import EntryKind, RunLog, new_holder
+from hpcrun.control.log import RunLog, new_holder
 from hpcrun.control.record import RunRecord, load_run_spec, read_record
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import RunState, is_terminal
@@ -66,9 +67,9 @@ def _fence_and_record(log: RunLog, user: str) -> int:
     for _ in range(CLAIM_TRIES):
         try:
             fence = log.claim(new_holder("cancel-"))
-            log.publish(EntryKind.STATE, generation=fence.generation, holder=fence.holder,
-                        payload={"state": RunState.CANCELLED.value,
-                                 "reason": f"cancelled by {user}"})
+            log.publish_entry(StatePayload(state=RunState.CANCELLED,
+                                           reason=f"cancelled by {user}"),
+                              generation=fence.generation, holder=fence.holder)
             return fence.generation
         except StaleGenerationError:
             continue  # an incarnation fenced at the same moment: claim the next generation
@@ -86,18 +87,18 @@ def _scancel_all(log: RunLog, record: RunRecord, slurm: SlurmClient) -> tuple[st
         op_id = _cancel_op_id(record.run_id, job_id)
         if record.op_done(op_id):
             continue
-        base = {"op_id": op_id, "action": "cancel", "job_id": job_id}
-        log.append(EntryKind.OP, generation=UNFENCED, holder="",
-                   payload={**base, "phase": "intent"})
+        op = OpPayload(op_id=op_id, action=ActionKind.CANCEL, job_id=job_id,
+                       phase=OpPhase.INTENT)
+        log.append_entry(op, generation=UNFENCED, holder="")
         try:
             known = slurm.scancel(job_id)
         except SchedulerError as exc:
             errors.append(str(exc))
-            log.append(EntryKind.OP, generation=UNFENCED, holder="",
-                       payload={**base, "phase": "failed", "error": str(exc)})
+            log.append_entry(replace(op, phase=OpPhase.FAILED, error=str(exc)),
+                             generation=UNFENCED, holder="")
             continue
-        log.append(EntryKind.OP, generation=UNFENCED, holder="",
-                   payload={**base, "phase": "done", "known": known})
+        log.append_entry(replace(op, phase=OpPhase.DONE, extra={"known": known}),
+                         generation=UNFENCED, holder="")
         done.append(job_id)
     if errors:
         raise SchedulerError(f"run {record.run_id} is recorded CANCELLED but scancel failed: "

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hpcrun.control.log import EntryKind, LogEntry
+from hpcrun.control.entries import EntryKind, LogEntry
 
 UNFENCED = -1
 """Generation of observation entries, which need no ownership."""

@@ -12,86 +12,31 @@ guessed at.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import (
+    LOG_SCHEMA_VERSION,
+    EntryKind,
+    EntryPayload,
+    FencePayload,
+    LogEntry,
+)
+from hpcrun.control.fencing import NO_FENCE, Fence, apply_entry
 from hpcrun.errors import RecordError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
-if TYPE_CHECKING:
-    from hpcrun.control.fencing import Fence
+__all__ = ["LOG_SCHEMA_VERSION", "SLOT_DIGITS", "EntryKind", "LogEntry", "RunLog", "new_holder",
+           "parse_slot", "slot_name"]
 
-LOG_SCHEMA_VERSION = 1
 SLOT_DIGITS = 9
 _SLOT_RE = re.compile(rf"^(\d{{{SLOT_DIGITS}}})\.json$")
-
-
-class EntryKind(StrEnum):
-    """What a log entry records."""
-
-    FENCE = "fence"            # an incarnation claims generation g+1
-    STATE = "state"            # run state transition (payload: state, reason)
-    JOB = "job"                # a scheduler job id bound to the run (payload: job_id, backend)
-    OP = "op"                  # an action's intent, logged before it is sent (op_id, action)
-    HEARTBEAT = "heartbeat"    # summary of node heartbeats (payload: nodes, step, ts)
-    PROGRESS = "progress"      # validated progress (payload: step, tokens)
-    COMMIT = "commit"          # a checkpoint committed on a tier (ckpt_id, tier, step)
-    DRAINED = "drained"        # one node drained a checkpoint to tier 1 (payload: ckpt_id, node)
-    CURSOR = "cursor"          # data cursor at a committed step
-    FAULT = "fault"            # a classified failure (payload: fault, node, rank, step, signature)
-    QUARANTINE = "quarantine"  # a node excluded from later allocations (payload: node, reason)
-    RESULT = "result"          # terminal result / post-run manifest reference
-    NOTE = "note"              # free-form observation
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LogEntry:
-    """One entry of the run log."""
-
-    slot: int
-    """Position in the log; the order of events."""
-    kind: str
-    """An :class:`EntryKind` value (kept as str so newer kinds survive an older reader)."""
-    generation: int
-    """Generation of the writer (its fencing token), or -1 for an unfenced observation."""
-    holder: str
-    """Incarnation id of the writer, paired with ``generation``."""
-    ts: float
-    """Wall-clock time of writing."""
-    writer: str
-    """host:pid of the writer, for people."""
-    payload: Mapping[str, Any] = field(default_factory=dict)
-    """Kind-specific content (JSON values only)."""
-    schema_version: int = LOG_SCHEMA_VERSION
-
-    def to_bytes(self) -> bytes:
-        body = {k: getattr(self, k) for k in self.__slots__ if k != "slot"}  # type: ignore[attr-defined]
-        body["payload"] = dict(self.payload)
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, slot: int, raw: bytes) -> LogEntry:
-        """Parse an entry read from disk; raise ValueError for anything malformed."""
-        body = json.loads(raw)
-        if not isinstance(body, dict) or body.get("schema_version") != LOG_SCHEMA_VERSION:
-            raise ValueError("not a log entry of a known schema_version")
-        kind, gen, holder = body.get("kind"), body.get("generation"), body.get("holder")
-        ts, writer, payload = body.get("ts"), body.get("writer"), body.get("payload")
-        if not (isinstance(kind, str) and isinstance(gen, int) and isinstance(holder, str)
-                and isinstance(ts, int | float) and isinstance(writer, str)
-                and isinstance(payload, dict)):
-            raise ValueError("log entry fields have the wrong types")
-        return cls(slot=slot, kind=kind, generation=gen, holder=holder, ts=float(ts),
-                   writer=writer, payload=payload)
 
 
 def slot_name(slot: int) -> str:
@@ -101,12 +46,6 @@ def slot_name(slot: int) -> str:
 def parse_slot(name: str) -> int | None:
     m = _SLOT_RE.match(name)
     return int(m.group(1)) if m else None
-
-
-def _no_fence() -> Fence:
-    from hpcrun.control.fencing import NO_FENCE
-
-    return NO_FENCE
 
 
 def new_holder(prefix: str = "") -> str:
@@ -124,7 +63,7 @@ class RunLog:
         self._storage = storage
         self._clock = clock
         self._next_hint = 0
-        self._fold_cache: tuple[int, Fence] = (-1, _no_fence())
+        self._fold_cache: tuple[int, Fence] = (-1, NO_FENCE)
         self.skipped: list[int] = []
 
     def append(self, kind: str, *, generation: int, holder: str,
@@ -146,6 +85,12 @@ class RunLog:
         return LogEntry(slot=slot, kind=entry.kind, generation=generation, holder=holder,
                         ts=entry.ts, writer=entry.writer, payload=entry.payload)
 
+    def append_entry(self, payload: EntryPayload, *, generation: int,
+                     holder: str) -> LogEntry:
+        """Append a typed payload (see :mod:`hpcrun.control.entries`); as :meth:`append`."""
+        return self.append(payload.entry_kind, generation=generation, holder=holder,
+                           payload=payload.to_payload())
+
     def _last_slot(self) -> int:
         slots = [s for s in map(parse_slot, self._storage.listdir(self.log_dir)) if s is not None]
         return max(slots, default=-1)
@@ -165,7 +110,7 @@ class RunLog:
                 continue
             try:
                 out.append(LogEntry.from_bytes(slot, self._storage.read_bytes(self.log_dir / name)))
-            except (ValueError, UnicodeDecodeError):
+            except ValueError:  # MalformedEntryError, and UnicodeDecodeError from the bytes
                 self.skipped.append(slot)
         return out
 
@@ -175,7 +120,8 @@ class RunLog:
         Returns the fence entry. The restore point must be chosen from entries before its slot.
         """
         current, _ = self._fold_through(None)
-        fence = self.append(EntryKind.FENCE, generation=current.generation + 1, holder=holder)
+        fence = self.append_entry(FencePayload(), generation=current.generation + 1,
+                                  holder=holder)
         if not self._fold_through(fence.slot)[1]:
             raise StaleGenerationError(
                 f"lost the race for generation {fence.generation}: another incarnation fenced "
@@ -197,14 +143,22 @@ class RunLog:
             )
         return entry
 
+    def publish_entry(self, payload: EntryPayload, *, generation: int,
+                      holder: str) -> LogEntry:
+        """Publish a typed payload (see :mod:`hpcrun.control.entries`); as :meth:`publish`.
+
+        Raises:
+            StaleGenerationError: the entry is void (this generation was fenced out).
+        """
+        return self.publish(payload.entry_kind, generation=generation, holder=holder,
+                            payload=payload.to_payload())
+
     def _fold_through(self, slot: int | None) -> tuple[Fence, bool]:
         """Fence in force after the newest entry, and whether the entry at ``slot`` counts.
 
         Entries are immutable and slots are taken in order, so the fold continues from the last
         slot this object folded and reads only newer entries (a publish stays cheap on long logs).
         """
-        from hpcrun.control.fencing import NO_FENCE, apply_entry
-
         done, current = self._fold_cache
         if slot is not None and slot <= done:
             done, current = -1, NO_FENCE

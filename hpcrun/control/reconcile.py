@@ -17,9 +17,9 @@ import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from typing import Any, ClassVar
 
+from hpcrun.control.entries import ActionKind, OpPayload, OpPhase
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, classify_exit, decide_retry
 from hpcrun.control.spec import RetryPolicy, RunSpec
@@ -36,20 +36,6 @@ _ALIVE = frozenset({SlurmJobState.RUNNING, SlurmJobState.COMPLETING, SlurmJobSta
                     SlurmJobState.STAGE_OUT, SlurmJobState.CONFIGURING})
 
 
-class ActionKind(StrEnum):
-    """What an action does."""
-
-    SUBMIT = "submit"
-    REQUEUE = "requeue"
-    SET_BEGIN_TIME = "set_begin_time"
-    EXCLUDE_NODES = "exclude_nodes"
-    RELEASE = "release"
-    CANCEL = "cancel"
-    MARK_FAILED = "mark_failed"
-    MARK_STATE = "mark_state"
-    RECORD_FAULT = "record_fault"
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Action:
     """One step towards the desired state; ``op_id`` makes it idempotent."""
@@ -61,9 +47,15 @@ class Action:
     """What makes this operation distinct from the previous one of its kind."""
 
     def payload(self) -> dict[str, Any]:
-        """Fields for the ``op`` log entry (JSON values)."""
+        """The action's fields as JSON values."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    def op_entry(self, phase: OpPhase, **outcome: Any) -> OpPayload:
+        """The ``op`` entry of one phase of this action: its fields plus ``outcome`` (the try
+        an intent claims, a failure's error, what ``done`` produced)."""
+        return OpPayload.from_payload({**self.payload(), **outcome, "action": self.kind.value,
+                                       "phase": phase.value})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

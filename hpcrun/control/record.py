@@ -25,19 +25,40 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import (
+    CommitPayload,
+    CreatedNote,
+    CursorPayload,
+    DrainedPayload,
+    EntryKind,
+    EntryPayload,
+    FaultPayload,
+    FencePayload,
+    HeartbeatPayload,
+    JobPayload,
+    LogEntry,
+    OpPayload,
+    OpPhase,
+    PayloadError,
+    ProgressPayload,
+    QuarantinePayload,
+    ResultPayload,
+    StatePayload,
+    decode,
+)
 from hpcrun.control.fencing import UNFENCED, Fence, apply_entry
-from hpcrun.control.log import EntryKind, LogEntry, RunLog, slot_name
-from hpcrun.control.retry import FaultClass
+from hpcrun.control.log import RunLog, slot_name
 from hpcrun.control.spec import RunSpec
-from hpcrun.control.states import RunState, can_transition, is_terminal
-from hpcrun.errors import RecordError, SpecError, StorageError
+from hpcrun.control.states import can_transition, is_terminal
+from hpcrun.errors import FormatError, RecordError, SpecError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import FaultClass, RunState, Tier
 
 RECORD_SCHEMA_VERSION = 1
 RUN_SPEC_FILE = "spec.json"
@@ -54,8 +75,8 @@ class CheckpointRef:
     """Checkpoint id, unique within the run."""
     step: int
     """Optimizer step the checkpoint holds."""
-    tier: str
-    """``node_local`` or ``shared``."""
+    tier: Tier
+    """Tier it is committed on."""
     generation: int
     """Generation that committed it."""
     slot: int
@@ -176,10 +197,13 @@ class RunRecord:
     def from_dict(cls, raw: Mapping[str, Any]) -> RunRecord:
         """Rebuild from :meth:`to_dict` output; raise ValueError/TypeError/KeyError when bad."""
         if raw.get("schema_version") != RECORD_SCHEMA_VERSION:
-            raise ValueError("record snapshot of an unknown schema_version")
+            raise FormatError(f"record snapshot has schema_version {raw.get('schema_version')!r}, "
+                              f"expected {RECORD_SCHEMA_VERSION}; it is a cache and is rebuilt "
+                              "from the log")
         body = {k: v for k, v in raw.items() if k != "schema_version"}
         body["state"] = RunState(body["state"])
-        body["checkpoints"] = tuple(CheckpointRef(**{**c, "nodes": tuple(c["nodes"])})
+        body["checkpoints"] = tuple(CheckpointRef(**{**c, "tier": Tier(c["tier"]),
+                                                     "nodes": tuple(c["nodes"])})
                                     for c in body["checkpoints"])
         body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
                                for f in body["faults"])
@@ -216,22 +240,7 @@ class _Acc:
         self.v["anomalies"].append(f"slot {entry.slot} ({entry.kind}): {what}")
 
 
-def _str_list(value: Any) -> list[str] | None:
-    if isinstance(value, list) and all(isinstance(x, str) for x in value):
-        return value
-    return None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _set_state(acc: _Acc, entry: LogEntry, raw: Any) -> None:
-    try:
-        target = RunState(raw)
-    except ValueError:
-        acc.anomaly(entry, f"unknown state {raw!r}")
-        return
+def _set_state(acc: _Acc, entry: LogEntry, target: RunState) -> None:
     current = acc.v["state"]
     if is_terminal(current) and target != current:
         acc.anomaly(entry, f"{current.value} -> {target.value} ignored: terminal states are final")
@@ -250,136 +259,107 @@ def _set_state(acc: _Acc, entry: LogEntry, raw: Any) -> None:
     acc.v["state"] = target
 
 
-def _on_state(acc: _Acc, e: LogEntry) -> None:
+def _on_state(acc: _Acc, e: LogEntry, p: StatePayload) -> None:
     before = acc.v["state"]
-    _set_state(acc, e, e.payload.get("state"))
+    _set_state(acc, e, p.state)
     if acc.v["state"] != before or acc.v["state_info"] is None:
-        acc.v["state_info"] = {**e.payload, "slot": e.slot, "ts": e.ts}
-    nodes = _str_list(e.payload.get("nodes"))
-    if nodes:
-        acc.v["membership"] = nodes
+        acc.v["state_info"] = {**p.to_payload(), "slot": e.slot, "ts": e.ts}
+    if p.nodes:
+        acc.v["membership"] = list(p.nodes)
 
 
-def _on_fence(acc: _Acc, e: LogEntry) -> None:
+def _on_fence(acc: _Acc, e: LogEntry, p: FencePayload) -> None:
     acc.v.update(generation=e.generation, holder=e.holder, fence_slot=e.slot, heartbeat=None)
 
 
-def _on_job(acc: _Acc, e: LogEntry) -> None:
-    job_id = e.payload.get("job_id")
-    if not isinstance(job_id, str) or not job_id:
-        acc.anomaly(e, "job entry without a job_id string")
-        return
-    if job_id not in acc.v["job_ids"]:
-        acc.v["job_ids"].append(job_id)
+def _on_job(acc: _Acc, e: LogEntry, p: JobPayload) -> None:
+    if p.job_id not in acc.v["job_ids"]:
+        acc.v["job_ids"].append(p.job_id)
         acc.v["restarts"] = 0
-    backend = e.payload.get("backend")
-    acc.v["job_backends"] = {**acc.v["job_backends"],
-                             job_id: backend if isinstance(backend, str) else "slurm"}
-    nodes = _str_list(e.payload.get("nodes"))
-    if nodes:
-        acc.v["membership"] = nodes
+    acc.v["job_backends"] = {**acc.v["job_backends"], p.job_id: p.backend}
+    if p.nodes:
+        acc.v["membership"] = list(p.nodes)
 
 
-def _on_progress(acc: _Acc, e: LogEntry) -> None:
-    step, tokens = _int(e.payload.get("step")), _int(e.payload.get("tokens", acc.v["tokens"]))
-    if step is None or tokens is None:
-        acc.anomaly(e, "progress entry needs integer step and tokens")
-        return
-    acc.v.update(step=step, tokens=tokens)
+def _on_progress(acc: _Acc, e: LogEntry, p: ProgressPayload) -> None:
+    acc.v.update(step=p.step, tokens=acc.v["tokens"] if p.tokens is None else p.tokens)
 
 
-def _on_commit(acc: _Acc, e: LogEntry) -> None:
-    p = e.payload
-    ckpt_id, step, tier, manifest = p.get("ckpt_id"), _int(p.get("step")), p.get("tier"), \
-        p.get("manifest")
-    if not (isinstance(ckpt_id, str) and step is not None and isinstance(tier, str)
-            and isinstance(manifest, str)):
-        acc.anomaly(e, "commit entry needs ckpt_id, step, tier and manifest")
-        return
+def _on_commit(acc: _Acc, e: LogEntry, p: CommitPayload) -> None:
     acc.v["checkpoints"].append(CheckpointRef(
-        ckpt_id=ckpt_id, step=step, tier=tier, generation=e.generation, slot=e.slot,
-        manifest=manifest, bytes=_int(p.get("bytes")) or 0,
-        nodes=tuple(_str_list(p.get("nodes")) or ())))
+        ckpt_id=p.ckpt_id, step=p.step, tier=p.tier, generation=e.generation, slot=e.slot,
+        manifest=p.manifest, bytes=p.bytes, nodes=p.nodes))
 
 
-def _on_drained(acc: _Acc, e: LogEntry) -> None:
-    ckpt_id, node = e.payload.get("ckpt_id"), e.payload.get("node")
-    if isinstance(ckpt_id, str) and isinstance(node, str):
-        nodes = acc.v["drained"].setdefault(ckpt_id, [])
-        if node not in nodes:
-            nodes.append(node)
-    else:
-        acc.anomaly(e, "drained entry needs ckpt_id and node")
+def _on_drained(acc: _Acc, e: LogEntry, p: DrainedPayload) -> None:
+    nodes = acc.v["drained"].setdefault(p.ckpt_id, [])
+    if p.node not in nodes:
+        nodes.append(p.node)
 
 
-def _on_cursor(acc: _Acc, e: LogEntry) -> None:
-    if _int(e.payload.get("step")) is None or not isinstance(e.payload.get("cursor"), dict):
-        acc.anomaly(e, "cursor entry needs an integer step and a cursor mapping")
-        return
-    acc.v["cursor"] = {"step": e.payload["step"], "cursor": e.payload["cursor"]}
+def _on_cursor(acc: _Acc, e: LogEntry, p: CursorPayload) -> None:
+    acc.v["cursor"] = {"step": p.step, "cursor": dict(p.cursor)}
 
 
-def _on_fault(acc: _Acc, e: LogEntry) -> None:
-    p = e.payload
-    try:
-        cls = FaultClass(str(p.get("fault")))
-    except ValueError:
-        acc.anomaly(e, f"unknown fault class {p.get('fault')!r} (kept as unknown)")
-        cls = FaultClass.UNKNOWN
-    node, op_id = p.get("node"), p.get("op_id")
+def _on_fault(acc: _Acc, e: LogEntry, p: FaultPayload) -> None:
     acc.v["faults"].append(FaultRecord(
-        fault=cls, ts=e.ts, slot=e.slot, generation=e.generation,
-        node=node if isinstance(node, str) else None, rank=_int(p.get("rank")),
-        step=_int(p.get("step")), signature=str(p.get("signature") or ""),
-        detail=str(p.get("detail") or ""), op_id=op_id if isinstance(op_id, str) else None))
+        fault=p.fault, ts=e.ts, slot=e.slot, generation=e.generation, node=p.node, rank=p.rank,
+        step=p.step, signature=p.signature, detail=p.detail, op_id=p.op_id))
 
 
-def _on_quarantine(acc: _Acc, e: LogEntry) -> None:
-    node = e.payload.get("node")
-    if isinstance(node, str) and node not in acc.v["quarantined"]:
-        acc.v["quarantined"].append(node)
+def _on_quarantine(acc: _Acc, e: LogEntry, p: QuarantinePayload) -> None:
+    if p.node not in acc.v["quarantined"]:
+        acc.v["quarantined"].append(p.node)
 
 
-def _on_heartbeat(acc: _Acc, e: LogEntry) -> None:
-    node, ts = e.payload.get("node"), e.payload.get("ts", e.ts)
-    if not isinstance(node, str) or not isinstance(ts, int | float):
-        acc.anomaly(e, "heartbeat entry needs node and ts")
-        return
+def _on_heartbeat(acc: _Acc, e: LogEntry, p: HeartbeatPayload) -> None:
+    ts = e.ts if p.ts is None else p.ts
     prev = acc.v["heartbeat"] or {"nodes": {}, "last_ts": ts}
-    nodes = {**prev["nodes"], node: {"step": _int(e.payload.get("step")), "ts": float(ts)}}
-    acc.v["heartbeat"] = {"nodes": nodes, "last_ts": max(float(prev["last_ts"]), float(ts))}
+    nodes = {**prev["nodes"], p.node: {"step": p.step, "ts": ts}}
+    acc.v["heartbeat"] = {"nodes": nodes, "last_ts": max(float(prev["last_ts"]), ts)}
 
 
-def _on_result(acc: _Acc, e: LogEntry) -> None:
-    acc.v["result"] = dict(e.payload)
-    if "state" in e.payload:
-        _set_state(acc, e, e.payload["state"])
+def _on_result(acc: _Acc, e: LogEntry, p: ResultPayload) -> None:
+    acc.v["result"] = p.to_payload()
+    if p.state is not None:
+        _set_state(acc, e, p.state)
 
 
-def _on_op(acc: _Acc, e: LogEntry) -> None:
-    op_id = e.payload.get("op_id")
-    if not isinstance(op_id, str):
-        acc.anomaly(e, "op entry without an op_id string")
-        return
-    prev = acc.v["ops"].get(op_id, {"slot": e.slot, "tries": {}})
+def _on_op(acc: _Acc, e: LogEntry, p: OpPayload) -> None:
+    prev = acc.v["ops"].get(p.op_id, {"slot": e.slot, "tries": {}})
     tries = dict(prev.get("tries", {}))
-    if e.payload.get("phase") == "intent":
-        tries.setdefault(str(e.payload.get("try", 0)), e.slot)  # first claim of a try wins
-    acc.v["ops"][op_id] = {**prev, **e.payload, "slot": prev["slot"], "tries": tries}
+    if p.phase == OpPhase.INTENT:
+        tries.setdefault(str(p.try_no or 0), e.slot)  # first claim of a try wins
+    acc.v["ops"][p.op_id] = {**prev, **p.to_payload(), "slot": prev["slot"], "tries": tries}
 
 
-def _on_note(acc: _Acc, e: LogEntry) -> None:
-    if e.payload.get("event") == "created" and isinstance(e.payload.get("owner"), str):
-        acc.v["owner"] = e.payload["owner"]
+def _on_created(acc: _Acc, e: LogEntry, p: CreatedNote) -> None:
+    acc.v["owner"] = p.owner
 
 
-_HANDLERS = {
-    EntryKind.FENCE: _on_fence, EntryKind.STATE: _on_state, EntryKind.JOB: _on_job,
-    EntryKind.PROGRESS: _on_progress, EntryKind.COMMIT: _on_commit,
-    EntryKind.DRAINED: _on_drained, EntryKind.CURSOR: _on_cursor, EntryKind.FAULT: _on_fault,
-    EntryKind.QUARANTINE: _on_quarantine, EntryKind.HEARTBEAT: _on_heartbeat,
-    EntryKind.RESULT: _on_result, EntryKind.OP: _on_op, EntryKind.NOTE: _on_note,
+_HANDLERS: dict[type[EntryPayload], Callable[[_Acc, LogEntry, Any], None]] = {
+    FencePayload: _on_fence, StatePayload: _on_state, JobPayload: _on_job,
+    ProgressPayload: _on_progress, CommitPayload: _on_commit, DrainedPayload: _on_drained,
+    CursorPayload: _on_cursor, FaultPayload: _on_fault, QuarantinePayload: _on_quarantine,
+    HeartbeatPayload: _on_heartbeat, ResultPayload: _on_result, OpPayload: _on_op,
+    CreatedNote: _on_created,
 }
+"""What the record takes from each payload; other notes and unknown kinds are ignored."""
+
+
+def _decode(acc: _Acc, entry: LogEntry) -> EntryPayload | None:
+    """The entry's payload, or None (listed in ``anomalies``) when it is malformed."""
+    try:
+        return decode(entry)
+    except PayloadError as exc:
+        if entry.kind == EntryKind.FAULT and entry.payload.get("fault") not in list(FaultClass):
+            # a class a newer writer knows: the fault still counts, as unknown
+            acc.anomaly(entry, f"unknown fault class {entry.payload.get('fault')!r} "
+                               "(kept as unknown)")
+            return _decode(acc, replace(entry, payload={**entry.payload,
+                                                        "fault": FaultClass.UNKNOWN.value}))
+        acc.anomaly(entry, str(exc))
+        return None
 
 
 def continue_fold(record: RunRecord, entries: Sequence[LogEntry], *,
@@ -392,9 +372,12 @@ def continue_fold(record: RunRecord, entries: Sequence[LogEntry], *,
             continue
         fence, counts = apply_entry(fence, entry)
         acc.v["last_slot"] = entry.slot
-        handler = _HANDLERS.get(entry.kind)  # type: ignore[call-overload]
-        if counts and handler is not None:
-            handler(acc, entry)
+        if not counts:
+            continue
+        payload = _decode(acc, entry)
+        handler = _HANDLERS.get(type(payload)) if payload is not None else None
+        if handler is not None:
+            handler(acc, entry, payload)
     acc.v["skipped"].extend(s for s in skipped if s not in acc.v["skipped"])
     # a malformed slot never becomes well-formed (entries are created whole, never rewritten)
     acc.v["last_slot"] = max([acc.v["last_slot"], *skipped])
@@ -407,7 +390,7 @@ def fold_record(entries: Sequence[LogEntry], *, run_id: str, spec_id: str,
     return continue_fold(RunRecord(run_id=run_id, spec_id=spec_id), entries, skipped=skipped)
 
 
-def latest_checkpoint(record: RunRecord, *, tier: str | None = None) -> CheckpointRef | None:
+def latest_checkpoint(record: RunRecord, *, tier: Tier | None = None) -> CheckpointRef | None:
     """The newest committed checkpoint (highest step, then latest commit), optionally per tier."""
     refs = [c for c in record.checkpoints if tier is None or c.tier == tier]
     return max(refs, key=lambda c: (c.step, c.slot), default=None)
@@ -446,10 +429,9 @@ def create_run(runs_root: str | os.PathLike[str], spec: RunSpec, *, run_id: str 
                           "or let hpcrun generate one")
     for sub in RUN_SUBDIRS:
         _make_dir(storage, run_dir / sub)
-    RunLog(run_dir, storage=storage, clock=clock).append(
-        EntryKind.NOTE, generation=UNFENCED, holder="",
-        payload={"event": "created", "run_id": run_id, "spec_id": spec.spec_id,
-                 "owner": owner or getpass.getuser()})
+    RunLog(run_dir, storage=storage, clock=clock).append_entry(
+        CreatedNote(run_id=run_id, spec_id=spec.spec_id, owner=owner or getpass.getuser()),
+        generation=UNFENCED, holder="")
     return run_dir
 
 

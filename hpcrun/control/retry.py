@@ -16,27 +16,12 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from hpcrun.control.record import FaultRecord, RunRecord
-    from hpcrun.control.spec import RetryPolicy
-
-
-class FaultClass(StrEnum):
-    """Why an incarnation failed; each class has its own retry budget."""
-
-    PREEMPTION = "preemption"
-    TIMEOUT = "timeout"
-    NODE_FAILURE = "node_failure"
-    PROCESS_CRASH = "process_crash"
-    HANG = "hang"
-    NONFINITE = "nonfinite"
-    DATA_ERROR = "data_error"
-    STORAGE_ERROR = "storage_error"
-    USER_ERROR = "user_error"
-    UNKNOWN = "unknown"
-
+from hpcrun.control.record import FaultRecord, RunRecord
+from hpcrun.control.spec import RetryPolicy
+from hpcrun.errors import ArgumentError
+from hpcrun.vocab import FaultClass
 
 NODE_SUSPECT = frozenset({
     FaultClass.NODE_FAILURE, FaultClass.PROCESS_CRASH, FaultClass.HANG, FaultClass.NONFINITE,
@@ -78,7 +63,7 @@ class RetryDecision:
 
     def __post_init__(self) -> None:
         if self.delay_s < 0 or self.attempt < 1:
-            raise ValueError(f"RetryDecision needs delay_s >= 0 and attempt >= 1, found "
+            raise ArgumentError(f"RetryDecision needs delay_s >= 0 and attempt >= 1, found "
                              f"delay_s={self.delay_s} attempt={self.attempt}")
 
 

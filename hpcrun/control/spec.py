@@ -28,39 +28,16 @@ from typing import Any
 
 import yaml
 
-from hpcrun.control.retry import FaultClass
 from hpcrun.errors import SpecError
+from hpcrun.vocab import AsyncPolicy, CadenceKind, FaultClass, ResumeContract, Tier
 
 SPEC_SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENTRYPOINT_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
-TIERS = ("node_local", "shared")
-
-
-class Contract(StrEnum):
-    """Resume contract: what a restore promises about the data sequence and trajectory."""
-
-    BITWISE = "bitwise"
-    EXACT_ORDER = "exact-order"
-    EXACT_COVERAGE = "exact-coverage"
-    DISTRIBUTIONAL = "distributional"
-
-
-class Cadence(StrEnum):
-    """How the checkpoint interval is chosen."""
-
-    EVERY_STEPS = "every_steps"
-    EVERY_SECONDS = "every_seconds"
-    YOUNG = "young"
-
-
-class AsyncPolicy(StrEnum):
-    """What happens to a new snapshot while the previous one is still being written."""
-
-    BLOCK = "block"
-    SKIP = "skip"
+TIERS: tuple[str, ...] = tuple(t.value for t in Tier)
+"""Tier names a spec may list, fastest first."""
 
 
 class MembershipMode(StrEnum):
@@ -163,7 +140,7 @@ class Membership:
 class CheckpointPolicy:
     """When and where checkpoints are written and how many are kept."""
 
-    cadence: Cadence = Cadence.EVERY_STEPS
+    cadence: CadenceKind = CadenceKind.EVERY_STEPS
     """How the interval is chosen."""
     every_steps: int | None = 100
     """Interval in optimizer steps (cadence every_steps)."""
@@ -181,11 +158,11 @@ class CheckpointPolicy:
     """Recovery time objective: most seconds from failure to training again."""
 
     def __post_init__(self) -> None:
-        if self.cadence == Cadence.EVERY_STEPS:
+        if self.cadence == CadenceKind.EVERY_STEPS:
             _check(self.every_steps is not None and self.every_steps >= 1, "every_steps",
                    "an integer >= 1 for cadence every_steps", self.every_steps,
                    "set checkpoint.every_steps")
-        if self.cadence == Cadence.EVERY_SECONDS:
+        if self.cadence == CadenceKind.EVERY_SECONDS:
             _positive(self.every_seconds, "every_seconds", allow_none=False)
         _check(bool(self.tiers) and set(self.tiers) <= set(TIERS)
                and len(set(self.tiers)) == len(self.tiers), "tiers",
@@ -209,7 +186,7 @@ class DataSpec:
     """Seed of the sample order."""
     global_batch: int | None = None
     """Samples (or packed sequences) per optimizer step."""
-    contract: Contract = Contract.EXACT_ORDER
+    contract: ResumeContract = ResumeContract.EXACT_ORDER
     """What a resume promises about the data sequence."""
 
     def __post_init__(self) -> None:

@@ -15,26 +15,13 @@ Checkpointing is not a state: saves are asynchronous and tracked per checkpoint.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from hpcrun.errors import TransitionError
+from hpcrun.vocab import TERMINAL, RunState
+
+__all__ = ["TERMINAL", "TRANSITIONS", "RunState", "can_transition", "is_terminal", "transition"]
 
 
-class RunState(StrEnum):
-    """Where a run is in its life."""
 
-    PENDING = "PENDING"          # created or submitted, no incarnation yet
-    STARTING = "STARTING"        # an incarnation fenced its generation and is bootstrapping
-    RUNNING = "RUNNING"          # membership, heartbeat and progress hold; a step validated
-    PREEMPTED = "PREEMPTED"      # told to stop by the scheduler; final commit under way or done
-    RECOVERING = "RECOVERING"    # a fault is being repaired inside the allocation
-    REQUEUED = "REQUEUED"        # waiting for a new or requeued allocation
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-TERMINAL = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 _ENDINGS = frozenset({RunState.FAILED, RunState.CANCELLED})
 
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {

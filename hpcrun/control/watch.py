@@ -18,6 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import Clock
+from hpcrun.control.entries import (
+    EntryPayload,
+    FaultPayload,
+    JobPayload,
+    OpPayload,
+    OpPhase,
+    PayloadError,
+    ResultPayload,
+    StatePayload,
+    decode_as,
+)
 from hpcrun.control.fencing import UNFENCED, Fence
 from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
 from hpcrun.control.reconcile import (
@@ -93,56 +104,58 @@ class _Executor:
             return Outcome(op_id=action.op_id, kind=action.kind, status="already-done")
         known = self.record.ops.get(action.op_id)
         try_no = len(known.get("tries", {})) if known else 0
-        mine = self._op(action, "intent", {"try": try_no})
+        mine = self._op(action, OpPhase.INTENT, {"try": try_no})
         if not self._won(action.op_id, try_no, mine.slot):
             return Outcome(op_id=action.op_id, kind=action.kind, status="elsewhere")
         try:
             detail = self._perform(action, resumed=known is not None)
         except HpcrunError as exc:
-            self._op(action, "failed", {"error": str(exc)})
+            self._op(action, OpPhase.FAILED, {"error": str(exc)})
             raise
-        self._op(action, "done", detail)
+        self._op(action, OpPhase.DONE, detail)
         return Outcome(op_id=action.op_id, kind=action.kind, status="done", detail=detail)
 
-    def _op(self, action: Action, phase: str, extra: Mapping[str, Any]) -> LogEntry:
-        payload = {**action.payload(), **extra, "action": action.kind.value, "phase": phase}
-        return self.log.append(EntryKind.OP, generation=UNFENCED, holder="", payload=payload)
+    def _op(self, action: Action, phase: OpPhase, outcome: Mapping[str, Any]) -> LogEntry:
+        return self.log.append_entry(action.op_entry(phase, **outcome), generation=UNFENCED,
+                                     holder="")
 
     def _won(self, op_id: str, try_no: int, slot: int) -> bool:
         """Whether our intent is the first claim of this try (log order decides)."""
         for e in self.log.read(since_slot=self.record.last_slot + 1):
-            p = e.payload
-            if (e.kind == EntryKind.OP and p.get("op_id") == op_id and p.get("phase") == "intent"
-                    and p.get("try") == try_no):
+            if e.kind != EntryKind.OP:
+                continue
+            try:
+                op = decode_as(e, OpPayload)
+            except PayloadError:
+                continue  # a malformed entry claims nothing
+            if (op.op_id, op.phase, op.try_no) == (op_id, OpPhase.INTENT, try_no):
                 return e.slot == slot
         return True
 
-    def _fenced(self, kind: str, payload: Mapping[str, Any]) -> None:
+    def _fenced(self, payload: EntryPayload) -> None:
         if self.fence is None:
             claim = self.log.claim(new_holder(self.holder_prefix))
             self.fence = Fence(generation=claim.generation, holder=claim.holder, slot=claim.slot)
-        self.log.publish(kind, generation=self.fence.generation, holder=self.fence.holder,
-                         payload=payload)
+        self.log.publish_entry(payload, generation=self.fence.generation,
+                               holder=self.fence.holder)
 
     def _perform(self, action: Action, *, resumed: bool) -> dict[str, Any]:
         handler = getattr(self, f"_do_{action.kind.value}")
         return handler(action, resumed)  # type: ignore[no-any-return]
 
     def _do_record_fault(self, a: RecordFault, resumed: bool) -> dict[str, Any]:
-        self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="", payload={
-            "fault": a.fault.value, "node": None, "rank": None, "step": a.step,
-            "signature": a.signature, "detail": a.detail, "op_id": a.op_id})
+        self.log.append_entry(FaultPayload(
+            fault=a.fault, step=a.step, signature=a.signature, detail=a.detail, op_id=a.op_id),
+            generation=UNFENCED, holder="")
         return {}
 
     def _do_mark_state(self, a: MarkState, resumed: bool) -> dict[str, Any]:
-        self._fenced(EntryKind.STATE, {"state": a.state.value, "reason": a.reason,
-                                       "not_before": a.not_before, "exclude": list(a.exclude),
-                                       "op_id": a.op_id})
+        self._fenced(StatePayload(state=a.state, reason=a.reason, not_before=a.not_before,
+                                  exclude=a.exclude, op_id=a.op_id))
         return {}
 
     def _do_mark_failed(self, a: MarkFailed, resumed: bool) -> dict[str, Any]:
-        self._fenced(EntryKind.RESULT, {"state": RunState.FAILED.value, "reason": a.reason,
-                                        "op_id": a.op_id})
+        self._fenced(ResultPayload(state=RunState.FAILED, reason=a.reason, op_id=a.op_id))
         return {}
 
     def _do_submit(self, a: Submit, resumed: bool) -> dict[str, Any]:
@@ -155,8 +168,8 @@ class _Executor:
                 raise SchedulerError("no submitter configured for a resubmission; pass one to "
                                      "execute() or write job.sh into the run directory")
             job_id = self.submitter(a, comment)
-        self.log.append(EntryKind.JOB, generation=UNFENCED, holder="",
-                        payload={"job_id": job_id, "backend": "slurm", "op_id": a.op_id})
+        self.log.append_entry(JobPayload(job_id=job_id, backend="slurm", op_id=a.op_id),
+                              generation=UNFENCED, holder="")
         return {"job_id": job_id, "rebound": bool(found)}
 
     def _do_requeue(self, a: Requeue, resumed: bool) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from hpcrun.data.batches import OrderState
@@ -22,6 +21,7 @@ from hpcrun.data.mixture import MIXTURE_VERSION
 from hpcrun.data.permutation import PERMUTATION_VERSION
 from hpcrun.errors import DataError
 from hpcrun.protocols import CursorEnvelope
+from hpcrun.vocab import ResumeContract
 
 __all__ = ["CURSOR_KIND", "DATA_ALGORITHM_VERSION", "DataCursor", "ResumeContract"]
 
@@ -33,26 +33,6 @@ DATA_ALGORITHM_VERSION = 1
 any of them changes an output; golden tests pin each part."""
 
 assert PERMUTATION_VERSION == 1 and MIXTURE_VERSION == 1, "bump DATA_ALGORITHM_VERSION too"
-
-
-class ResumeContract(StrEnum):
-    """What a resume promises (the spec's ``resume_contract`` field); strongest first.
-
-    - ``bitwise``: the same trajectory bit for bit, on the same layout (also needs RNG state and
-      deterministic kernels, which are not the data plane's to give).
-    - ``exact-order``: the same global sample sequence, on any world size with G divisible by R.
-    - ``exact-coverage``: every sample exactly once per epoch, on any world size.
-    - ``distributional``: only the same distribution (e.g. the iterable shuffle-buffer mode);
-      the weakest.
-
-    The data plane's random-access pipeline gives ``exact-order`` (hence ``exact-coverage``)
-    across world-size changes, and is the data half of ``bitwise`` on the same layout.
-    """
-
-    BITWISE = "bitwise"
-    EXACT_ORDER = "exact-order"
-    EXACT_COVERAGE = "exact-coverage"
-    DISTRIBUTIONAL = "distributional"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -245,6 +245,7 @@ def canary(spec_path: Path, *, backend: str = "local", steps: int | None = None,
 
 def canary_checks(run_dir: Path, *, total: int) -> list[Check]:
     """The canary's verdicts over the run it left behind."""
+    from hpcrun.control.entries import CommitPayload, EntryKind, decode_as
     from hpcrun.drill.evidence import collect
     from hpcrun.drill.ledger import check_ledger
     from hpcrun.drill.rto import rto_splits
@@ -255,14 +256,14 @@ def canary_checks(run_dir: Path, *, total: int) -> list[Check]:
     times, _ = step_times_from_events(ev.events)
     flat = sorted(t for ts in times.values() for t in ts)
     median = flat[len(flat) // 2] if flat else float("nan")
-    commits = [e for e in ev.entries if e.kind == "commit"]
+    commits = [decode_as(e, CommitPayload) for e in ev.entries if e.kind == EntryKind.COMMIT]
     splits = rto_splits(ev.entries, ev.events)
     out = [
         Check(name="steps", ok=ev.state == "SUCCEEDED",
               detail=f"{ev.state} after {total} steps; median step {median * 1000:.0f} ms over "
                      f"{len(times)} ranks ({run_dir.name})"),
         Check(name="checkpoint commit", ok=bool(commits),
-              detail=f"{len({e.payload.get('ckpt_id') for e in commits})} committed"),
+              detail=f"{len({c.ckpt_id for c in commits})} committed"),
         Check(name="restore", ok=bool(splits) and all(s.steps_lost == 0 for s in splits),
               detail=(f"restored step {splits[0].restored_step} after the stop; RTO "
                       f"{splits[0].total_s:.1f} s ({splits[0].row()})") if splits

@@ -24,15 +24,16 @@ from typing import Any
 import yaml
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.log import RunLog
 from hpcrun.drill.contracts import ContractResult, check_contracts
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
 from hpcrun.drill.rto import RtoSplit, rto_splits
 from hpcrun.errors import HpcrunError, SpecError
+from hpcrun.vocab import TERMINAL
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 HANG_S = 6.0
 """Hang threshold the drill sets (``HPCRUN_HANG_S``): detection in seconds, not minutes."""
 
@@ -181,7 +182,7 @@ def wait_terminal(run_dir: Path, *, timeout_s: float, clock: Clock = SYSTEM_CLOC
     deadline = clock.monotonic() + timeout_s
     while True:
         record = read_record(run_dir)
-        if str(record.state) in TERMINAL or clock.monotonic() > deadline:
+        if record.state in TERMINAL or clock.monotonic() > deadline:
             return record
         if on_poll is not None:
             on_poll(record)
@@ -243,9 +244,9 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
             done.append(True)
             node = str(record.membership[-1])
             crash_testbed_node(node)
-            RunLog(run_dir).append(EntryKind.NOTE, generation=UNFENCED, holder="", payload={
-                "event": "fault_injected", "fault": str(row.fault), "node": node,
-                "step": int(record.step)})
+            RunLog(run_dir).append_entry(FaultInjectedNote(
+                fault=row.fault.value, node=node, step=int(record.step)),
+                generation=UNFENCED, holder="")
             crashed.append(node)
 
     if row.fault == DrillFault.CANCEL:

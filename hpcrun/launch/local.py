@@ -30,8 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.entries import (
+    ActionKind,
+    EntryKind,
+    FaultPayload,
+    LogEntry,
+    OpPayload,
+    PayloadError,
+    decode_as,
+)
+from hpcrun.control.log import RunLog
 from hpcrun.runtime.incarnation import EXIT_PREEMPTED
+from hpcrun.vocab import FaultClass
 
 LAUNCHER_FILE = "local/launcher.json"
 AGENTS_FILE = "local/agents.json"
@@ -85,11 +95,20 @@ def agent_environ(plan: LocalPlan, *, node_rank: int, job_id: str, restart_count
 
 def requeue_delay(log: RunLog) -> float:
     """Backoff the supervisor asked for in its last requeue operation (0 when none)."""
-    ops = [e for e in log.read() if e.kind == EntryKind.OP and e.payload.get("action") == "requeue"]
-    if not ops:
-        return 0.0
-    delay = ops[-1].payload.get("delay_s", 0.0)
-    return float(delay) if isinstance(delay, int | float) and delay >= 0 else 0.0
+    ops = [op for op in map(_op_or_none, log.read())
+           if op is not None and op.action == ActionKind.REQUEUE]
+    delay = ops[-1].delay_s if ops else None
+    return delay if delay is not None and delay >= 0 else 0.0
+
+
+def _op_or_none(entry: LogEntry) -> OpPayload | None:
+    """The entry's operation, or None for other kinds and malformed entries."""
+    if entry.kind != EntryKind.OP:
+        return None
+    try:
+        return decode_as(entry, OpPayload)
+    except PayloadError:
+        return None
 
 
 class LocalLauncher:
@@ -195,9 +214,9 @@ def record_node_failure(log: RunLog, *, node: str, detail: str) -> None:
     from hpcrun.control.fencing import fold_fences
 
     fence, _ = fold_fences(log.read())
-    log.append(EntryKind.FAULT, generation=fence.generation, holder=fence.holder,
-               payload={"fault": "node_failure", "node": node, "rank": None, "step": None,
-                        "signature": f"node_failure:{node}", "detail": detail})
+    log.append_entry(FaultPayload(fault=FaultClass.NODE_FAILURE, node=node,
+                                  signature=f"node_failure:{node}", detail=detail),
+                     generation=fence.generation, holder=fence.holder)
 
 
 def read_agents(run_dir: Path) -> dict[str, int]:

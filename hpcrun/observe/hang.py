@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import FaultPayload
 from hpcrun.errors import ArgumentError
 from hpcrun.observe.heartbeat import NodeHeartbeat
+from hpcrun.vocab import FaultClass
 
 DUMP_SIGNAL: int = signal.SIGRTMIN + 2
 """Signal on which a rank writes all its threads' Python stacks (faulthandler)."""
@@ -151,14 +153,13 @@ def capture_stacks(pids: Iterable[int], *, wait_s: float = 1.0,
 
 def hang_fault_payload(hang: Hang, *, threshold_s: float) -> dict[str, Any]:
     """The run-log payload of the ``hang`` fault (fields the control plane folds)."""
-    return {
-        "fault": "hang", "node": hang.node, "rank": hang.rank, "step": hang.step,
-        "signature": hang.signature,
-        "detail": (f"no step finished {hang.stalled_s:.0f} s after the start "
-                   f"({hang.reason}: past the start-up allowance, HPCRUN_START_S)")
-        if hang.reason == HangReason.NEVER_STEPPED else
-        f"no progress for {hang.stalled_s:.0f} s (threshold {threshold_s:.0f} s, {hang.reason})",
-    }
+    detail = (f"no step finished {hang.stalled_s:.0f} s after the start "
+              f"({hang.reason}: past the start-up allowance, HPCRUN_START_S)"
+              if hang.reason == HangReason.NEVER_STEPPED else
+              f"no progress for {hang.stalled_s:.0f} s (threshold {threshold_s:.0f} s, "
+              f"{hang.reason})")
+    return FaultPayload(fault=FaultClass.HANG, node=hang.node, rank=hang.rank, step=hang.step,
+                        signature=hang.signature, detail=detail).to_payload()
 
 
 def respond_to_hang(hangs: Sequence[Hang], *, pids: Iterable[int],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,11 @@ from hpcrun.errors import RecordError
 from hpcrun.observe.ettr import EttrReport
 from hpcrun.observe.status import RecordFacts
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import TERMINAL, RunState
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_DIR = "post_run"
 ARTIFACTS_DIR = "artifacts"
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,9 +99,9 @@ def realized_counts(cursor: Mapping[str, Any], depth: int = 3) -> dict[str, Any]
 def build_manifest(facts: RecordFacts, *, provenance: Provenance, artifacts: Iterable[Artifact],
                    ettr: EttrReport, created_ts: float) -> dict[str, Any]:
     """The post-run manifest of a terminal run (pure)."""
-    if facts.state not in TERMINAL_STATES:
+    if facts.state not in TERMINAL:
         raise RecordError(f"run {facts.run_id} is {facts.state}, expected a terminal state "
-                          f"({', '.join(sorted(TERMINAL_STATES))}); the manifest is written at "
+                          f"({', '.join(sorted(TERMINAL))}); the manifest is written at "
                           "the end")
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION, "run_id": facts.run_id,
@@ -133,25 +133,28 @@ def publish_manifest(run_dir: Path, manifest: Mapping[str, Any], *, log: Any, ge
     ``log`` is the run's :class:`hpcrun.control.log.RunLog`. Raises
     :class:`hpcrun.errors.StaleGenerationError` when this generation was fenced out.
     """
-    from hpcrun.control.log import EntryKind
+    from hpcrun.control.entries import ResultPayload
 
     data = manifest_bytes(manifest)
     rel = Path(MANIFEST_DIR) / f"manifest-g{generation:04d}.json"
     storage.makedirs(Path(run_dir) / MANIFEST_DIR)
     storage.write_atomic(Path(run_dir) / rel, data)
-    payload = {**dict(previous_result or {}), "manifest": str(rel),
-               "manifest_sha256": hashlib.sha256(data).hexdigest(),
-               "state": manifest["terminal_state"]}
-    log.publish(EntryKind.RESULT, generation=generation, holder=holder, payload=payload)
+    result = replace(ResultPayload.from_payload(previous_result or {}), manifest=str(rel),
+                     manifest_sha256=hashlib.sha256(data).hexdigest(),
+                     state=RunState(manifest["terminal_state"]))
+    log.publish_entry(result, generation=generation, holder=holder)
     return Path(run_dir) / rel
 
 
 def read_manifest(run_dir: Path, result: Mapping[str, Any] | None) -> dict[str, Any]:
     """The published manifest named by the record's ``result``, digest-verified."""
-    if not result or not isinstance(result.get("manifest"), str):
+    from hpcrun.control.entries import ResultPayload
+
+    published = ResultPayload.from_payload(result) if result else None
+    if published is None or published.manifest is None:
         raise RecordError(f"run {Path(run_dir).name} has no published post-run manifest yet; it "
                           "is written when the run reaches SUCCEEDED, FAILED or CANCELLED")
-    rel = Path(result["manifest"])
+    rel = Path(published.manifest)
     if rel.is_absolute() or ".." in rel.parts:
         raise RecordError(f"manifest path {rel} in the record is not inside the run directory; "
                           "the log is damaged")
@@ -160,9 +163,9 @@ def read_manifest(run_dir: Path, result: Mapping[str, Any] | None) -> dict[str, 
     except OSError as exc:
         raise RecordError(f"cannot read manifest {rel}: {exc.strerror}; was it deleted?") from exc
     digest = hashlib.sha256(data).hexdigest()
-    if digest != result.get("manifest_sha256"):
+    if digest != published.manifest_sha256:
         raise RecordError(f"manifest {rel} has sha256 {digest[:12]}…, the log recorded "
-                          f"{str(result.get('manifest_sha256'))[:12]}…; it was modified after "
+                          f"{str(published.manifest_sha256)[:12]}…; it was modified after "
                           "publication")
     body = json.loads(data)
     if not isinstance(body, dict) or body.get("schema_version") != MANIFEST_SCHEMA_VERSION:

@@ -18,8 +18,6 @@ import yaml
 
 from hpcrun.errors import WaitTimeoutError
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-
 
 def tiny_spec(*, manifest: Path, site: str = "local", nodes: int = 2, tasks_per_node: int = 2,
               steps: int = 40, every_steps: int = 10, **overrides: Any) -> dict[str, Any]:

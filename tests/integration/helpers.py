@@ -22,7 +22,8 @@ from hpcrun.control.log import EntryKind, LogEntry, RunLog
 from hpcrun.control.record import RunRecord, read_record
 from hpcrun.scheduler.slurm import parse_scontrol_show_job
 from hpcrun.testbed import JobClient, Testbed
-from hpcrun.testing.runs import TERMINAL, hpcrun, tiny_spec, write_spec
+from hpcrun.testing.runs import hpcrun, tiny_spec, write_spec
+from hpcrun.vocab import TERMINAL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout under test: the CLI runs here so ``examples.tiny_lm.train`` imports."""
@@ -103,7 +104,7 @@ class TestbedRun:
             rec = self.record()
             if str(rec.state) in wanted:
                 return rec
-            assert str(rec.state) not in TERMINAL, (
+            assert rec.state not in TERMINAL, (
                 f"run {self.name} ended {rec.state} ({(rec.state_info or {}).get('reason')}), "
                 f"wanted {sorted(wanted)}; faults: {[f.detail for f in rec.faults]}")
             assert time.monotonic() < deadline, (
@@ -196,7 +197,7 @@ class RunFactory:
     def cleanup(self) -> None:
         """Cancel every run of this test that is not terminal (fence first, then scancel)."""
         for run in self.runs:
-            if str(run.record().state) not in TERMINAL:
+            if run.record().state not in TERMINAL:
                 run.cli("cancel", run.name)
             for job in run.record().slurm_job_ids():
                 subprocess.run(["scancel", job], env=_merged(self.env), capture_output=True,

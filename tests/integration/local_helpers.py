@@ -17,7 +17,8 @@ from typing import Any
 
 from hpcrun.control.log import LogEntry, RunLog
 from hpcrun.control.record import RunRecord, read_record
-from hpcrun.testing.runs import TERMINAL, hpcrun, run_dir_of, tiny_spec, write_spec
+from hpcrun.testing.runs import hpcrun, run_dir_of, tiny_spec, write_spec
+from hpcrun.vocab import TERMINAL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout under test (``examples.tiny_lm.train`` is imported from here)."""
@@ -68,7 +69,7 @@ def wait_until(run_dir: Path, predicate: Any, *, timeout: float, what: str) -> R
         record = read_record(run_dir)
         if predicate(record):
             return record
-        if str(record.state) in TERMINAL:
+        if record.state in TERMINAL:
             break
         time.sleep(0.3)
     raise AssertionError(f"{what}: run is {record.state} at step {record.step}")

@@ -35,9 +35,6 @@ PROTOCOL_RAISES = {
 """(enclosing function, builtin) → why that bare raise is the protocol, not an error."""
 
 NOT_YET_CONVERTED = {
-    "hpcrun/control/log.py": Counter({"ValueError": 2}),
-    "hpcrun/control/record.py": Counter({"ValueError": 1}),
-    "hpcrun/control/retry.py": Counter({"ValueError": 1}),
     "hpcrun/runtime/faults.py": Counter({"ValueError": 2}),
 }
 """Bare raises still to convert to the taxonomy. This list only shrinks: when a module's

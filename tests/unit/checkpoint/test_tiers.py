@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hpcrun.checkpoint import Tier, drain_pending, finalize_tier1, fold_checkpoints
 from hpcrun.checkpoint.retention import collect_run
+from hpcrun.control.entries import CommitPayload, decode_as
 from hpcrun.control.log import EntryKind, RunLog
 
 from .conftest import same_state, trained
@@ -34,6 +36,9 @@ def test_drain_finalize_and_restore_after_node_loss(run_dir: Path, tmp_path: Pat
                          holder=holder) == []  # idempotent
     assert finalize_tier1(run_dir, log=log, generation=gen, holder=holder, num_nodes=1) == [first]
     assert fold_checkpoints(log.read())[0].tiers == {Tier.NODE_LOCAL, Tier.SHARED}
+    # one COMMIT shape on every tier: the tier-1 copy names the run and the saving generation
+    tier0, tier1 = [decode_as(e, CommitPayload) for e in log.read() if e.kind == EntryKind.COMMIT]
+    assert tier1 == replace(tier0, tier=Tier.SHARED) and tier1.run_id and tier1.generation == gen
 
     model, opt = trained(5)
     assert incarnation(node_local_root=nvme).restore({"model": model, "optim": opt}).tier == \

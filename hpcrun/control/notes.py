@@ -1,0 +1,259 @@
+"""Typed payloads of ``note`` entries: observations for people and tools, one class per event.
+
+A note never publishes run state; the record reads only ``created`` (the owner). The runtime
+reads ``node_exit`` notes to learn how each node's gang ended. Part of the log vocabulary
+re-exported by :mod:`hpcrun.control.entries`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
+
+__all__ = ["CreatedNote", "DrainErrorNote", "FaultInjectedNote", "NodeExitNote", "NodeStatus",
+           "NoteEvent", "NotePayload", "PeerLostNote", "RequeueLeftToSlurmNote",
+           "RequeueSentNote", "RestoreFellBackNote", "UnknownNote", "decode_note"]
+
+
+class NoteEvent(StrEnum):
+    """What a ``note`` entry observed."""
+
+    CREATED = "created"                              # the run directory was created
+    NODE_EXIT = "node_exit"                          # one node's gang ended (status, attempt)
+    PEER_LOST = "peer_lost"                          # ranks failed only as echoes of a peer
+    REQUEUE_SENT = "requeue_sent"                    # the supervisor asked for a requeue
+    REQUEUE_LEFT_TO_SLURM = "requeue_left_to_slurm"  # stopped on SIGTERM: Slurm requeues
+    DRAIN_ERROR = "drain_error"                      # a drain to the shared tier failed
+    FAULT_INJECTED = "fault_injected"                # a drill injected a fault
+    RESTORE_FELL_BACK = "restore_fell_back"          # a restore skipped unreadable checkpoints
+
+
+class NodeStatus(StrEnum):
+    """How one node's gang ended (``node_exit`` notes)."""
+
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NotePayload(EntryPayload):
+    """Base of the note payloads: the ``event`` field names the class."""
+
+    KIND: ClassVar[EntryKind] = EntryKind.NOTE
+    EVENT: ClassVar[NoteEvent]
+
+    def to_payload(self) -> dict[str, Any]:
+        return {**self.extra, "event": self.EVENT.value, **self.fields()}
+
+    @classmethod
+    def reader(cls, raw: Mapping[str, Any]) -> FieldReader:
+        f = FieldReader(f"{cls.EVENT.value} note", raw)
+        f.used.add("event")
+        return f
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CreatedNote(NotePayload):
+    """The run directory was created."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.CREATED
+    owner: str
+    """User who created the run (cancel authority)."""
+    run_id: str = ""
+    """Run id."""
+    spec_id: str = ""
+    """Digest of the frozen spec."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "spec_id": self.spec_id, "owner": self.owner}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"run_id": f.text("run_id", ""), "spec_id": f.text("spec_id", ""),
+                "owner": f.text("owner")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeExitNote(NotePayload):
+    """One node's gang ended."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.NODE_EXIT
+    node: str
+    """The node."""
+    status: NodeStatus
+    """How its gang ended."""
+    attempt: int
+    """In-allocation attempt that ended."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"node": self.node, "status": self.status.value, "attempt": self.attempt}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"node": f.text("node"), "status": f.choice("status", NodeStatus),
+                "attempt": f.integer("attempt")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerLostNote(NotePayload):
+    """Ranks on a node failed only because a peer elsewhere was lost."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.PEER_LOST
+    node: str
+    """The node whose ranks echoed."""
+    ranks: tuple[int, ...]
+    """Ranks that failed as echoes."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"node": self.node, "ranks": list(self.ranks)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"node": f.text("node"), "ranks": f.integers("ranks")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequeueSentNote(NotePayload):
+    """The supervisor carried out a requeue operation."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.REQUEUE_SENT
+    op_id: str
+    """The requeue operation."""
+    detail: str
+    """What the requeuer did."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"op_id": self.op_id, "detail": self.detail}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"op_id": f.text("op_id"), "detail": f.text("detail")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequeueLeftToSlurmNote(NotePayload):
+    """The gang stopped on SIGTERM: Slurm ends (and may requeue) the job, not hpcrun."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.REQUEUE_LEFT_TO_SLURM
+    detail: str
+    """Why."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"detail": f.text("detail")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DrainErrorNote(NotePayload):
+    """A drain to the shared tier failed; it is retried next round."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.DRAIN_ERROR
+    node: str
+    """Node whose drain failed."""
+    detail: str
+    """The error."""
+    step: int | None = None
+    """Step of the checkpoint, when one was being drained."""
+    ckpt_id: str | None = None
+    """The checkpoint, when one was being drained."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"node": self.node, "detail": self.detail,
+                **present(step=self.step, ckpt_id=self.ckpt_id)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"node": f.text("node"), "detail": f.text("detail"),
+                "step": f.integer("step", None), "ckpt_id": f.text("ckpt_id", None)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultInjectedNote(NotePayload):
+    """A drill injected a fault from outside the run (its ground truth for the verdict)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.FAULT_INJECTED
+    fault: str
+    """The drill's fault name."""
+    node: str
+    """Node it hit."""
+    step: int
+    """Step the run was at."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"fault": self.fault, "node": self.node, "step": self.step}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"fault": f.text("fault"), "node": f.text("node"), "step": f.integer("step")}
+
+
+RESTORE_FELL_BACK_TEXT = "restore fell back"
+"""The ``note`` text of a restore fallback (older logs carry it without an ``event``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestoreFellBackNote(NotePayload):
+    """A restore skipped checkpoints it could not read and restored an older one."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.RESTORE_FELL_BACK
+    restored: str
+    """Checkpoint restored."""
+    skipped: tuple[str, ...]
+    """Newer checkpoints skipped, newest first."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"note": RESTORE_FELL_BACK_TEXT, "restored": self.restored,
+                "skipped": list(self.skipped)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        f.used.add("note")
+        return {"restored": f.text("restored"), "skipped": f.texts("skipped")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnknownNote(NotePayload):
+    """A note of an event this version does not know; ``extra`` holds the rest of it."""
+
+    event: str | None = None
+    """The event as written (None when the note has none)."""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {**self.extra, **present(event=self.event)}
+
+    def fields(self) -> dict[str, Any]:
+        return present(event=self.event)
+
+    @classmethod
+    def reader(cls, raw: Mapping[str, Any]) -> FieldReader:
+        return FieldReader("note entry", raw)
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"event": f.text("event", None)}
+
+
+_BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
+    CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
+    DrainErrorNote, FaultInjectedNote, RestoreFellBackNote)}
+
+
+def decode_note(raw: Mapping[str, Any]) -> NotePayload:
+    """The typed payload of a note; :class:`UnknownNote` for an event this version lacks.
+
+    Raises:
+        PayloadError: a known event's payload is malformed.
+    """
+    event = raw.get("event")
+    if event is None and raw.get("note") == RESTORE_FELL_BACK_TEXT:
+        event = NoteEvent.RESTORE_FELL_BACK.value  # written before notes carried an event
+    cls = _BY_EVENT.get(event) if isinstance(event, str) else None
+    return (cls or UnknownNote).from_payload(raw)

@@ -1,0 +1,92 @@
+"""The closed sets a run's record uses, each defined once.
+
+These names are shared by every plane (the control plane's spec, record and log; the checkpoint,
+data and observe planes; the runtime), so they live below all of them: this module imports
+nothing from hpcrun. The run state machine (legal transitions) stays in
+:mod:`hpcrun.control.states`; the fault taxonomy's retry rules in :mod:`hpcrun.control.retry`.
+
+Values are what the log, the spec and ``record.snapshot.json`` hold on disk: renaming a member
+is a schema change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "FaultClass", "ResumeContract", "RunState",
+           "Tier"]
+
+
+class RunState(StrEnum):
+    """Where a run is in its life."""
+
+    PENDING = "PENDING"          # created or submitted, no incarnation yet
+    STARTING = "STARTING"        # an incarnation fenced its generation and is bootstrapping
+    RUNNING = "RUNNING"          # membership, heartbeat and progress hold; a step validated
+    PREEMPTED = "PREEMPTED"      # told to stop by the scheduler; final commit under way or done
+    RECOVERING = "RECOVERING"    # a fault is being repaired inside the allocation
+    REQUEUED = "REQUEUED"        # waiting for a new or requeued allocation
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+"""States that end a run; a terminal state is never left."""
+
+
+class FaultClass(StrEnum):
+    """Why an incarnation failed; each class has its own retry budget."""
+
+    PREEMPTION = "preemption"
+    TIMEOUT = "timeout"
+    NODE_FAILURE = "node_failure"
+    PROCESS_CRASH = "process_crash"
+    HANG = "hang"
+    NONFINITE = "nonfinite"
+    DATA_ERROR = "data_error"
+    STORAGE_ERROR = "storage_error"
+    USER_ERROR = "user_error"
+    UNKNOWN = "unknown"
+
+
+class Tier(StrEnum):
+    """Checkpoint storage tiers, fastest first."""
+
+    NODE_LOCAL = "node_local"
+    SHARED = "shared"
+
+
+class ResumeContract(StrEnum):
+    """What a resume promises (the spec's ``data.contract``); strongest first.
+
+    - ``bitwise``: the same trajectory bit for bit, on the same layout (also needs RNG state and
+      deterministic kernels, which are not the data plane's to give).
+    - ``exact-order``: the same global sample sequence, on any world size with G divisible by R.
+    - ``exact-coverage``: every sample exactly once per epoch, on any world size.
+    - ``distributional``: only the same distribution (e.g. the iterable shuffle-buffer mode);
+      the weakest.
+
+    The data plane's random-access pipeline gives ``exact-order`` (hence ``exact-coverage``)
+    across world-size changes, and is the data half of ``bitwise`` on the same layout.
+    """
+
+    BITWISE = "bitwise"
+    EXACT_ORDER = "exact-order"
+    EXACT_COVERAGE = "exact-coverage"
+    DISTRIBUTIONAL = "distributional"
+
+
+class CadenceKind(StrEnum):
+    """How the checkpoint interval is chosen (the spec's ``checkpoint.cadence``)."""
+
+    EVERY_STEPS = "every_steps"
+    EVERY_SECONDS = "every_seconds"
+    YOUNG = "young"
+
+
+class AsyncPolicy(StrEnum):
+    """What a save does while the previous one is still being written."""
+
+    BLOCK = "block"
+    SKIP = "skip"
