@@ -53,6 +53,10 @@ class Backend(StrEnum):
     LOCAL = "local"
 
 
+DEFAULT_MTBF_PRIOR_H = 24.0
+"""The MTBF prior of a site config that sets none (hours)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SiteConfig:
     """One cluster's settings (``site_configs/<name>.yaml``)."""
@@ -93,8 +97,10 @@ class SiteConfig:
     """Extra flags for the ``srun`` that starts the agents (``--mpi=pmix``, ``--network=...``)."""
     python: str | None = None
     """Python interpreter on the compute nodes; None means the submitting interpreter."""
-    mtbf_prior_h: float = 24.0
-    """Prior mean time between interruptions of one run, in hours (checkpoint cadence)."""
+    mtbf_prior_h: float = DEFAULT_MTBF_PRIOR_H
+    """Prior mean time between interruptions of one run, in hours: the checkpoint cadence and
+    the report combine it with the run's observed interruptions
+    (:func:`hpcrun.checkpoint.cadence.posterior_mtbf`)."""
     requeue_allowed: bool = True
     """Whether jobs may be requeued on this site (``--requeue``, ``scontrol requeue``)."""
 

@@ -50,7 +50,7 @@ def test_view_from_constructed_values() -> None:
     assert view.incidents[-1].startswith("fault: process_crash node n0 rank 1")
     text = render_text(view)
     for needle in ("RUNNING", "generation 1", "job 77", "step 4", "c2 step 2 on node_local+shared",
-                   "RPO", "ettr        100.0%", "rank     0 n0", "loss 2.1"):
+                   "RPO", "ETTR        100.0%", "rank     0 n0", "loss 2.1"):
         assert needle in text
     body = json.loads(json.dumps(status_json(view)))
     assert body["schema_version"] == 1 and body["facts"]["state"] == "RUNNING"
