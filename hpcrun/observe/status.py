@@ -357,9 +357,11 @@ def _checkpoint_lines(view: StatusView) -> list[str]:
     tiers = sorted({c.tier for c in f.checkpoints if c.ckpt_id == last.ckpt_id})
     ages = ", ".join(f"{t} {_fmt_age(a)} ago" for t, a in view.checkpoint_age_s.items())
     rpo = f" (RPO {_fmt_age(f.rpo_s)})" if f.rpo_s else ""
+    exposure = f"{_fmt_age(view.rpo_exposure_s)} of work at risk{rpo}"
+    if f.state in TERMINAL_STATES and last.step >= f.step:
+        exposure = "none: the final step is committed"
     return [f"checkpoint  {last.ckpt_id} step {last.step} on {'+'.join(tiers)}"
-            + (f"; {ages}" if ages else ""),
-            f"exposure    {_fmt_age(view.rpo_exposure_s)} of work at risk{rpo}"]
+            + (f"; {ages}" if ages else ""), f"exposure    {exposure}"]
 
 
 def render_text(view: StatusView) -> str:
