@@ -243,7 +243,8 @@ def live_incidents(facts: RecordFacts, step_times: StepTimes,
 
 
 def node_progress(heartbeats: Mapping[str, NodeHeartbeat],
-                  last_steps: Mapping[int, tuple[int, str]], now: float) -> dict[str, dict[str, Any]]:
+                  last_steps: Mapping[int, tuple[int, str]],
+                  now: float) -> dict[str, dict[str, Any]]:
     """Per node: heartbeat age, the slowest rank's step and the rank count.
 
     Heartbeats are rate-limited, so the last steps of a run may never reach one; the step

@@ -81,9 +81,7 @@ def test_status_and_report_agree_on_every_shared_figure(slow_run: tuple[Path, Pa
     report = read_figures_json(_report(root, run))["figures"]
     assert set(status["figures"]) == set(report)
     for key, value in report.items():
-        if isinstance(value, dict):
-            assert status["figures"][key] == pytest.approx(value), key
-        elif isinstance(value, float):
+        if isinstance(value, dict | float):
             assert status["figures"][key] == pytest.approx(value), key
         else:
             assert status["figures"][key] == value, key
