@@ -399,7 +399,7 @@ def _recent_rate(view: StatusView) -> str:
     if view.step_rate is None or view.token_rate is None:
         return ""
     return (f"  rate {view.step_rate:.3g} steps/s, {view.token_rate:,.0f} tok/s "
-            "(last 20 steps, per step-time second)")
+            "(per wall second over the last 20 steps)")
 
 
 def describe_cursor(cursor: Mapping[str, Any]) -> str:
