@@ -8,7 +8,7 @@ TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 BACKEND ?= local
 
-.PHONY: venv lint test test-unit test-full demo bench testbed-up testbed-down clean
+.PHONY: venv lint test test-unit test-full chromium demo bench testbed-up testbed-down clean
 
 # The venv is rebuilt only when the package metadata changes.
 $(STAMP): setup.cfg pyproject.toml
@@ -33,8 +33,27 @@ test: lint
 	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
 # Everything, including real preemption with grace time, node crashes, time limits, browser checks.
-test-full: lint
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+# HPCRUN_REQUIRE_BROWSER=1 makes the browser test of `hpcrun report` fail, not skip, without
+# Chromium.
+test-full: lint chromium
+	HPCRUN_REQUIRE_BROWSER=1 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Debian's Chromium for the report's browser test, installed the way the testbed installs
+# Slurm (apt-get as root); fails loudly when it cannot.
+CHROMIUM ?= /usr/bin/chromium
+CHROMIUM_PACKAGES := chromium chromium-driver
+chromium:
+	@test -x $(CHROMIUM) && exit 0; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "make test-full: $(CHROMIUM) is missing and installing it needs root;" \
+	       "run as root or: sudo apt-get install $(CHROMIUM_PACKAGES)" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get update && apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES) || { \
+	  echo "make test-full: apt-get install $(CHROMIUM_PACKAGES) failed (see above);" \
+	       "install them by hand and retry" >&2; exit 1; }; \
+	test -x $(CHROMIUM) || { echo "make test-full: $(CHROMIUM) still missing after" \
+	  "apt-get install $(CHROMIUM_PACKAGES); check that the Debian packages provide it" >&2; \
+	  exit 1; }
 
 demo: venv
 	$(PY) -m examples.tiny_lm.demo --backend $(BACKEND)

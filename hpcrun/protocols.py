@@ -2,6 +2,7 @@
 
 - :class:`Stateful`: anything with ``state_dict``/``load_state_dict`` (torch modules, optimizers,
   schedulers, the data cursor, user objects) that a checkpoint saves and restores.
+- :class:`InputWaitSource`: a loader that measures how long each step waited for its batch.
 - :class:`RunContext`: what a training ``main(ctx)`` receives (filled in by ``hpcrun.runtime``).
 - :class:`Event`: the record every observability event is written as (``hpcrun.observe``).
 - :class:`CursorEnvelope`: the versioned envelope around a data cursor (``hpcrun.data``).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,6 +30,7 @@ __all__ = [
     "CommandRunner",
     "CursorEnvelope",
     "Event",
+    "InputWaitSource",
     "RunContext",
     "Stateful",
     "Storage",
@@ -41,6 +44,20 @@ class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: Mapping[str, Any], /) -> Any: ...
+
+
+@runtime_checkable
+class InputWaitSource(Protocol):
+    """A data loader that measures how long its caller waited for each batch.
+
+    ``ctx.step_done()`` asks every object registered with ``ctx.restore(...)`` that has this
+    method, so a step's event carries its input wait without a change to the training loop
+    (:class:`hpcrun.data.pipeline.DataPipeline` implements it).
+    """
+
+    def take_input_wait(self) -> float:
+        """Seconds waited for batches handed out since the previous call (each counted once)."""
+        ...
 
 
 @runtime_checkable
@@ -89,12 +106,20 @@ class RunContext(Protocol):
         """Yield step numbers from the restored step to ``total``; stop at an agreed boundary."""
         ...
 
-    def step_done(self, *, tokens: int = 0, loss: float | None = None, **metrics: float) -> None:
+    def step_done(self, *, tokens: int = 0, loss: float | None = None,
+                  input_wait_s: float | None = None, **metrics: float) -> None:
         """Report the optimizer step as done: heartbeat, progress, cursor, maybe a checkpoint.
 
         ``tokens`` are this rank's for the step; hpcrun sums them over the gang at the next
         step boundary, so progress and status report the whole gang's tokens.
+        ``input_wait_s`` is how long the step waited for its batch; when omitted it is what
+        the registered :class:`InputWaitSource` objects and ``with ctx.input_wait():`` blocks
+        measured during the step (None in the step event when nothing measured it).
         """
+        ...
+
+    def input_wait(self) -> AbstractContextManager[None]:
+        """Time the enclosed block as input wait of the current step (for a user's own loader)."""
         ...
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,28 @@ def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipelin
                               d_model=cfg["d_model"], n_layers=cfg["n_layers"],
                               n_heads=cfg["n_heads"]))
     optim = torch.optim.AdamW(model.parameters(), lr=float(cfg["lr"]), weight_decay=0.01)
+    delay = float(cfg.get("read_delay_s", 0.0))
     data = DataPipeline(ctx.spec.data.manifest, seed=ctx.spec.data.seed,
                         global_batch=ctx.spec.data.global_batch, seq_len=cfg["seq_len"] + 1,
                         replica=ctx.rank, num_replicas=ctx.world_size, workers=1,
-                        prefetch_batches=2, as_torch=True)
+                        prefetch_batches=2, as_torch=True,
+                        transform=SlowRead(delay) if delay > 0 else None)
     return model, optim, data
+
+
+class SlowRead:
+    """``config.read_delay_s``: every document read takes this much longer (a slow filesystem).
+
+    The pipeline measures how long each step then waits for its batch, and the step events,
+    ``hpcrun status`` and ``hpcrun report`` show it as input wait.
+    """
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        time.sleep(self.delay_s)
+        return tokens
 
 
 def main(ctx: Any) -> None:

@@ -11,21 +11,25 @@ T = sqrt(2CM)·[1 + (1/3)·sqrt(C/(2M)) + (1/9)·(C/(2M))] − C for C < 2M, els
 interval is Daly's, capped by the spec's RPO (recovery point objective).
 
 :class:`CadenceTimer` is the runtime side: it answers ``due(step, now)`` for ``every_steps``,
-``every_seconds`` or ``young`` cadence, learning C online from completed saves and M from a prior
-MTBF updated by observed interruptions.
+``every_seconds`` or ``young`` cadence, learning C online from completed saves and M from the
+site's MTBF prior updated by the interruptions the run has seen across its incarnations
+(:func:`posterior_mtbf`, :func:`interruption_history`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ArgumentError, ConfigError
 from hpcrun.vocab import CadenceKind
+
+DEFAULT_MTBF_PRIOR_H = 24.0
+"""A site's prior mean time between interruptions, in hours, when its config names none."""
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -123,18 +127,99 @@ def waste_table(intervals: Sequence[float], *, cost_s: float, mtbf_s: float,
                                downtime_s=downtime_s)) for t in sorted(set(intervals))]
 
 
-def posterior_mtbf(prior_mtbf_s: float, *, exposure_s: float, interruptions: int) -> float:
-    """MTBF from a prior and observation: (prior + exposure) / (1 + interruptions).
+PRIOR_INTERRUPTIONS = 1.0
+"""What the site's MTBF prior is worth: this many interruptions seen over this many MTBFs."""
 
-    The prior counts as one pseudo-interruption after ``prior_mtbf_s`` seconds (the mean of a
-    gamma posterior for an exponential failure rate), so a young run trusts the site's figure
-    and a long one its own history.
+
+def posterior_mtbf(prior_mtbf_s: float, *, exposure_s: float, interruptions: int) -> float:
+    """MTBF from the site's prior and the run's observations (a documented Bayesian estimate).
+
+    Interruptions arrive at an unknown rate λ (exponential times between them). The prior on
+    λ is Gamma(shape a, rate a·M0), with M0 = ``prior_mtbf_s`` and a =
+    :data:`PRIOR_INTERRUPTIONS` = 1: the site's figure is worth one interruption seen after M0
+    seconds of exposure. Observing n interruptions in T seconds of allocated time gives the
+    posterior Gamma(a + n, a·M0 + T), and the MTBF used is 1 / E[λ]:
+
+        M = (a·M0 + T) / (a + n)
+
+    A young run therefore trusts the site (one interruption in a 9 s run moves M from M0 to
+    about M0/2, not to 9 s), and a long run converges to its own T / n.
     """
     _check_positive(prior_mtbf_s=prior_mtbf_s)
     if exposure_s < 0 or interruptions < 0:
         raise ConfigError(f"exposure and interruptions must be >= 0, got {exposure_s}, "
                           f"{interruptions}")
-    return (prior_mtbf_s + exposure_s) / (1 + interruptions)
+    a = PRIOR_INTERRUPTIONS
+    return (a * prior_mtbf_s + exposure_s) / (a + interruptions)
+
+
+NOT_INTERRUPTIONS = frozenset({"user_error", "data_error", "nonfinite", "timeout"})
+"""Fault classes that do not count towards the MTBF: the program's own errors, and the time
+limit (scheduled, not random)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InterruptionHistory:
+    """What a run has seen so far, across its incarnations (the MTBF's observations)."""
+
+    interruptions: int = 0
+    """Recorded faults that interrupted training (preemption, node failure, crash, hang...)."""
+    exposure_s: float = 0.0
+    """Seconds the run's incarnations held their allocations (STARTING to last entry)."""
+
+    def __post_init__(self) -> None:
+        if self.interruptions < 0 or self.exposure_s < 0:
+            raise ConfigError(f"interruptions and exposure must be >= 0, got "
+                              f"{self.interruptions}, {self.exposure_s}")
+
+
+def interruption_history(entries: Sequence[Any]) -> InterruptionHistory:
+    """Interruptions and exposure from the run log's valid (fenced) entries (pure).
+
+    Each generation is exposed from its ``STARTING`` state entry (its fence when it has none)
+    to its last entry; ``fault`` entries whose class is not in :data:`NOT_INTERRUPTIONS` are
+    interruptions, whichever generation (or the login node) recorded them.
+    """
+    spans: dict[int, list[float]] = {}
+    interruptions = 0
+    for e in entries:
+        payload = e.payload if isinstance(e.payload, Mapping) else {}
+        if e.kind == "fault" and str(payload.get("fault")) not in NOT_INTERRUPTIONS:
+            interruptions += 1
+        if e.generation < 1:
+            continue
+        span = spans.get(e.generation)
+        starts = e.kind == "fence" or (e.kind == "state" and payload.get("state") == "STARTING")
+        if span is None:
+            spans[e.generation] = [e.ts, e.ts] if starts else [math.inf, e.ts]
+        else:
+            if starts and span[0] == math.inf:
+                span[0] = e.ts
+            span[1] = max(span[1], e.ts)
+    exposure = sum(max(0.0, b - a) for a, b in spans.values() if a != math.inf)
+    return InterruptionHistory(interruptions=interruptions, exposure_s=exposure)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MtbfEstimate:
+    """The MTBF the cadence and the report use, with where it came from."""
+
+    prior_s: float
+    """The site's prior (``mtbf_prior_h``)."""
+    history: InterruptionHistory
+    """The run's observations."""
+
+    @property
+    def mtbf_s(self) -> float:
+        return posterior_mtbf(self.prior_s, exposure_s=self.history.exposure_s,
+                              interruptions=self.history.interruptions)
+
+    def describe(self) -> str:
+        """One line: the estimate and its inputs."""
+        h = self.history
+        return (f"M = {format_duration(self.mtbf_s)}: site prior {format_duration(self.prior_s)}"
+                f" (worth {PRIOR_INTERRUPTIONS:g} interruption) with {h.interruptions} "
+                f"interruption(s) in {format_duration(h.exposure_s)} allocated")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,7 +235,7 @@ class CadencePolicy:
     rpo_s: float | None = None
     """Recovery point objective: the interval never exceeds it (all kinds measured in time)."""
     prior_mtbf_s: float = 6 * 3600.0
-    """Site prior for the mean time between interruptions (``young``)."""
+    """Prior mean time between interruptions; a run uses its site's ``mtbf_prior_h``."""
     initial_cost_s: float = 30.0
     """Assumed checkpoint cost before the first save is measured (``young``)."""
     restore_s: float = 0.0
@@ -212,8 +297,13 @@ class CadenceTimer:
 
     @property
     def mtbf_s(self) -> float:
-        return posterior_mtbf(self.policy.prior_mtbf_s, exposure_s=self._exposure_s,
-                              interruptions=self._interruptions)
+        return self.mtbf.mtbf_s
+
+    @property
+    def mtbf(self) -> MtbfEstimate:
+        """The estimate in force: the policy's prior and what this timer has observed."""
+        return MtbfEstimate(prior_s=self.policy.prior_mtbf_s, history=InterruptionHistory(
+            interruptions=self._interruptions, exposure_s=self._exposure_s))
 
     def interval_s(self) -> float | None:
         """The time interval in force (None for pure ``every_steps`` without an RPO)."""

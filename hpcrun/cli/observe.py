@@ -131,14 +131,33 @@ def logs(run: str, rank: int | None, lines: int) -> None:
 @click.option("--node-hour-price", type=float, default=None, help="Price of one node-hour.")
 def report(run: str, output: Path, node_hour_price: float | None) -> None:
     """Write a self-contained HTML report (timeline, per-rank step times, waste, cadence)."""
-    from hpcrun.observe.collect import default_record_reader, facts_from_record, spec_rpo
+    from hpcrun.observe.collect import (
+        default_record_reader,
+        facts_from_record,
+        run_mtbf,
+        spec_rpo,
+    )
     from hpcrun.observe.events import sorted_events
     from hpcrun.observe.report import build_report, write_report
 
     run_dir = _run_dir(run)
     facts = facts_from_record(default_record_reader(run_dir), rpo_s=spec_rpo(run_dir))
-    page = build_report(sorted_events(run_dir), facts=facts, node_hour_price=node_hour_price)
+    page = build_report(sorted_events(run_dir), facts=facts, node_hour_price=node_hour_price,
+                        mtbf=run_mtbf(run_dir, prior_h=_site_mtbf_prior_h(run_dir)))
     click.echo(f"wrote {write_report(output, page)}")
+
+
+def _site_mtbf_prior_h(run_dir: Path) -> float:
+    """The run's site prior; a run directory without a readable site snapshot uses the
+    default prior."""
+    from hpcrun.checkpoint.cadence import DEFAULT_MTBF_PRIOR_H
+    from hpcrun.errors import ConfigError
+    from hpcrun.launch.site import load_site_snapshot
+
+    try:
+        return load_site_snapshot(run_dir).mtbf_prior_h
+    except ConfigError:
+        return DEFAULT_MTBF_PRIOR_H
 
 
 @click.command()

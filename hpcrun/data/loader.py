@@ -8,7 +8,9 @@ and a slow consumer stops the reads (backpressure). Arrival order never reaches 
 
 :class:`LoaderMetrics` collects time-to-batch quantiles, input wait per step, queue depth,
 bytes and samples per second and retries, and checks the required rate
-``R_req = tokens per step / target step time``.
+``R_req = tokens per step / target step time``. It also keeps the input wait of the batches
+handed out since the last :meth:`LoaderMetrics.take_input_wait`, which is how a training step
+learns how long it waited for its batch (``ctx.step_done`` takes it).
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ class LoaderMetrics:
         self.queue_depth: list[int] = []
         self.bytes = self.samples = self.tokens = self.retries = 0
         self._start: float | None = None
+        self._pending_wait = 0.0
 
     def record(self, *, time_to_batch: float, input_wait: float, queue_depth: int,
                nbytes: int, samples: int, tokens: int) -> None:
@@ -164,10 +167,17 @@ class LoaderMetrics:
                 self._start = self._clock.monotonic() - time_to_batch
             self.time_to_batch.append(time_to_batch)
             self.input_wait.append(input_wait)
+            self._pending_wait += input_wait
             self.queue_depth.append(queue_depth)
             self.bytes += nbytes
             self.samples += samples
             self.tokens += tokens
+
+    def take_input_wait(self) -> float:
+        """Seconds the caller waited for batches handed out since the previous call; resets."""
+        with self._lock:
+            wait, self._pending_wait = self._pending_wait, 0.0
+            return wait
 
     def summary(self) -> dict[str, Any]:
         """Quantiles and rates so far (JSON-serialisable)."""

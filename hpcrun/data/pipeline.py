@@ -6,6 +6,11 @@ cursor of the next batch not yet delivered to the caller: prefetched-but-undeliv
 never count, so a checkpoint taken at a step boundary after ``k`` batches resumes at batch ``k``.
 ``load_state_dict()`` validates dataset ID, algorithm version and layout, discards prefetched
 reads and rebuilds from the restored position. ``R`` may differ between save and restore.
+
+Each ``next()`` measures how long the caller waited for the batch (the reorder buffer was empty);
+:meth:`DataPipeline.take_input_wait` hands that time over once. A pipeline registered with
+``ctx.restore(data=pipe)`` is asked by ``ctx.step_done()``, so every step event carries the
+step's input wait without any change to the training loop.
 """
 
 from __future__ import annotations
@@ -233,6 +238,13 @@ class DataPipeline(Iterator[dict[str, Any]]):
                             tokens=int(sum(r["tokens_read"] for r in rows)))
         self._delivered += 1
         return self._convert(batch)
+
+    def take_input_wait(self) -> float:
+        """Seconds spent waiting in ``next()`` since the previous call (each wait counted once).
+
+        This is the :class:`~hpcrun.protocols.InputWaitSource` seam ``ctx.step_done()`` reads.
+        """
+        return self.metrics.take_input_wait()
 
     def state_dict(self) -> dict[str, Any]:
         """Cursor of the next batch not yet delivered to the caller (an envelope dict)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from hpcrun.checkpoint.cadence import DEFAULT_MTBF_PRIOR_H
 from hpcrun.errors import ConfigError
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
@@ -51,6 +52,9 @@ class Backend(StrEnum):
 
     SLURM = "slurm"
     LOCAL = "local"
+
+
+"""The MTBF prior of a site config that sets none (hours)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,8 +97,10 @@ class SiteConfig:
     """Extra flags for the ``srun`` that starts the agents (``--mpi=pmix``, ``--network=...``)."""
     python: str | None = None
     """Python interpreter on the compute nodes; None means the submitting interpreter."""
-    mtbf_prior_h: float = 24.0
-    """Prior mean time between interruptions of one run, in hours (checkpoint cadence)."""
+    mtbf_prior_h: float = DEFAULT_MTBF_PRIOR_H
+    """Prior mean time between interruptions of one run, in hours: the checkpoint cadence and
+    the report combine it with the run's observed interruptions
+    (:func:`hpcrun.checkpoint.cadence.posterior_mtbf`)."""
     requeue_allowed: bool = True
     """Whether jobs may be requeued on this site (``--requeue``, ``scontrol requeue``)."""
 

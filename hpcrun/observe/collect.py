@@ -76,12 +76,15 @@ def with_commit_times(run_dir: Path, checkpoints: tuple[CheckpointFact, ...]
 
 
 def fault_fact(raw: Any) -> FaultFact:
-    rank, step = _get(raw, "rank", -1), _get(raw, "step", -1)
-    return FaultFact(fault=str(_get(raw, "fault", "?")), node=str(_get(raw, "node", "") or ""),
+    rank, step, gen = _get(raw, "rank", -1), _get(raw, "step", -1), _get(raw, "generation", -1)
+    fault = _get(raw, "fault", "?")
+    return FaultFact(fault=str(getattr(fault, "value", fault)),
+                     node=str(_get(raw, "node", "") or ""),
                      rank=rank if isinstance(rank, int) else -1,
                      step=step if isinstance(step, int) else -1,
                      signature=str(_get(raw, "signature", "") or ""),
-                     detail=str(_get(raw, "detail", "") or ""), ts=_num(_get(raw, "ts")))
+                     detail=str(_get(raw, "detail", "") or ""), ts=_num(_get(raw, "ts")),
+                     generation=gen if isinstance(gen, int) and gen >= 0 else -1)
 
 
 def facts_from_record(record: Any, *, rpo_s: float | None = None) -> RecordFacts:
@@ -171,6 +174,18 @@ def spec_rpo(run_dir: Path) -> float | None:
         return load_run_spec(run_dir).checkpoint.rpo_s
     except Exception:  # status must still render without the spec
         return None
+
+
+def run_mtbf(run_dir: Path, *, prior_h: float) -> Any:
+    """The run's MTBF estimate: its site's ``mtbf_prior_h`` (``prior_h``) combined with the
+    interruptions and allocated time of all its incarnations (the same estimate the cadence
+    starts from)."""
+    from hpcrun.checkpoint.cadence import MtbfEstimate, interruption_history
+    from hpcrun.control.fencing import fold_fences
+    from hpcrun.control.log import RunLog
+
+    history = interruption_history(fold_fences(RunLog(run_dir).read())[1])
+    return MtbfEstimate(prior_s=prior_h * 3600.0, history=history)
 
 
 def current_heartbeats(heartbeats: Mapping[str, NodeHeartbeat],

@@ -63,7 +63,7 @@ def metrics_from_status(view: StatusView) -> list[Metric]:
         Metric(name="hpcrun_faults_total", help="Recorded faults.", type="counter",
                value=len(f.faults)),
     ]
-    optional = [
+    optional: list[tuple[str, str, float | None]] = [
         ("hpcrun_step_rate", "Optimizer steps per second (recent).", view.step_rate),
         ("hpcrun_ettr_ratio", "Productive / allocated time so far.", view.ettr),
         ("hpcrun_input_wait_ratio", "Input wait / step time (recent).",
@@ -73,6 +73,20 @@ def metrics_from_status(view: StatusView) -> list[Metric]:
         ("hpcrun_rpo_exposure_seconds", "Age of the newest durable checkpoint.",
          view.rpo_exposure_s),
     ]
+    fig = view.figures
+    if fig is not None:  # the figures status and the report show, from the same function
+        optional += [
+            ("hpcrun_allocated_seconds", "Allocated gang seconds seen in the events.",
+             fig.allocated_s),
+            ("hpcrun_productive_seconds", "Allocated seconds charged to productive steps.",
+             fig.productive_s),
+            ("hpcrun_input_wait_seconds", "Allocated seconds charged to input wait.",
+             fig.input_wait_s if fig.input_wait_measured else None),
+            ("hpcrun_tokens_per_allocated_second",
+             "Accepted tokens per allocated gang second.", fig.tokens_per_allocated_s),
+            ("hpcrun_tokens_per_productive_second",
+             "Accepted tokens per productive second.", fig.tokens_per_productive_s),
+        ]
     m += [Metric(name=n, help=h, type="gauge", value=v) for n, h, v in optional if v is not None]
     return m
 

@@ -2,8 +2,15 @@
 
 Plots: the timeline of allocations (generations) with time charged by bucket and incidents
 marked; step time per rank (heatmap); input wait per step; checkpoint stall and drain lag; the
-ETTR waste breakdown; and the Young waste curve for the run's measured C and M with the chosen
-interval marked. Plots are drawn with matplotlib's Agg backend, so no display is needed.
+ETTR waste breakdown; and the Young waste curve for the run's measured C and estimated M with
+the chosen interval marked. Plots are drawn with matplotlib's Agg backend, so no display is
+needed.
+
+Every figure the page shares with ``hpcrun status`` comes from
+:func:`hpcrun.observe.figures.run_figures` and is printed by
+:func:`~hpcrun.observe.figures.figure_rows`; the timeline is cut from the same charge, binned
+so that each bucket's painted area is proportional to its seconds. The figures are also
+embedded as JSON (``<script type="application/json" id="hpcrun-figures">``) for tools.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,16 +28,29 @@ from typing import Any
 from matplotlib.figure import Figure  # Figure, not pyplot: no global state, no display needed
 from matplotlib.patches import Rectangle
 
-from hpcrun.checkpoint.cadence import choose_interval, expected_waste, format_duration
-from hpcrun.observe.ettr import Bucket, EttrReport, compute_ettr, gang_steps, timeline
+from hpcrun.checkpoint.cadence import (
+    DEFAULT_MTBF_PRIOR_H,
+    NOT_INTERRUPTIONS,
+    InterruptionHistory,
+    MtbfEstimate,
+    choose_interval,
+    expected_waste,
+    format_duration,
+)
+from hpcrun.observe.ettr import Bucket, Timeline, bin_segments
+from hpcrun.observe.figures import RunFigures, figure_rows, run_figures, run_timeline
 from hpcrun.observe.status import RecordFacts
+from hpcrun.observe.summary import EventSummary, summarize_events
 from hpcrun.protocols import Event
 
 COLORS = {Bucket.PRODUCTIVE: "#2ca02c", Bucket.RECOVERY: "#d62728", Bucket.CHECKPOINT: "#1f77b4",
           Bucket.REPLAY: "#ff7f0e", Bucket.INPUT_WAIT: "#9467bd", Bucket.STARTUP: "#8c564b",
           Bucket.STALL: "#e377c2", Bucket.IDLE: "#bbbbbb"}
 INCIDENT_KINDS = ("fault", "hang", "straggler")
-DEFAULT_MTBF_S = 6 * 3600.0
+TIMELINE_BINS = 400
+"""Bins across the timeline's width (about one per 2 pixels of the figure)."""
+DEFAULT_COST_S = 30.0
+"""Checkpoint cost C assumed when the run staged no checkpoint."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,17 +75,19 @@ def _empty(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes)
 
 
-def plot_timeline(events: Sequence[Event]) -> bytes:
-    """Allocations by generation, time coloured by bucket, incidents as red marks."""
+def plot_timeline(events: Sequence[Event], segments: Timeline) -> bytes:
+    """Allocations by generation, time coloured by bucket, incidents as red marks.
+
+    Each row is cut into :data:`TIMELINE_BINS` bins and each bin painted as a stack of its
+    buckets' shares, so a colour's area is proportional to the seconds ETTR charges it.
+    """
     fig = Figure(figsize=(10, 2.8))
     ax = fig.subplots()
-    segments = timeline(events)
     origin = min((a.start for a, _ in segments), default=0.0)
-    for alloc, segs in segments:
-        for bucket in Bucket:
-            bars = [(s.start - origin, s.end - s.start) for s in segs if s.bucket == bucket]
-            if bars:
-                ax.broken_barh(bars, (alloc.generation - 0.4, 0.8), color=COLORS[bucket])
+    width = max((a.end for a, _ in segments), default=origin) - origin
+    for alloc, segs in segments if width > 0 else []:
+        _paint_row(ax, alloc.generation, bin_segments(segs, start=origin, width=width,
+                                                      bins=TIMELINE_BINS), width / TIMELINE_BINS)
     for e in events:
         if e.kind in INCIDENT_KINDS:
             ax.plot(e.ts - origin, e.generation + 0.45, marker="v", color="red", markersize=9)
@@ -78,6 +101,19 @@ def plot_timeline(events: Sequence[Event]) -> bytes:
     ax.legend(handles=[Rectangle((0, 0), 1, 1, color=COLORS[b], label=b) for b in Bucket],
               ncol=8, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     return _png(fig)
+
+
+def _paint_row(ax: Any, generation: int, bins: Sequence[dict[Bucket, float]],
+               bin_s: float) -> None:
+    """One generation's row: per bin, a stack of bucket shares (height 0.8 = a full bin)."""
+    lefts = [i * bin_s for i in range(len(bins))]
+    bottom = [generation - 0.4] * len(bins)
+    for bucket in Bucket:
+        heights = [0.8 * b.get(bucket, 0.0) / bin_s for b in bins]
+        if any(heights):
+            ax.bar(lefts, heights, width=bin_s, bottom=bottom, align="edge",
+                   color=COLORS[bucket], linewidth=0)
+            bottom = [y + h for y, h in zip(bottom, heights, strict=True)]
 
 
 def plot_heatmap(events: Sequence[Event]) -> bytes:
@@ -106,15 +142,15 @@ def plot_heatmap(events: Sequence[Event]) -> bytes:
     return _png(fig)
 
 
-def plot_input_wait(events: Sequence[Event]) -> bytes:
+def plot_input_wait(summary: EventSummary) -> bytes:
     """Gang input wait per step (the slowest rank's)."""
-    steps = gang_steps(events)
+    steps = summary.gang_steps()
     fig = Figure(figsize=(10, 2.5))
     ax = fig.subplots()
-    if steps:
+    if steps and summary.input_wait_measured():
         ax.plot([s.step for s in steps], [s.input_wait_s for s in steps], ".-", color="#9467bd")
     else:
-        _empty(ax, "steps")
+        _empty(ax, "input wait" if steps else "steps")
     ax.set_xlabel("step")
     ax.set_ylabel("input wait (s)")
     return _png(fig)
@@ -141,26 +177,36 @@ def plot_checkpoints(events: Sequence[Event]) -> bytes:
     return _png(fig)
 
 
-def plot_waste(report: EttrReport) -> bytes:
+def plot_waste(figures: RunFigures | None) -> bytes:
     """Allocated seconds by bucket."""
     fig = Figure(figsize=(10, 2.8))
     ax = fig.subplots()
-    items = [(b, report.seconds.get(b, 0.0)) for b in Bucket]
+    seconds = figures.seconds if figures is not None else {}
+    items = [(b, seconds.get(b, 0.0)) for b in Bucket]
     ax.barh([b.value for b, _ in items], [v for _, v in items],
             color=[COLORS[b] for b, _ in items])
     ax.invert_yaxis()
-    ax.set_xlabel(f"seconds (ETTR {report.ettr:.1%} of {report.allocated_s:.0f} s allocated)")
+    if figures is not None:
+        ax.set_xlabel(f"seconds (ETTR {figures.ettr:.1%} of {figures.allocated_s:.3g} s "
+                      "allocated)")
+    else:
+        _empty(ax, "allocations")
     return _png(fig)
 
 
-def measured_cost_mtbf(events: Sequence[Event], report: EttrReport) -> tuple[float, float]:
-    """(C, M): mean exposed stage time, and allocated time per interruption (prior if none)."""
+def measured_cost(events: Sequence[Event]) -> float:
+    """C: the mean exposed stage time of the run's checkpoints (30 s when none was staged)."""
     stages = [float(e.data["dur_s"]) for e in events if e.kind == "ckpt_stage"
               and isinstance(e.data.get("dur_s"), int | float) and e.data["dur_s"] > 0]
-    cost = statistics.mean(stages) if stages else 30.0
-    interruptions = max(0, len(report.allocations) - 1)
-    mtbf = report.allocated_s / interruptions if interruptions else DEFAULT_MTBF_S
-    return cost, max(mtbf, 2 * cost)
+    return statistics.mean(stages) if stages else DEFAULT_COST_S
+
+
+def fallback_mtbf(facts: RecordFacts | None, figures: RunFigures | None) -> MtbfEstimate:
+    """The estimate without the run's site and log: the default prior, the record's faults
+    and the allocated time the events show."""
+    faults = [f for f in (facts.faults if facts else ()) if f.fault not in NOT_INTERRUPTIONS]
+    return MtbfEstimate(prior_s=DEFAULT_MTBF_PRIOR_H * 3600.0, history=InterruptionHistory(
+        interruptions=len(faults), exposure_s=figures.allocated_s if figures else 0.0))
 
 
 def plot_young(cost_s: float, mtbf_s: float, rpo_s: float | None) -> bytes:
@@ -178,49 +224,65 @@ def plot_young(cost_s: float, mtbf_s: float, rpo_s: float | None) -> bytes:
                label=f"chosen {format_duration(plan.interval_s)}"
                      + (" (RPO)" if plan.limited_by_rpo else ""))
     ax.set_xscale("log")
-    ax.set_xlabel(f"checkpoint interval T (s); C = {cost_s:.3g} s, M = {mtbf_s:.0f} s")
+    ax.set_xlabel(f"checkpoint interval T (s); C = {cost_s:.3g} s, "
+                  f"M = {format_duration(mtbf_s)}")
     ax.set_ylabel("expected waste (%)")
     ax.legend(fontsize=8)
     return _png(fig)
 
 
-def build_plots(events: Sequence[Event], report: EttrReport,
-                rpo_s: float | None) -> list[Plot]:
+def build_plots(events: Sequence[Event], summary: EventSummary, figures: RunFigures | None,
+                mtbf: MtbfEstimate, rpo_s: float | None) -> list[Plot]:
     """All plots of the report."""
-    cost, mtbf = measured_cost_mtbf(events, report)
+    cost = measured_cost(events)
     makers: list[tuple[str, Callable[[], bytes], str]] = [
-        ("Timeline", lambda: plot_timeline(events),
-         "Each row is one generation (allocation); colour shows where its time went; red marks "
-         "are incidents."),
+        ("Timeline", lambda: plot_timeline(events, run_timeline(summary)),
+         "Each row is one generation (allocation); colour shows where its time went, each "
+         "colour's area proportional to its seconds; red marks are incidents."),
         ("Step time per rank", lambda: plot_heatmap(events),
          "A straggler is a bright row; a slow node shows as a band of rows."),
-        ("Input wait", lambda: plot_input_wait(events),
+        ("Input wait", lambda: plot_input_wait(summary),
          "Time the slowest rank waited for its batch in each step."),
         ("Checkpoint stall and drain lag", lambda: plot_checkpoints(events),
          "Bars: training paused for the host copy; line: time to make a checkpoint durable."),
-        ("Where the allocated time went", lambda: plot_waste(report),
+        ("Where the allocated time went", lambda: plot_waste(figures),
          "Every allocated second is charged to exactly one bucket."),
-        ("Checkpoint interval", lambda: plot_young(cost, mtbf, rpo_s),
-         "Expected waste W(T) = C/T + T/2M for the measured C and M."),
+        ("Checkpoint interval", lambda: plot_young(cost, max(mtbf.mtbf_s, 2 * cost), rpo_s),
+         f"Expected waste W(T) = C/T + T/2M for the measured C and {mtbf.describe()}."),
     ]
     return [Plot(title=t, png=make(), caption=c) for t, make, c in makers]
 
 
-def _summary_rows(facts: RecordFacts | None, report: EttrReport) -> list[tuple[str, str]]:
+def _summary_rows(facts: RecordFacts | None, figures: RunFigures | None,
+                  mtbf: MtbfEstimate) -> list[tuple[str, str]]:
     rows = []
     if facts is not None:
         rows += [("run", facts.run_id), ("state", facts.state),
                  ("generation", str(facts.generation)), ("step", str(facts.step)),
                  ("restarts / requeues", f"{facts.restarts} / {facts.requeues}")]
-    rows += [("ETTR", f"{report.ettr:.1%}"), ("accepted steps", str(report.accepted_steps)),
-             ("replayed steps", str(report.replayed_steps)),
-             ("accepted tokens", str(report.accepted_tokens)),
-             ("throughput", f"{report.throughput:.4g} tokens/s"),
-             ("node-hours", f"{report.node_hours:.3f}")]
+    rows += figure_rows(figures) if figures is not None else [("ETTR", "- (no events)")]
+    rows.append(("mtbf", mtbf.describe()))
     return rows
 
 
-def render_html(plots: Sequence[Plot], rows: Sequence[tuple[str, str]], *, title: str) -> str:
+def figures_json(figures: RunFigures | None, mtbf: MtbfEstimate) -> str:
+    """The embedded JSON data block (safe inside a ``<script>`` element)."""
+    body = {"figures": figures.to_dict() if figures is not None else None,
+            "mtbf": {"mtbf_s": mtbf.mtbf_s, "prior_s": mtbf.prior_s,
+                     "interruptions": mtbf.history.interruptions,
+                     "exposure_s": mtbf.history.exposure_s}}
+    return json.dumps(body, sort_keys=True).replace("</", "<\\/")
+
+
+def read_figures_json(page: str) -> dict[str, Any]:
+    """The JSON data block of a report page (what tools and tests read back)."""
+    head = '<script type="application/json" id="hpcrun-figures">'
+    start = page.index(head) + len(head)
+    return json.loads(page[start:page.index("</script>", start)])  # type: ignore[no-any-return]
+
+
+def render_html(plots: Sequence[Plot], rows: Sequence[tuple[str, str]], *, title: str,
+                data: str = "{}") -> str:
     """The page: a summary table and one section per plot, images inline as data URIs."""
     esc = html.escape
     table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
@@ -231,16 +293,26 @@ def render_html(plots: Sequence[Plot], rows: Sequence[tuple[str, str]], *, title
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>body{{font-family:sans-serif;max-width:1000px;"
             "margin:2em auto}}img{max-width:100%}th{text-align:left;padding-right:1em}</style>"
-            f"</head><body><h1>{esc(title)}</h1><table>{table}</table>{sections}</body></html>\n")
+            f"</head><body><h1>{esc(title)}</h1><table>{table}</table>{sections}"
+            f'<script type="application/json" id="hpcrun-figures">{data}</script>'
+            "</body></html>\n")
 
 
 def build_report(events: Sequence[Event], *, facts: RecordFacts | None = None,
-                 node_hour_price: float | None = None) -> str:
-    """The whole report page for a run's events (and record facts when known)."""
-    report = compute_ettr(events, node_hour_price=node_hour_price)
-    plots = build_plots(events, report, facts.rpo_s if facts else None)
+                 node_hour_price: float | None = None,
+                 mtbf: MtbfEstimate | None = None) -> str:
+    """The whole report page for a run's events (and record facts when known).
+
+    ``mtbf``: the site's prior combined with the run's interruptions (what ``hpcrun report``
+    passes); without it the default prior, the record's faults and the events' allocated time.
+    """
+    summary = summarize_events(events)
+    figures = run_figures(summary, node_hour_price=node_hour_price)
+    mtbf = mtbf if mtbf is not None else fallback_mtbf(facts, figures)
+    plots = build_plots(events, summary, figures, mtbf, facts.rpo_s if facts else None)
     title = f"hpcrun report: {facts.run_id}" if facts else "hpcrun report"
-    return render_html(plots, _summary_rows(facts, report), title=title)
+    return render_html(plots, _summary_rows(facts, figures, mtbf), title=title,
+                       data=figures_json(figures, mtbf))
 
 
 def write_report(path: Path, page: str) -> Path:

@@ -15,12 +15,14 @@ from typing import Any
 
 from hpcrun.errors import RecordError
 from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evaluate_alerts
-from hpcrun.observe.ettr import GangStep, ettr_from_parts
+from hpcrun.observe.ettr import GangStep
+from hpcrun.observe.figures import RunFigures, figure_rows, fmt_seconds, run_figures
 from hpcrun.observe.hang import detect_hangs
 from hpcrun.observe.heartbeat import NodeHeartbeat
 from hpcrun.observe.stragglers import find_stragglers, straggler_scores
-from hpcrun.observe.summary import EventSummary, summarize_events
+from hpcrun.observe.summary import EventSummary, summarize_events, wait_fraction
 from hpcrun.protocols import Event
+from hpcrun.vocab import TERMINAL
 
 DEFAULT_RUNS_ROOT = "~/hpcrun-runs"
 STATUS_SCHEMA_VERSION = 1
@@ -94,6 +96,17 @@ class FaultFact:
     """One line for people."""
     ts: float | None = None
     """When it was recorded."""
+    generation: int = -1
+    """Generation it was recorded under (-1: unknown or unfenced)."""
+
+    def describe(self) -> str:
+        """One line saying what is known about the fault and leaving out what is not."""
+        where = [f"node {self.node}" if self.node else "",
+                 f"rank {self.rank}" if self.rank >= 0 else "",
+                 f"step {self.step}" if self.step >= 0 else "",
+                 f"in generation {self.generation}" if self.generation >= 0 else ""]
+        text = " ".join(["fault:", self.fault, *(w for w in where if w)])
+        return f"{text}: {self.detail}" if self.detail else text
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,9 +162,10 @@ class StatusView:
     now: float
     """When the view was built."""
     step_rate: float | None
-    """Steps per second over recent steps of the current generation."""
+    """Steps per second over the last ``window`` steps of the current generation (only while
+    the run is active)."""
     token_rate: float | None
-    """Tokens per second over the same steps."""
+    """Tokens per second over the same steps (only while the run is active)."""
     checkpoint_age_s: dict[str, float]
     """Age of the newest committed checkpoint per tier."""
     rpo_exposure_s: float | None
@@ -159,9 +173,9 @@ class StatusView:
     input_wait_ratio: float | None
     """Input wait / step time over recent steps."""
     ettr: float | None
-    """ETTR so far (None without events)."""
+    """ETTR so far (None without events); ``figures.ettr``."""
     waste_s: dict[str, float]
-    """Waste seconds by cause so far."""
+    """Waste seconds by cause so far; ``figures.waste_s``."""
     tails: tuple[RankTail, ...]
     """Last line of every rank."""
     incidents: tuple[str, ...]
@@ -169,7 +183,10 @@ class StatusView:
     alerts: tuple[str, ...]
     """Alert rules that fire."""
     nodes: dict[str, dict[str, Any]]
-    """Per node: heartbeat age and slowest rank's step."""
+    """Per node: heartbeat age (None without a heartbeat), its slowest rank's step (the newer
+    of the heartbeat's and the step events'), and its rank count."""
+    figures: RunFigures | None = None
+    """ETTR, breakdown and throughputs, as the report computes them (None without events)."""
 
 
 def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
@@ -201,11 +218,11 @@ def rpo_exposure(ages: Mapping[str, float]) -> float | None:
 
 
 def input_wait_fraction(events: Sequence[Event], *, window: int = 200) -> float | None:
-    """Input wait / step time over the last ``window`` rank step events."""
+    """Input wait / step time over the last ``window`` rank step events (None: not measured)."""
     steps = [e for e in events if e.kind == "step"][-window:]
-    total = sum(float(e.data.get("dur_s", 0.0) or 0.0) for e in steps)
-    wait = sum(float(e.data.get("input_wait_s", 0.0) or 0.0) for e in steps)
-    return wait / total if total > 0 else None
+    return wait_fraction((float(e.data.get("dur_s", 0.0) or 0.0),
+                          None if e.data.get("input_wait_s") is None
+                          else float(e.data["input_wait_s"])) for e in steps)
 
 
 def live_incidents(facts: RecordFacts, step_times: StepTimes,
@@ -221,9 +238,43 @@ def live_incidents(facts: RecordFacts, step_times: StepTimes,
     times, nodes = step_times
     out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}"
             for s in find_stragglers(times, straggler_threshold, window, nodes=nodes)]
-    out += [f"fault: {f.fault} node {f.node or '?'} rank {f.rank} step {f.step}: {f.detail}"
-            for f in facts.faults[-5:]]
+    out += [f.describe() for f in facts.faults[-5:]]
     return out
+
+
+def node_progress(heartbeats: Mapping[str, NodeHeartbeat],
+                  last_steps: Mapping[int, tuple[int, str]],
+                  now: float) -> dict[str, dict[str, Any]]:
+    """Per node: heartbeat age, the slowest rank's step and the rank count.
+
+    Heartbeats are rate-limited, so the last steps of a run may never reach one; the step
+    events (``last_steps``: rank → (step, node) of the generation in force) fill that in.
+    """
+    from_events: dict[str, list[int]] = {}
+    for step, node in last_steps.values():
+        from_events.setdefault(node, []).append(step)
+    out: dict[str, dict[str, Any]] = {}
+    for n in sorted(set(heartbeats) | set(from_events)):
+        hb = heartbeats.get(n)
+        steps = [x for x in (hb.min_step if hb else None,
+                             min(from_events[n]) if n in from_events else None) if x is not None]
+        out[n] = {"age_s": now - hb.ts if hb else None, "step": max(steps, default=0),
+                  "ranks": len(hb.ranks) if hb and hb.ranks else len(from_events.get(n, ()))}
+    return out
+
+
+def fill_tails(tails: Sequence[RankTail],
+               last_steps: Mapping[int, tuple[int, str]]) -> tuple[RankTail, ...]:
+    """Rank tails in rank order; a rank that printed nothing says what its events say."""
+    out = []
+    for t in sorted(tails, key=lambda t: t.rank):
+        if not t.line.strip():
+            step = last_steps.get(t.rank)
+            line = (f"(no output) last step {step[0]}" if step is not None
+                    else "(no output, no step yet)")
+            t = RankTail(rank=t.rank, node=t.node, line=line)
+        out.append(t)
+    return tuple(out)
 
 
 def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
@@ -263,10 +314,12 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     status`` passes so it need not re-read every event); ``events`` is then ignored.
     """
     s = summary if summary is not None else summarize_events(events)
-    steps = s.gang_steps()
-    step_rate, token_rate = recent_rates(steps, generation=facts.generation, window=window)
+    step_rate, token_rate = (recent_rates(s.gang_steps(), generation=facts.generation,
+                                          window=window)
+                             if facts.state in ACTIVE_STATES else (None, None))
     ages = checkpoint_ages(facts.checkpoints, now)
-    report = ettr_from_parts(s.allocations(), steps, s.span_intervals()) if s.events else None
+    figures = run_figures(s)
+    last_steps = s.last_steps(facts.generation)
     step_times = s.rank_step_times(facts.generation)
     signals = alert_signals(facts, (), now, ages=ages, window=window, step_times=step_times,
                             summary=s)
@@ -274,29 +327,27 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,
         rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=signals.input_wait_fraction,
-        ettr=report.ettr if report else None,
-        waste_s={k: v for k, v in report.waste_s.items() if v > 0} if report else {},
-        tails=tuple(sorted(tails, key=lambda t: t.rank)),
+        ettr=figures.ettr if figures else None,
+        waste_s=figures.waste_s if figures else {},
+        tails=fill_tails(tails, last_steps),
         incidents=tuple(live_incidents(facts, step_times, heartbeats, now,
                                        hang_threshold_s=hang_threshold_s,
                                        straggler_threshold=straggler_threshold, window=window)),
         alerts=tuple(a.message for a in alerts),
-        nodes={n: {"age_s": now - hb.ts, "step": hb.min_step, "ranks": len(hb.ranks)}
-               for n, hb in sorted(heartbeats.items())})
+        nodes=node_progress(heartbeats, last_steps, now), figures=figures)
 
 
 def status_json(view: StatusView) -> dict[str, Any]:
     """The view as a JSON-ready dict (``hpcrun status --json``)."""
     body = asdict(view)
     body["schema_version"] = STATUS_SCHEMA_VERSION
+    body["figures"] = view.figures.to_dict() if view.figures is not None else None
+    body["data_position"] = describe_cursor(view.facts.cursor)
     return body
 
 
 def _fmt_age(seconds: float | None) -> str:
-    # hpcrun.checkpoint imports lazily, so this pulls in neither torch nor h5py.
-    from hpcrun.checkpoint.cadence import format_duration
-
-    return "-" if seconds is None else format_duration(seconds)
+    return "-" if seconds is None else fmt_seconds(seconds)
 
 
 def _checkpoint_lines(view: StatusView) -> list[str]:
@@ -307,29 +358,35 @@ def _checkpoint_lines(view: StatusView) -> list[str]:
     tiers = sorted({c.tier for c in f.checkpoints if c.ckpt_id == last.ckpt_id})
     ages = ", ".join(f"{t} {_fmt_age(a)} ago" for t, a in view.checkpoint_age_s.items())
     rpo = f" (RPO {_fmt_age(f.rpo_s)})" if f.rpo_s else ""
+    exposure = f"{_fmt_age(view.rpo_exposure_s)} of work at risk{rpo}"
+    if f.state in TERMINAL and last.step >= f.step:
+        exposure = "none: the final step is committed"
     return [f"checkpoint  {last.ckpt_id} step {last.step} on {'+'.join(tiers)}"
-            + (f"; {ages}" if ages else ""),
-            f"exposure    {_fmt_age(view.rpo_exposure_s)} of work at risk{rpo}"]
+            + (f"; {ages}" if ages else ""), f"exposure    {exposure}"]
 
 
 def render_text(view: StatusView) -> str:
     """The human status block."""
     f = view.facts
-    rate = (f"{view.step_rate:.3g} steps/s, {view.token_rate:.4g} tok/s"
-            if view.step_rate is not None and view.token_rate is not None else "-")
     lines = [
         f"run         {f.run_id}",
         f"state       {f.state}  generation {f.generation}  job "
         f"{f.job_ids[-1] if f.job_ids else '-'}  restarts {f.restarts}  requeues {f.requeues}",
-        f"progress    step {f.step}  tokens {f.tokens}  rate {rate}",
+        f"progress    step {f.step}  tokens {f.tokens:,}" + _recent_rate(view),
         *_checkpoint_lines(view),
-        f"data        {_cursor_summary(f.cursor)}",
-        f"ettr        {'-' if view.ettr is None else f'{view.ettr:.1%}'}"
-        + (("  waste " + ", ".join(f"{k} {_fmt_age(v)}" for k, v in view.waste_s.items()))
-           if view.waste_s else ""),
+        f"data        {describe_cursor(f.cursor)}",
     ]
-    lines += [f"node        {n} step {d['step']} heartbeat {_fmt_age(d['age_s'])} ago"
-              for n, d in view.nodes.items()]
+    if view.figures is None:
+        lines.append("ETTR        - (no events yet)")
+    else:
+        lines += [f"{label:<11} {text}" for label, text in figure_rows(view.figures)]
+    if view.input_wait_ratio is not None and f.state in ACTIVE_STATES:
+        lines.append(f"input wait  {view.input_wait_ratio:.1%} of step time over the last "
+                     "200 rank steps")
+    active = f.state in ACTIVE_STATES
+    lines += [f"node        {n} step {d['step']}"
+              + (f" heartbeat {_fmt_age(d['age_s'])} ago" if active and d["age_s"] is not None
+                 else "") for n, d in view.nodes.items()]
     if f.quarantined:
         lines.append(f"quarantine  {', '.join(f.quarantined)}")
     lines += [f"incident    {i}" for i in view.incidents] or ["incidents   none open"]
@@ -338,13 +395,45 @@ def render_text(view: StatusView) -> str:
     return "\n".join(lines)
 
 
-def _cursor_summary(cursor: Mapping[str, Any]) -> str:
+def _recent_rate(view: StatusView) -> str:
+    if view.step_rate is None or view.token_rate is None:
+        return ""
+    return (f"  rate {view.step_rate:.3g} steps/s, {view.token_rate:,.0f} tok/s "
+            "(per wall second over the last 20 steps)")
+
+
+def describe_cursor(cursor: Mapping[str, Any]) -> str:
+    """The committed data position in words (never a raw dict)."""
     if not cursor:
-        return "-"
+        return "no data position committed yet"
+    step = cursor.get("step")
     inner = cursor.get("cursor", cursor)  # the record keeps {"step", "cursor": envelope}
-    state = inner.get("state", inner) if isinstance(inner, Mapping) else inner
-    if isinstance(state, Mapping):
-        keys = [k for k in ("epoch", "position", "batch", "samples") if k in state]
-        if keys:
-            return " ".join(f"{k} {state[k]}" for k in keys)
-    return str(dict(cursor))[:100]
+    state = inner.get("state", inner) if isinstance(inner, Mapping) else None
+    head = f"at step {step}: " if isinstance(step, int) else ""
+    if not isinstance(state, Mapping):
+        return f"{head}a position of an unknown kind"
+    pos = state.get("position")
+    if isinstance(pos, Mapping):
+        return head + _pipeline_position(pos, state.get("epochs"), inner)
+    keys = [k for k in ("epoch", "position", "batch", "samples")
+            if isinstance(state.get(k), int | float | str)]
+    if keys:
+        return head + " ".join(f"{k} {state[k]}" for k in keys)
+    return f"{head}a position of an unknown kind"
+
+
+def _pipeline_position(pos: Mapping[str, Any], epochs: Any, envelope: Any) -> str:
+    """A :class:`~hpcrun.data.cursor.DataCursor` position: next batch, draws, epochs."""
+    parts = [f"next global batch {pos.get('batch', '?')}"]
+    mix = pos.get("mixture")
+    if isinstance(mix, Mapping) and isinstance(mix.get("draw"), int):
+        counts = mix.get("counts")
+        per = (f" ({', '.join(str(c) for c in counts)} per source)"
+               if isinstance(counts, list) and len(counts) > 1 else "")
+        parts.append(f"{mix['draw']} documents drawn{per}")
+    if isinstance(epochs, list) and epochs:
+        word = "epoch" if len(epochs) == 1 else "epochs"
+        parts.append(f"{word} {', '.join(str(e) for e in epochs)}")
+    if isinstance(envelope, Mapping) and isinstance(envelope.get("dataset_id"), str):
+        parts.append(f"dataset {envelope['dataset_id'][:15]}")
+    return "; ".join(parts)

@@ -30,7 +30,7 @@ from hpcrun.observe.ettr import Allocation, GangStep, Interval, span_bucket
 from hpcrun.observe.events import list_event_files, parse_event_line, span_bounds
 from hpcrun.protocols import Event
 
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2
 KEEP_STEP_TIMES = 256
 """Newest step durations kept per (generation, rank): straggler windows up to this are exact."""
 KEEP_RECENT = 200
@@ -40,6 +40,11 @@ KEEP_RECENT = 200
 def _num(value: Any, default: float = 0.0) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
         else default
+
+
+def _opt(value: Any) -> float | None:
+    """A number, or None when the event did not measure it."""
+    return None if value is None else _num(value)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,8 +61,10 @@ class EventSummary:
     """(generation, rank) → newest step durations, in file order."""
     rank_nodes: dict[tuple[int, int], str] = field(default_factory=dict)
     """(generation, rank) → node of its last step event."""
-    recent: dict[str, list[list[float]]] = field(default_factory=dict)
-    """file → newest step events as [ts, rank, dur_s, input_wait_s]."""
+    rank_last: dict[tuple[int, int], list[Any]] = field(default_factory=dict)
+    """(generation, rank) → [newest step index, node]."""
+    recent: dict[str, list[list[float | None]]] = field(default_factory=dict)
+    """file → newest step events as [ts, rank, dur_s, input_wait_s (None: not measured)]."""
     last_step_ts: float | None = None
     """Wall time of the newest step event."""
     events: int = 0
@@ -98,9 +105,13 @@ class EventSummary:
             times.append(float(dur))
             del times[:-KEEP_STEP_TIMES]
             self.rank_nodes[(e.generation, e.rank)] = e.node
+        if e.rank >= 0:
+            last = self.rank_last.setdefault((e.generation, e.rank), [e.step, e.node])
+            if e.step >= last[0]:
+                last[:] = [e.step, e.node]
         tail = self.recent.setdefault(source, [])
         tail.append([e.ts, float(e.rank), _num(e.data.get("dur_s")),
-                     _num(e.data.get("input_wait_s"))])
+                     _opt(e.data.get("input_wait_s"))])
         del tail[:-KEEP_RECENT]
 
     # -- what status computes from ---------------------------------------------------------
@@ -138,11 +149,22 @@ class EventSummary:
         return times, nodes
 
     def input_wait_fraction(self, window: int = KEEP_RECENT) -> float | None:
-        """Input wait / step time over the newest ``window`` step events of all ranks."""
+        """Input wait / step time over the newest ``window`` step events of all ranks.
+
+        None when none of them measured its input wait (nothing to say, not zero).
+        """
         rows = sorted((r for tail in self.recent.values() for r in tail),
-                      key=lambda r: (r[0], r[1]))[-window:]
-        total = sum(r[2] for r in rows)
-        return sum(r[3] for r in rows) / total if total > 0 else None
+                      key=lambda r: (r[0], r[1] or 0.0))[-window:]
+        return wait_fraction([(r[2] or 0.0, r[3]) for r in rows])
+
+    def input_wait_measured(self) -> bool:
+        """Whether any step event carried a measured input wait."""
+        return any(v[2] is not None for v in self.steps.values())
+
+    def last_steps(self, generation: int) -> dict[int, tuple[int, str]]:
+        """rank → (newest step index it reported, its node) in ``generation``."""
+        return {r: (int(v[0]), str(v[1])) for (g, r), v in sorted(self.rank_last.items())
+                if g == generation}
 
     # -- persistence -------------------------------------------------------------------------
 
@@ -151,6 +173,7 @@ class EventSummary:
                 "allocs": [[g, *a] for g, a in self.allocs.items()], "spans": self.spans,
                 "step_times": [[g, r, self.rank_nodes[(g, r)], t]
                                for (g, r), t in self.step_times.items()],
+                "rank_last": [[g, r, *v] for (g, r), v in self.rank_last.items()],
                 "recent": self.recent, "last_step_ts": self.last_step_ts,
                 "events": self.events}
 
@@ -162,7 +185,10 @@ class EventSummary:
                   allocs={int(g): [float(a), float(b), n if isinstance(n, int) else None,
                                    [str(x) for x in nodes]] for g, a, b, n, nodes in raw["allocs"]},
                   spans=[[int(g), float(a), float(b), str(k)] for g, a, b, k in raw["spans"]],
-                  recent={str(f): [[float(x) for x in r] for r in rows]
+                  rank_last={(int(g), int(r)): [int(k), str(n)]
+                             for g, r, k, n in raw["rank_last"]},
+                  recent={str(f): [[float(a), float(b), float(c), _opt(w)]
+                                   for a, b, c, w in rows]
                           for f, rows in raw["recent"].items()},
                   last_step_ts=None if raw["last_step_ts"] is None
                   else float(raw["last_step_ts"]), events=int(raw["events"]))
@@ -170,6 +196,18 @@ class EventSummary:
             out.step_times[(int(g), int(r))] = [float(t) for t in times]
             out.rank_nodes[(int(g), int(r))] = str(node)
         return out
+
+
+def wait_fraction(rows: Iterable[tuple[float, float | None]]) -> float | None:
+    """Sum of input waits / sum of step times over (dur_s, input_wait_s) rows.
+
+    None when no row measured its wait or the steps took no time.
+    """
+    rows = list(rows)
+    total = sum(d for d, _ in rows)
+    if total <= 0 or all(w is None for _, w in rows):
+        return None
+    return sum(w or 0.0 for _, w in rows) / total
 
 
 def summarize_events(events: Iterable[Event]) -> EventSummary:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ class _Progress:
     step_started: float = 0.0
     validated: bool = False
     in_step: bool = False
+    input_wait_s: float | None = None
+    """Input wait timed by ``ctx.input_wait()`` during the current step (None: none timed)."""
 
 
 class Context:
@@ -123,8 +126,13 @@ class Context:
                 )
         self._final_commit()
 
-    def step_done(self, *, tokens: int = 0, loss: float | None = None, **metrics: float) -> None:
+    def step_done(self, *, tokens: int = 0, loss: float | None = None,
+                  input_wait_s: float | None = None, **metrics: float) -> None:
         """Report the optimizer step as done: heartbeat, events, progress.
+
+        ``input_wait_s``: how long the step waited for its batch. When omitted, the wait
+        measured by the registered loaders (``take_input_wait()``, e.g. a DataPipeline passed
+        to :meth:`restore`) and by ``with ctx.input_wait():`` blocks is used.
 
         The checkpoint the cadence asks for is taken at the next step boundary, after the
         ranks agree on it (:meth:`steps`), before the next step consumes data.
@@ -134,19 +142,42 @@ class Context:
         self._p.my_tokens += int(tokens)
         self._fire_injections(slow=True)  # a slowed rank is slow inside its measured step
         dur = self._clock.monotonic() - self._p.step_started
+        wait = self._take_input_wait() if input_wait_s is None else float(input_wait_s)
         if loss is not None and not math.isfinite(loss):
             raise NonFiniteError(
                 f"loss is {loss} at step {self._p.step}; refusing to continue or checkpoint. "
                 "Lower the learning rate or enable gradient clipping, then resume"
             )
-        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=loss, **metrics)
+        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=loss,
+                          input_wait_s=wait, **metrics)
         self._heartbeat(step=self._p.step, step_time_s=dur)
         self._cadence.observe_step(self._p.step, dur)
         self._finish_async(self._ckpt.poll())
         self._validate_once()
         self._fire_injections(slow=False)
 
+    @contextmanager
+    def input_wait(self) -> Iterator[None]:
+        """Count the time inside the block as the current step's input wait.
+
+        For a loader hpcrun does not know: ``with ctx.input_wait(): batch = next(it)``.
+        """
+        t0 = self._clock.monotonic()
+        try:
+            yield
+        finally:
+            self._p.input_wait_s = (self._p.input_wait_s or 0.0) + self._clock.monotonic() - t0
+
     # -- internals --------------------------------------------------------------------------
+    def _take_input_wait(self) -> float | None:
+        """The step's input wait from ``input_wait()`` blocks and registered loaders, once."""
+        timed, self._p.input_wait_s = self._p.input_wait_s, None
+        sources = [take for obj in self._state.values()
+                   if callable(take := getattr(obj, "take_input_wait", None))]
+        if timed is None and not sources:
+            return None
+        return (timed or 0.0) + sum(float(take()) for take in sources)
+
     def _agree(self) -> tuple[bool, bool]:
         """(stop, checkpoint due), the same on every rank: one tiny all-reduce per step.
 

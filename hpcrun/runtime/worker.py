@@ -90,10 +90,36 @@ def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def cadence_factory(run_dir: Path, policy: Any, log: Any) -> Callable[[int], Any]:
+    """The cadence timer of this incarnation, built at restore time (the step it starts from).
+
+    M starts from the site's ``mtbf_prior_h`` combined with the interruptions and allocated
+    time of the run's earlier incarnations, read once from the log here; every rank reads the
+    same log, so the ranks agree on the interval.
+    """
+    from dataclasses import replace
+
+    from hpcrun.checkpoint.cadence import CadenceTimer, as_cadence_policy, interruption_history
+    from hpcrun.control.fencing import fold_fences
+    from hpcrun.launch.site import load_site_snapshot
+
+    prior = replace(as_cadence_policy(policy),
+                    prior_mtbf_s=load_site_snapshot(run_dir).mtbf_prior_h * 3600.0)
+
+    seen: list[Any] = []  # the context builds a timer at start and again at restore
+
+    def build(start: int) -> Any:
+        if not seen:
+            seen.append(interruption_history(fold_fences(log.read())[1]))
+        return CadenceTimer(prior, start_step=start, interruptions=seen[0].interruptions,
+                            exposure_s=seen[0].exposure_s)
+
+    return build
+
+
 def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     """Wire a Context from the environment around the process's stop flag."""
     from hpcrun.checkpoint import Checkpointer, Layout
-    from hpcrun.checkpoint.cadence import CadenceTimer
     from hpcrun.control.log import RunLog
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.dist import device_for, init_process_group
@@ -134,7 +160,7 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
-        cadence=lambda start: CadenceTimer(policy, start_step=start), events=events, stop=stop,
+        cadence=cadence_factory(inc.run_dir, policy, log), events=events, stop=stop,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
         device=device_for(env), preempt_signal=preempt, injections=injections,
     )

@@ -5,8 +5,9 @@ The parsers are pure; :class:`JobClient` is a thin shell over a :class:`CommandR
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import TestbedError
@@ -72,11 +73,15 @@ class JobClient:
         env: entries added to each command's environment (``Testbed.env``: SLURM_CONF).
         runner: where commands run; the real subprocess runner by default.
         clock: time source for waiting.
+        output_dir: where a job submitted without ``--output`` writes ``slurm-<id>.out``;
+            None discards it. Never the caller's working directory (Slurm's default), which
+            for a test is the repository.
     """
 
     def __init__(self, env: Mapping[str, str], *, runner: CommandRunner | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, output_dir: Path | None = None) -> None:
         self.env = dict(env)
+        self.output_dir = output_dir
         self._runner = runner if runner is not None else SubprocessRunner()
         self._clock = clock
 
@@ -85,12 +90,24 @@ class JobClient:
         return self._runner.run(argv, input=input, env=self.env, timeout=timeout)
 
     def submit(self, script: str, *sbatch_args: str) -> int:
-        """``sbatch --parsable ARGS`` with ``script`` (text starting ``#!``) on stdin."""
-        result = self.run("sbatch", "--parsable", *sbatch_args, input=script)
+        """``sbatch --parsable ARGS`` with ``script`` (text starting ``#!``) on stdin.
+
+        Without ``--output``/``-o`` in ``sbatch_args`` the job's output goes to
+        ``output_dir`` (or nowhere), never to the current directory.
+        """
+        result = self.run("sbatch", "--parsable", *sbatch_args,
+                          *self._output_flag(sbatch_args), input=script)
         if result.returncode != 0:
             raise TestbedError(f"sbatch {' '.join(sbatch_args)} exited {result.returncode}: "
                                f"{(result.stderr or result.stdout).strip()}")
         return parse_job_id(result.stdout)
+
+    def _output_flag(self, sbatch_args: Sequence[str]) -> list[str]:
+        if any(a in ("-o", "--output") or a.startswith(("--output=", "-o")) for a in sbatch_args):
+            return []
+        if self.output_dir is None:
+            return ["--output=/dev/null"]
+        return [f"--output={self.output_dir}/slurm-%j.out"]
 
     def state(self, job_id: int) -> str | None:
         """Current state from squeue, falling back to sacct once squeue forgot the job."""

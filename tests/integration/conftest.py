@@ -74,8 +74,8 @@ def testbed() -> Iterator[Testbed]:
 class _TrackingJobClient(JobClient):
     """A JobClient that remembers what it submitted, so teardown can cancel leftovers."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(env)
+    def __init__(self, env: dict[str, str], output_dir: Path) -> None:
+        super().__init__(env, output_dir=output_dir)
         self.submitted: list[int] = []
 
     def submit(self, script: str, *sbatch_args: str) -> int:
@@ -86,7 +86,9 @@ class _TrackingJobClient(JobClient):
 
 @pytest.fixture
 def slurm(testbed: Testbed) -> Iterator[JobClient]:
-    client = _TrackingJobClient(testbed.env)
+    out = testbed.shared_dir / "tests" / "job-output"  # never the cwd (the repository)
+    out.mkdir(parents=True, exist_ok=True)
+    client = _TrackingJobClient(testbed.env, out)
     yield client
     leftovers = [j for j in client.submitted if client.state(j) not in TERMINAL_STATES]
     if leftovers:

@@ -51,7 +51,9 @@ def test_report_has_six_embedded_pngs_that_decode(tmp_path: Path) -> None:
         width, height = struct.unpack(">II", png[16:24])  # IHDR
         assert width > 300 and height > 100
         assert len(png) > 5000  # a real plot, not a blank placeholder
-    assert "demo-1" in page and "ETTR" in page and "<script" not in page
+    assert "demo-1" in page and "ETTR" in page
+    # Self-contained and inert: the only script element is the JSON data block.
+    assert page.count("<script") == 1 and '<script type="application/json"' in page
 
 
 def test_report_of_an_empty_run_still_renders(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def test_view_from_constructed_values() -> None:
     assert view.incidents[-1].startswith("fault: process_crash node n0 rank 1")
     text = render_text(view)
     for needle in ("RUNNING", "generation 1", "job 77", "step 4", "c2 step 2 on node_local+shared",
-                   "RPO", "ettr        100.0%", "rank     0 n0", "loss 2.1"):
+                   "RPO", "ETTR        100.0%", "rank     0 n0", "loss 2.1"):
         assert needle in text
     body = json.loads(json.dumps(status_json(view)))
     assert body["schema_version"] == 1 and body["facts"]["state"] == "RUNNING"
@@ -108,3 +108,43 @@ def test_reconcile_is_bounded_and_reported_separately() -> None:
     failed = run_bounded(lambda: 1 / 0, timeout_s=1.0)
     assert not failed.ok and "ZeroDivisionError" in failed.detail
     assert run_bounded(lambda: [], timeout_s=1.0).ok
+
+
+def _envelope(batch: int) -> dict[str, object]:
+    """A data cursor as the record keeps it (DataPipeline's envelope, committed at step 60)."""
+    return {"step": 60, "cursor": {
+        "kind": "hpcrun.data.cursor", "schema_version": 1, "algorithm_version": 1,
+        "dataset_id": "ds-7df4ca3dfdf27f75434e88925f0c366b",
+        "state": {"epochs": [0, 1], "layout": {"seed": 1}, "position": {
+            "batch": batch, "pack": {"draw": 164, "offset": 27},
+            "mixture": {"active": [True, True], "counts": [109, 55], "draw": 164}}}}}
+
+
+def test_a_finished_run_shows_final_figures_and_no_placeholders() -> None:
+    """A preempted-then-finished run: the fault has no node, rank or step; the heartbeats
+    stopped at step 31 (rate-limited) while the events reach 60; the ranks printed nothing."""
+    events = [step(s, float(s), s + 0.9, gen=1, rank=r, node=f"local{r}")
+              for s in range(1, 31) for r in (0, 1)]
+    events += [step(s, 100.0 + s, 100.9 + s, gen=2, rank=r, node=f"local{r}")
+               for s in range(31, 61) for r in (0, 1)]
+    hb = {f"local{r}": NodeHeartbeat(node=f"local{r}", ts=140.0, generation=2, ranks={
+        r: RankBeat(rank=r, step=31, ts=140.0, step_time_s=0.9, pid=1)}) for r in (0, 1)}
+    facts = _facts(state="SUCCEEDED", generation=2, step=60, tokens=12000,
+                   cursor=_envelope(60), checkpoints=(
+                       CheckpointFact(ckpt_id="c60", step=60, tier="shared", ts=161.0),),
+                   faults=(FaultFact(fault="preemption", generation=1,
+                                     detail="preemption or time-limit signal"),))
+    view = build_status(facts, events=events, heartbeats=hb, now=170.0,
+                        tails=[RankTail(rank=0, node="local0", line=""),
+                               RankTail(rank=1, node="local1", line="  ")])
+    text = render_text(view)
+    assert "fault: preemption in generation 1: preemption or time-limit signal" in text
+    for placeholder in ("node ?", "rank -1", "step -1", "{", "}", "'"):
+        assert placeholder not in text, placeholder
+    assert {n: d["step"] for n, d in view.nodes.items()} == {"local0": 60, "local1": 60}
+    assert "heartbeat" not in text  # heartbeat ages say nothing about a finished run
+    assert [t.line for t in view.tails] == ["(no output) last step 60"] * 2
+    assert ("data        at step 60: next global batch 60; 164 documents drawn (109, 55 per "
+            "source); epochs 0, 1; dataset ds-7df4ca3dfdf2") in text
+    assert "rate" not in text.split("progress", 1)[1].splitlines()[0]  # no recent rate
+    assert "exposure    none: the final step is committed" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -46,8 +47,21 @@ def _sequence(*states: str) -> Callable[[Sequence[str]], CommandResult]:
 def test_submit_sends_script_and_env() -> None:
     runner = FakeRunner({"sbatch --parsable": "17\n"})
     client = JobClient({"SLURM_CONF": "/s/slurm.conf"}, runner=runner, clock=FakeClock())
-    assert client.submit("#!/bin/sh\ntrue\n", "-N2") == 17
-    assert runner.calls == [("sbatch", "--parsable", "-N2")]
+    assert client.submit("#!/bin/sh\ntrue\n", "-N2", "--output=/shared/out.txt") == 17
+    assert runner.calls == [("sbatch", "--parsable", "-N2", "--output=/shared/out.txt")]
+
+
+def test_a_job_without_output_never_writes_into_the_working_directory(tmp_path: Path) -> None:
+    """Slurm's default is slurm-<id>.out in the submitter's cwd: for a test, the repository."""
+    runner = FakeRunner({"sbatch --parsable": "17\n"})
+    JobClient({}, runner=runner, clock=FakeClock()).submit("#!/bin/sh\n", "-N1")
+    JobClient({}, runner=runner, clock=FakeClock(), output_dir=tmp_path).submit(
+        "#!/bin/sh\n", "-N1")
+    JobClient({}, runner=runner, clock=FakeClock(), output_dir=tmp_path).submit(
+        "#!/bin/sh\n", "-o", "/x/%j.txt")
+    assert runner.calls == [("sbatch", "--parsable", "-N1", "--output=/dev/null"),
+                            ("sbatch", "--parsable", "-N1", f"--output={tmp_path}/slurm-%j.out"),
+                            ("sbatch", "--parsable", "-o", "/x/%j.txt")]
 
 
 def test_submit_failure_is_one_clear_line() -> None:

@@ -1,0 +1,171 @@
+"""The run figures that ``hpcrun status``, ``hpcrun report`` and ``hpcrun export`` share.
+
+Each shared number is computed here, once, from the event summary
+(:class:`~hpcrun.observe.summary.EventSummary`), and rendered by :func:`figure_rows`, so the
+three commands cannot disagree: status folds the events incrementally, the report folds them
+all, and the fold is the same (property-tested in ``summary.py``).
+
+Every throughput names what it divides by:
+
+- *per allocated second*: accepted tokens / allocated gang seconds (what the allocation bought);
+- *per productive second*: accepted tokens / seconds charged to productive steps (the speed of
+  the training loop itself, input wait, checkpoints and recovery excluded);
+- *per wall second*: accepted tokens / end-to-end seconds from the first allocation to the last
+  event, queue gaps between allocations included.
+
+Allocated time is what the events see: a generation's allocation runs from its first event
+(or its ``STARTING`` state event) to its last one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcrun.observe.ettr import Bucket, EttrReport, Timeline, ettr_from_parts, timeline_from_parts
+from hpcrun.observe.summary import EventSummary
+
+FIGURES_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunFigures:
+    """ETTR, the time breakdown, counts and throughputs of a run (from its events)."""
+
+    allocated_s: float
+    """Allocated gang seconds, summed over allocations."""
+    wall_s: float
+    """First allocation start to the last event, gaps between allocations included."""
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    """Allocated seconds charged to each :class:`~hpcrun.observe.ettr.Bucket`."""
+    accepted_steps: int = 0
+    """Distinct step indices completed."""
+    replayed_steps: int = 0
+    """Steps recomputed after a restore."""
+    accepted_tokens: int = 0
+    """Tokens of accepted steps, summed over ranks."""
+    node_hours: float = 0.0
+    """Allocated node-hours."""
+    cost_per_token: float | None = None
+    """Price per accepted token, when a node-hour price is known."""
+    input_wait_measured: bool = False
+    """Whether any step event carried a measured input wait."""
+
+    @property
+    def productive_s(self) -> float:
+        return self.seconds.get(Bucket.PRODUCTIVE, 0.0)
+
+    @property
+    def input_wait_s(self) -> float:
+        return self.seconds.get(Bucket.INPUT_WAIT, 0.0)
+
+    @property
+    def ettr(self) -> float:
+        """Productive / allocated seconds (0 when nothing was allocated)."""
+        return self.productive_s / self.allocated_s if self.allocated_s > 0 else 0.0
+
+    @property
+    def tokens_per_allocated_s(self) -> float | None:
+        return _ratio(self.accepted_tokens, self.allocated_s)
+
+    @property
+    def tokens_per_productive_s(self) -> float | None:
+        return _ratio(self.accepted_tokens, self.productive_s)
+
+    @property
+    def tokens_per_wall_s(self) -> float | None:
+        return _ratio(self.accepted_tokens, self.wall_s)
+
+    @property
+    def waste_s(self) -> dict[str, float]:
+        """Seconds per waste cause with any time charged (everything but productive)."""
+        return {k: v for k, v in self.seconds.items() if k != Bucket.PRODUCTIVE and v > 0}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (embedded in the report, ``figures`` of ``hpcrun status --json``)."""
+        return {"schema_version": FIGURES_SCHEMA_VERSION, "ettr": self.ettr,
+                "allocated_s": self.allocated_s, "productive_s": self.productive_s,
+                "wall_s": self.wall_s, "seconds": dict(self.seconds),
+                "input_wait_s": self.input_wait_s,
+                "input_wait_measured": self.input_wait_measured,
+                "accepted_steps": self.accepted_steps, "replayed_steps": self.replayed_steps,
+                "accepted_tokens": self.accepted_tokens, "node_hours": self.node_hours,
+                "cost_per_token": self.cost_per_token,
+                "tokens_per_allocated_s": self.tokens_per_allocated_s,
+                "tokens_per_productive_s": self.tokens_per_productive_s,
+                "tokens_per_wall_s": self.tokens_per_wall_s}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def run_figures(summary: EventSummary, *,
+                node_hour_price: float | None = None) -> RunFigures | None:
+    """The shared figures of a run's folded events; None before any event."""
+    if not summary.events:
+        return None
+    return figures_from_ettr(ettr_report(summary, node_hour_price=node_hour_price),
+                             input_wait_measured=summary.input_wait_measured())
+
+
+def ettr_report(summary: EventSummary, *, node_hour_price: float | None = None) -> EttrReport:
+    """The ETTR charge of the folded events (allocations seen in the events)."""
+    return ettr_from_parts(summary.allocations(), summary.gang_steps(),
+                           summary.span_intervals(), node_hour_price=node_hour_price)
+
+
+def run_timeline(summary: EventSummary) -> Timeline:
+    """The resolved timeline that :func:`run_figures` charges (for the report's plot)."""
+    return timeline_from_parts(summary.allocations(), summary.gang_steps(),
+                               summary.span_intervals())
+
+
+def figures_from_ettr(report: EttrReport, *, input_wait_measured: bool) -> RunFigures:
+    return RunFigures(allocated_s=report.allocated_s, wall_s=report.wall_s,
+                      seconds=dict(report.seconds), accepted_steps=report.accepted_steps,
+                      replayed_steps=report.replayed_steps,
+                      accepted_tokens=report.accepted_tokens, node_hours=report.node_hours,
+                      cost_per_token=report.cost_per_token,
+                      input_wait_measured=input_wait_measured)
+
+
+# -- one rendering for every reader -------------------------------------------------------------
+
+def fmt_seconds(seconds: float) -> str:
+    """Seconds for people: ``0.58 s``, ``42.0 s``, ``19m 0s``, ``6h 0m``."""
+    from hpcrun.checkpoint.cadence import format_duration  # no torch/h5py: cadence is pure
+
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return format_duration(seconds)
+
+
+def fmt_rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def figure_rows(fig: RunFigures) -> list[tuple[str, str]]:
+    """(label, text) rows of the shared figures, as status and the report print them."""
+    waste = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in fig.waste_s.items())
+    wait = (f"{fmt_seconds(fig.input_wait_s)} ({fig.input_wait_s / fig.allocated_s:.1%} of "
+            "allocated)" if fig.input_wait_measured and fig.allocated_s > 0 else
+            "not measured (no step event carried input_wait_s)")
+    rows = [
+        ("ETTR", f"{fig.ettr:.1%}: {fmt_seconds(fig.productive_s)} productive of "
+                 f"{fmt_seconds(fig.allocated_s)} allocated"),
+        ("waste", waste or "none"),
+        ("input wait", wait),
+        ("accepted", f"{fig.accepted_steps} steps, {fig.accepted_tokens:,} tokens; "
+                     f"{fig.replayed_steps} steps replayed"),
+        ("throughput", f"{fmt_rate(fig.tokens_per_allocated_s)} tok/s per allocated second, "
+                       f"{fmt_rate(fig.tokens_per_productive_s)} tok/s per productive second"),
+        ("end to end", f"{fmt_rate(fig.tokens_per_wall_s)} tok/s per wall second over "
+                       f"{fmt_seconds(fig.wall_s)} (first allocation to last event)"),
+        ("node-hours", f"{fig.node_hours:.3f}" + (f" ({fig.cost_per_token:.3g} per token)"
+                                                  if fig.cost_per_token is not None else "")),
+    ]
+    return rows

@@ -1,0 +1,108 @@
+"""What the operator sees is true, on whole local runs through the real CLI: input wait is
+measured on the real data path, and `hpcrun status` and `hpcrun report` agree on every figure
+they share."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcrun.control.record import read_record
+from hpcrun.observe.events import sorted_events
+from hpcrun.observe.report import read_figures_json
+from tests.integration.local_helpers import cli, local_spec, submit
+
+DELAY_S = 0.03
+"""Seconds added to every document read of the slowed loader (examples/tiny_lm read_delay_s)."""
+STEPS = 40
+
+
+def _run(root: Path, delay_s: float, inject: str | None = None) -> Path:
+    spec = local_spec(steps=STEPS, every_steps=20, config={"read_delay_s": delay_s})
+    run = submit(root, spec, inject=inject)
+    assert str(read_record(run).state) == "SUCCEEDED"
+    return run
+
+
+def _waits(run: Path) -> list[Any]:
+    return [e.data.get("input_wait_s") for e in sorted_events(run) if e.kind == "step"]
+
+
+def _status(root: Path, run: Path, *extra: str) -> Any:
+    out = cli(root, "status", run.name, "--no-reconcile", *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout) if "--json" in extra else out.stdout
+
+
+def _report(root: Path, run: Path) -> str:
+    out = cli(root, "report", run.name, "-o", str(root / "report.html"))
+    assert out.returncode == 0, out.stderr
+    return (root / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("slow")
+    return root, _run(root, DELAY_S, inject="preempt@step=20")
+
+
+def test_a_slowed_loader_shows_its_wait_in_events_ettr_and_report(
+        slow_run: tuple[Path, Path]) -> None:
+    root, run = slow_run
+    waits = _waits(run)
+    assert len(waits) == 2 * STEPS and all(isinstance(w, float) for w in waits)
+    # Each step's batch needs at least one slowed read that no compute overlaps.
+    assert statistics.median(waits) >= DELAY_S
+    figures = read_figures_json(_report(root, run))["figures"]
+    assert figures["input_wait_measured"] is True
+    assert figures["seconds"]["input_wait"] >= 0.5 * DELAY_S * 2 * STEPS / 2
+    assert figures["seconds"]["input_wait"] > figures["seconds"]["productive"]
+
+
+def test_a_fast_loader_shows_about_no_input_wait(tmp_path: Path,
+                                                 slow_run: tuple[Path, Path]) -> None:
+    run = _run(tmp_path, 0.0)
+    waits = _waits(run)
+    assert all(isinstance(w, float) for w in waits)
+    assert statistics.median(waits) < DELAY_S / 4
+    fast = _status(tmp_path, run, "--json")["figures"]
+    slow = _status(*slow_run, "--json")["figures"]
+    assert fast["input_wait_s"] / fast["allocated_s"] < slow["input_wait_s"] / slow[
+        "allocated_s"] / 3
+
+
+def test_status_and_report_agree_on_every_shared_figure(slow_run: tuple[Path, Path]) -> None:
+    root, run = slow_run
+    status = _status(root, run, "--json")
+    report = read_figures_json(_report(root, run))["figures"]
+    assert set(status["figures"]) == set(report)
+    for key, value in report.items():
+        if isinstance(value, dict | float):
+            assert status["figures"][key] == pytest.approx(value), key
+        else:
+            assert status["figures"][key] == value, key
+    assert status["ettr"] == pytest.approx(report["ettr"])
+    assert status["figures"]["accepted_tokens"] == status["facts"]["tokens"]
+    text = _status(root, run)
+    page = _report(root, run)
+    for label in ("throughput", "end to end", "ETTR", "input wait", "accepted"):
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{label:<11} "))
+        assert line[12:] in page, label  # the report prints the very same figure text
+
+
+def test_status_of_the_finished_run_tells_what_is_known(slow_run: tuple[Path, Path]) -> None:
+    root, run = slow_run
+    text = _status(root, run)
+    body = _status(root, run, "--json")
+    assert "fault: preemption in generation 1" in text
+    for placeholder in ("node ?", "rank -1", "step -1", "{", "|\n"):
+        assert placeholder not in text + "\n", placeholder
+    assert {d["step"] for d in body["nodes"].values()} == {STEPS}
+    assert all(t["line"] for t in body["tails"])
+    data = next(ln for ln in text.splitlines() if ln.startswith("data "))
+    assert f"at step {STEPS}: next global batch {STEPS};" in data
+    assert "exposure    none: the final step is committed" in text
