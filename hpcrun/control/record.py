@@ -32,6 +32,7 @@ from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.fencing import UNFENCED, Fence, apply_entry
+from hpcrun.control.lease import OpClaims, note_op_entry
 from hpcrun.control.log import EntryKind, LogEntry, RunLog, slot_name
 from hpcrun.control.retry import FaultClass
 from hpcrun.control.spec import RunSpec
@@ -143,8 +144,10 @@ class RunRecord:
     state_info: Mapping[str, Any] | None = None
     """Payload of the entry that set ``state`` (reason, and for REQUEUED not_before/exclude)."""
     ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """op_id -> merged payloads of its ``op`` entries: ``phase`` (intent/done/failed), ``slot``
-    of the first, ``tries`` (try number -> slot of the first intent claiming it)."""
+    """op_id -> merged payloads of its counted ``op`` entries: ``phase`` (intent/done/failed),
+    ``slot`` of the first, and the ``pass`` and ``lease_until`` of the newest intent."""
+    op_claims: OpClaims = field(default_factory=OpClaims)
+    """Which login-node pass holds the run (:mod:`hpcrun.control.lease`)."""
     owner: str | None = None
     """User who created the run."""
     anomalies: tuple[str, ...] = ()
@@ -170,6 +173,7 @@ class RunRecord:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         body["checkpoints"] = [_slots_dict(c) for c in self.checkpoints]
         body["faults"] = [_slots_dict(f) for f in self.faults]
+        body["op_claims"] = self.op_claims.to_dict()
         return {"schema_version": RECORD_SCHEMA_VERSION, **body}
 
     @classmethod
@@ -184,6 +188,7 @@ class RunRecord:
         body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
                                for f in body["faults"])
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
+        body["op_claims"] = OpClaims.from_dict(body.get("op_claims") or {})
         for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped"):
             body[key] = tuple(body[key])
         return cls(**body)
@@ -361,11 +366,12 @@ def _on_op(acc: _Acc, e: LogEntry) -> None:
     if not isinstance(op_id, str):
         acc.anomaly(e, "op entry without an op_id string")
         return
-    prev = acc.v["ops"].get(op_id, {"slot": e.slot, "tries": {}})
-    tries = dict(prev.get("tries", {}))
-    if e.payload.get("phase") == "intent":
-        tries.setdefault(str(e.payload.get("try", 0)), e.slot)  # first claim of a try wins
-    acc.v["ops"][op_id] = {**prev, **e.payload, "slot": prev["slot"], "tries": tries}
+    claims, counts = note_op_entry(acc.v["op_claims"], e.payload, slot=e.slot, ts=e.ts)
+    if not counts:
+        return  # an intent logged while another pass held the run: that pass leaves it
+    acc.v["op_claims"] = claims
+    prev = acc.v["ops"].get(op_id, {"slot": e.slot})
+    acc.v["ops"][op_id] = {**prev, **e.payload, "slot": prev["slot"]}
 
 
 def _on_note(acc: _Acc, e: LogEntry) -> None:
