@@ -254,6 +254,10 @@ class WatchResult:
         seen = self.observation.state if self.observation is not None else "no slurm job"
         acts = ", ".join(type(a).__name__ for a in self.actions) or (
             self.waiting or "nothing to do")
+        lost = next((o for o in self.outcomes if o.status == "elsewhere"), None)
+        if lost is not None:
+            acts += (f"; another pass acted on the run first ({lost.kind.value} not sent), "
+                     "left to it")
         return f"slurm {seen}: {acts}"
 
 
