@@ -265,3 +265,12 @@ def test_refused_update_still_releases_and_says_why(live_run: Path) -> None:
     assert cluster.calls[-1][:2] == ("scontrol", "release")
     record = read_record(live_run)
     assert any(op.get("phase") == "failed" for op in record.ops.values())
+
+
+def test_a_crash_the_controller_still_lists_is_recorded_with_saccts_exit(live_run: Path) -> None:
+    cluster, clock = FakeCluster(), FakeClock(NOW)
+    cluster.jobs["101"] = Job(state="FAILED", exit="0:9", nodes="n[1-2]")
+    watch_once(live_run, SlurmClient(cluster), clock)
+    fault = read_record(live_run).faults[-1]
+    assert "ended FAILED (exit 0, signal 9)" in fault.detail, fault.detail
+    assert fault.signature == "slurm:FAILED:0:9" and fault.fault != FaultClass.UNKNOWN
