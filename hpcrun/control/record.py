@@ -33,7 +33,7 @@ from typing import Any
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.fencing import UNFENCED, Fence, apply_entry
 from hpcrun.control.lease import OpClaims, note_op_entry
-from hpcrun.control.log import EntryKind, LogEntry, RunLog, slot_name
+from hpcrun.control.log import EntryKind, LogDebris, LogEntry, RunLog, slot_name
 from hpcrun.control.retry import FaultClass
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import RunState, can_transition, is_terminal
@@ -43,6 +43,10 @@ from hpcrun.storage import LOCAL_STORAGE, Storage
 RECORD_SCHEMA_VERSION = 1
 RUN_SPEC_FILE = "spec.json"
 SNAPSHOT_FILE = "record.snapshot.json"
+DEBRIS_EVENT = "log_debris"
+"""``note`` event: a file in ``log/`` that is not a well-formed entry (name, kind, detail)."""
+DEBRIS_MOVED_EVENT = "log_debris_moved"
+"""``note`` event: ``hpcrun doctor`` moved debris aside (names, to)."""
 RUN_SUBDIRS = ("log", "code", "ckpt", "events", "heartbeat", "logs", "submitit")
 DIR_MODE = 0o750
 
@@ -154,6 +158,9 @@ class RunRecord:
     """Entries that were valid but made no sense (illegal transition, bad payload)."""
     skipped: tuple[int, ...] = ()
     """Slots whose files were malformed and skipped."""
+    log_debris: Mapping[str, str] = field(default_factory=dict)
+    """Open incidents of debris in ``log/`` (file name -> what was found), each reported once
+    by a ``note`` entry (``event: log_debris``) until ``hpcrun doctor`` moves it aside."""
 
     @property
     def fence(self) -> Fence:
@@ -188,6 +195,7 @@ class RunRecord:
         body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
                                for f in body["faults"])
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
+        body["log_debris"] = dict(body.get("log_debris") or {})
         body["op_claims"] = OpClaims.from_dict(body.get("op_claims") or {})
         for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped"):
             body[key] = tuple(body[key])
@@ -375,8 +383,14 @@ def _on_op(acc: _Acc, e: LogEntry) -> None:
 
 
 def _on_note(acc: _Acc, e: LogEntry) -> None:
-    if e.payload.get("event") == "created" and isinstance(e.payload.get("owner"), str):
-        acc.v["owner"] = e.payload["owner"]
+    event, p = e.payload.get("event"), e.payload
+    if event == "created" and isinstance(p.get("owner"), str):
+        acc.v["owner"] = p["owner"]
+    elif event == DEBRIS_EVENT and isinstance(p.get("name"), str):
+        acc.v["log_debris"] = {**acc.v["log_debris"], p["name"]: str(p.get("detail", ""))}
+    elif event == DEBRIS_MOVED_EVENT and _str_list(p.get("names")) is not None:
+        moved = set(p["names"])
+        acc.v["log_debris"] = {k: v for k, v in acc.v["log_debris"].items() if k not in moved}
 
 
 _HANDLERS = {
@@ -510,11 +524,34 @@ def read_record(run_dir: str | os.PathLike[str], *, storage: Storage = LOCAL_STO
         base = RunRecord(run_id=run_id, spec_id=sid)
     log = RunLog(run_dir, storage=storage)
     new = log.read(since_slot=base.last_slot + 1)
-    if not new and not log.skipped:
+    if base.last_slot > log.end:  # a snapshot folded past the log's end (debris): refold
+        base = RunRecord(run_id=run_id, spec_id=base.spec_id)
+        new = log.read()
+    if not new and not log.skipped and not _unreported(base, log):
         return base
     rec = continue_fold(base, new, skipped=log.skipped)
     if write_snapshot:
+        rec = _report_debris(rec, log)
         with contextlib.suppress(StorageError):  # only a cache; the run dir may be read-only
             storage.write_atomic(run_dir / SNAPSHOT_FILE,
                                  json.dumps(rec.to_dict(), separators=(",", ":")).encode())
     return rec
+
+
+def _unreported(record: RunRecord, log: RunLog) -> list[LogDebris]:
+    return [d for d in log.debris if d.name not in record.log_debris]
+
+
+def _report_debris(record: RunRecord, log: RunLog) -> RunRecord:
+    """Log each piece of debris not yet reported as one incident note; best effort."""
+    notes = []
+    for d in _unreported(record, log):
+        try:
+            notes.append(log.append(EntryKind.NOTE, generation=UNFENCED, holder="", payload={
+                "event": DEBRIS_EVENT, "name": d.name, "kind": d.kind.value,
+                "detail": d.detail}))
+        except StorageError:
+            break  # a read-only run directory: the next reader that may write reports it
+    if not notes:
+        return record
+    return continue_fold(record, log.read(since_slot=record.last_slot + 1), skipped=log.skipped)

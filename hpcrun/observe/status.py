@@ -126,6 +126,8 @@ class RecordFacts:
     """Quarantined nodes."""
     rpo_s: float | None = None
     """The spec's RPO."""
+    log_debris: tuple[str, ...] = ()
+    """Files in the run's ``log/`` that are not entries (``log/NAME: what was found``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -223,6 +225,8 @@ def live_incidents(facts: RecordFacts, step_times: StepTimes,
             for s in find_stragglers(times, straggler_threshold, window, nodes=nodes)]
     out += [f"fault: {f.fault} node {f.node or '?'} rank {f.rank} step {f.step}: {f.detail}"
             for f in facts.faults[-5:]]
+    out += [f"log debris: {d} (`hpcrun doctor {facts.run_id}` moves it aside)"
+            for d in facts.log_debris]
     return out
 
 
