@@ -15,6 +15,7 @@ from hpcrun.lazy import lazy_getattr
 
 _WHERE = {
     "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",
+    "TierVerdict": "audit", "Verdict": "audit", "verify_run": "audit",
     "FAULT_STAGES": "commit", "read_manifest": "commit",
     "VerifyResult": "drain", "drain_pending": "drain", "finalize_tier1": "drain",
     "verify_checkpoint": "drain",
@@ -38,6 +39,8 @@ __all__ = [
     "RowShard",
     "SaveResult",
     "Tier",
+    "TierVerdict",
+    "Verdict",
     "VerifyResult",
     "collect_run",
     "drain_pending",
@@ -45,6 +48,7 @@ __all__ = [
     "fold_checkpoints",
     "read_manifest",
     "verify_checkpoint",
+    "verify_run",
 ]
 
 
@@ -53,6 +57,7 @@ __getattr__ = lazy_getattr(__name__, {k: f"{__name__}.{v}" for k, v in _WHERE.it
 
 
 if TYPE_CHECKING:
+    from hpcrun.checkpoint.audit import TierVerdict, Verdict, verify_run
     from hpcrun.checkpoint.checkpointer import AsyncPolicy, Checkpointer
     from hpcrun.checkpoint.commit import FAULT_STAGES, read_manifest
     from hpcrun.checkpoint.drain import (

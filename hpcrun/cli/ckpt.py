@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,10 +14,11 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, RecordError
+from hpcrun.errors import ConfigError, CorruptCheckpointError, HpcrunError, RecordError
 
 if TYPE_CHECKING:
     from hpcrun.checkpoint import CommittedCheckpoint
+    from hpcrun.checkpoint.audit import TierVerdict
 
 
 def _committed(run: Path) -> list[CommittedCheckpoint]:
@@ -81,41 +83,72 @@ def ls_cmd(run: Path) -> None:
 @click.argument("run", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("ckpt_id", required=False)
 @click.option("--node-local-root", type=click.Path(file_okay=False, path_type=Path),
-              help="Check this node's tier-0 copies under this root instead of tier 1.")
+              help="Also check NODE's tier-0 copies under this root (run it on that node).")
 @click.option("--node", default="", help="Node name of the tier-0 copies (with --node-local-root).")
 def verify_cmd(run: Path, ckpt_id: str | None, node_local_root: Path | None, node: str) -> None:
-    """Re-read and check every shard (all committed checkpoints, or CKPT_ID)."""
+    """Re-read and check every committed checkpoint (or CKPT_ID) on the tiers where it is
+    committed. Copies retention removed, tier-0 copies that are gone, and node-local copies
+    this machine cannot reach are reported, not failed; exits non-zero only on damage."""
+    from hpcrun.checkpoint.audit import Verdict
+
     ckpts = _committed(run)
-    if ckpt_id is not None:
-        ckpts = [c for c in ckpts if c.ckpt_id == ckpt_id]
-        if not ckpts:
-            raise RecordError(f"no committed checkpoint {ckpt_id!r} in {run}; "
-                              f"see `hpcrun ckpt ls {run}`")
-    local = (node_local_root, node) if node_local_root is not None else None
-    bad = _verify_all(run, ckpts, local)
+    if ckpt_id is not None and ckpt_id not in {c.ckpt_id for c in ckpts}:
+        raise RecordError(f"no committed checkpoint {ckpt_id!r} in {run}; "
+                          f"see `hpcrun ckpt ls {run}`")
+    verdicts = _verify_all(run, ckpts, _local_roots(run, ckpts, node_local_root, node), ckpt_id)
+    click.echo(summarize_verdicts(verdicts))
+    bad = sorted({v.ckpt_id for v in verdicts if v.verdict == Verdict.FAILED})
     if bad:
-        raise CorruptCheckpointError(f"{len(bad)} of {len(ckpts)} checkpoints failed: "
+        total = len({v.ckpt_id for v in verdicts})
+        raise CorruptCheckpointError(f"{len(bad)} of {total} checkpoints failed: "
                                      f"{', '.join(bad)}; restore will skip them")
 
 
+def _local_roots(run: Path, ckpts: Sequence[CommittedCheckpoint], root: Path | None,
+                 node: str) -> dict[str, Path] | None:
+    """Nodes whose tier 0 this machine reaches: the one named, or the local backend's."""
+    if root is not None:
+        if not node:
+            raise ConfigError("--node-local-root needs --node NODE: the node whose tier-0 "
+                              "copies live under that root")
+        return {node: root}
+    from hpcrun.launch.site import Backend, expand_path, load_site_snapshot
+
+    try:
+        site = load_site_snapshot(run)
+        base = expand_path(site.node_local_path, os.environ)
+    except HpcrunError:
+        return None  # no usable site snapshot: tier 0 is out of reach
+    if site.backend != Backend.LOCAL:
+        return None  # a Slurm site's tier 0 lives on the compute nodes
+    return {n: base / run.name / n for n in sorted({n for c in ckpts for n in c.nodes})}
+
+
+def summarize_verdicts(verdicts: Sequence[TierVerdict]) -> str:
+    """One line: how many copies were checked and what was found (pure)."""
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[v.verdict.value] = counts.get(v.verdict.value, 0) + 1
+    parts = [f"{n} {word}" for word, n in sorted(counts.items())]
+    return f"{len(verdicts)} copies of {len({v.ckpt_id for v in verdicts})} checkpoints: " \
+        + ", ".join(parts)
+
+
 def _verify_all(run: Path, ckpts: Sequence[CommittedCheckpoint],
-                local: tuple[Path, str] | None) -> list[str]:
-    bad = []
+                local: dict[str, Path] | None, only: str | None) -> list[TierVerdict]:
+    from hpcrun.checkpoint.audit import verify_run
+
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn())
-    with Progress(*columns) as progress:
+    with Progress(*columns, transient=True) as progress:
         task = progress.add_task("verifying", total=sum(c.bytes for c in ckpts) or None)
-        for c in ckpts:
-            progress.update(task, description=c.ckpt_id)
-            from hpcrun.checkpoint import verify_checkpoint
-
-            result = verify_checkpoint(run, c, local=local,
-                                       progress=lambda n: progress.advance(task, n))
-            status = "ok" if result.ok else "FAILED: " + "; ".join(result.problems)
-            progress.console.print(f"{c.ckpt_id} [{result.tier}] {status}")
-            if not result.ok:
-                bad.append(c.ckpt_id)
-    return bad
+        verdicts = verify_run(run, ckpts, local_roots=local, only=only,
+                              progress=lambda n: progress.advance(task, n))
+        for v in verdicts:
+            detail = f": {v.detail}" if v.detail and v.verdict != "ok" else ""
+            progress.console.print(f"{v.ckpt_id} [{v.where}] {v.verdict.value}{detail}",
+                                   highlight=False, soft_wrap=True, markup=False)
+    return verdicts
 
 
 @ckpt.command("gc")

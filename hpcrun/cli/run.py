@@ -344,6 +344,34 @@ def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
     return f"{run_dir.name}: {result.record.state}, {result.summary()}"
 
 
+@click.command()
+@click.argument("run")
+@click.option("--yes", is_flag=True, help="Move without asking.")
+def doctor(run: str, yes: bool) -> None:
+    """List debris in RUN's log (files that are not well-formed entries) and move it aside.
+
+    \b
+    Debris never blocks the run: readers skip it and new entries go past it, and `hpcrun
+    status` names it. This moves it into RUN_DIR/debris/ (nothing is deleted), after asking.
+    """
+    from hpcrun.control.doctor import DEBRIS_DIR, find_debris, move_debris
+    from hpcrun.observe.status import resolve_run_dir
+
+    run_dir = resolve_run_dir(run)
+    debris = find_debris(run_dir)
+    if not debris:
+        click.echo(f"{run_dir.name}: the log holds no debris")
+        return
+    click.echo(f"{run_dir.name}: {len(debris)} file(s) in log/ are not entries of the log:")
+    for d in debris:
+        click.echo(f"  {d.describe()}")
+    if not yes and not click.confirm(f"move them into {run_dir / DEBRIS_DIR}/?", default=False):
+        click.echo("nothing moved")
+        return
+    for m in move_debris(run_dir, debris):
+        click.echo(f"moved log/{m.debris.name} -> {m.to}")
+
+
 @click.command(hidden=True)
 @click.option("--run-dir", required=True, type=click.Path(file_okay=False))
 def agent(run_dir: str) -> None:
@@ -353,4 +381,4 @@ def agent(run_dir: str) -> None:
     sys.exit(agent_main(run_dir))
 
 
-COMMANDS = (submit, sbatch, cancel, signal_cmd, watch, agent)
+COMMANDS = (submit, sbatch, cancel, signal_cmd, watch, doctor, agent)

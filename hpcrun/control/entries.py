@@ -25,8 +25,11 @@ from typing import Any, ClassVar, TypeVar
 
 from hpcrun.control.notes import (
     CreatedNote,
+    DebrisKind,
     DrainErrorNote,
     FaultInjectedNote,
+    LogDebrisMovedNote,
+    LogDebrisNote,
     NodeExitNote,
     NodeStatus,
     NoteEvent,
@@ -52,13 +55,44 @@ from hpcrun.control.payload import (
 from hpcrun.vocab import FaultClass, RunState, Tier
 
 __all__ = [
-    "LOG_SCHEMA_VERSION", "ActionKind", "CommitPayload", "CreatedNote", "CursorPayload",
-    "DrainErrorNote", "DrainedPayload", "EntryKind", "EntryPayload", "FaultInjectedNote",
-    "FaultPayload", "FencePayload", "HeartbeatPayload", "JobPayload", "LogEntry",
-    "MalformedEntryError", "NodeExitNote", "NodeStatus", "NoteEvent", "NotePayload",
-    "OpPayload", "OpPhase", "PayloadError", "PeerLostNote", "ProgressPayload",
-    "QuarantinePayload", "RequeueLeftToSlurmNote", "RequeueSentNote", "RestoreFellBackNote",
-    "ResultPayload", "StatePayload", "UnknownEntry", "UnknownNote", "canonical_json", "decode",
+    "LOG_SCHEMA_VERSION",
+    "ActionKind",
+    "CommitPayload",
+    "CreatedNote",
+    "CursorPayload",
+    "DebrisKind",
+    "DrainErrorNote",
+    "DrainedPayload",
+    "EntryKind",
+    "EntryPayload",
+    "FaultInjectedNote",
+    "FaultPayload",
+    "FencePayload",
+    "HeartbeatPayload",
+    "JobPayload",
+    "LogDebrisMovedNote",
+    "LogDebrisNote",
+    "LogEntry",
+    "MalformedEntryError",
+    "NodeExitNote",
+    "NodeStatus",
+    "NoteEvent",
+    "NotePayload",
+    "OpPayload",
+    "OpPhase",
+    "PayloadError",
+    "PeerLostNote",
+    "ProgressPayload",
+    "QuarantinePayload",
+    "RequeueLeftToSlurmNote",
+    "RequeueSentNote",
+    "RestoreFellBackNote",
+    "ResultPayload",
+    "StatePayload",
+    "UnknownEntry",
+    "UnknownNote",
+    "canonical_json",
+    "decode",
     "decode_as",
 ]
 
@@ -241,8 +275,12 @@ class OpPayload(EntryPayload):
     """What the operation does."""
     phase: OpPhase | None = None
     """Intent, done or failed (None: a record of an action carried out at once)."""
-    try_no: int | None = None
-    """Try number an intent claims (stored as ``try``); the first claim of a try wins."""
+    pass_id: str | None = None
+    """The login-node pass that wrote it (stored as ``pass``; see :mod:`hpcrun.control.lease`)."""
+    base: int | None = None
+    """Last slot of the record the pass planned from (intents)."""
+    lease_until: float | None = None
+    """Epoch seconds until which an intent holds the run (intents)."""
     error: str | None = None
     """Why it failed (phase ``failed``)."""
     job_id: str | None = None
@@ -257,13 +295,14 @@ class OpPayload(EntryPayload):
     def fields(self) -> dict[str, Any]:
         return {"op_id": self.op_id, "action": self.action.value, **present(
             phase=self.phase and self.phase.value, error=self.error, job_id=self.job_id,
-            delay_s=self.delay_s, exclude=listed(self.exclude), reason=self.reason),
-            **present(**{"try": self.try_no})}
+            delay_s=self.delay_s, exclude=listed(self.exclude), reason=self.reason,
+            base=self.base, lease_until=self.lease_until), **present(**{"pass": self.pass_id})}
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
         return {"op_id": f.text("op_id"), "action": f.choice("action", ActionKind),
-                "phase": f.choice("phase", OpPhase, None), "try_no": f.integer("try", None),
+                "phase": f.choice("phase", OpPhase, None), "pass_id": f.text("pass", None),
+                "base": f.integer("base", None), "lease_until": f.number("lease_until", None),
                 "error": f.text("error", None), "job_id": f.text("job_id", None),
                 "delay_s": f.number("delay_s", None), "exclude": f.texts("exclude", None),
                 "reason": f.text("reason", None)}

@@ -7,7 +7,11 @@ login node) cannot overwrite each other, and the order of slots is the order of 
 not used: it is node-local or absent on parallel filesystems.
 
 Entries are untrusted input when read back: a malformed one is reported and skipped, never
-guessed at.
+guessed at. Readers and writers agree on one view of the slots (:func:`view_slots`): the log is
+the run of slot files from 0 on, each within :data:`MAX_SLOT_GAP` of the previous one (writers
+never leave a gap); a slot-named file past that (``log/999999999.json``) is debris beyond the
+log's end. Debris (that, a malformed file or a directory at a slot) is listed in
+:attr:`RunLog.debris`, never fences or blocks an append, and never stops a reader.
 """
 
 from __future__ import annotations
@@ -16,27 +20,91 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
     LOG_SCHEMA_VERSION,
+    DebrisKind,
     EntryKind,
     EntryPayload,
     FencePayload,
     LogEntry,
 )
 from hpcrun.control.fencing import NO_FENCE, Fence, apply_entry
-from hpcrun.errors import RecordError, StaleGenerationError
+from hpcrun.errors import RecordError, StaleGenerationError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
-__all__ = ["LOG_SCHEMA_VERSION", "SLOT_DIGITS", "EntryKind", "LogEntry", "RunLog", "new_holder",
-           "parse_slot", "slot_name"]
+__all__ = ["LOG_SCHEMA_VERSION", "MAX_SLOT_GAP", "SLOT_DIGITS", "DebrisKind", "EntryKind",
+           "LogDebris", "LogEntry", "RunLog", "SlotView", "new_holder", "parse_slot", "slot_name",
+           "view_slots"]
 
 SLOT_DIGITS = 9
 _SLOT_RE = re.compile(rf"^(\d{{{SLOT_DIGITS}}})\.json$")
+_NUMBERED_RE = re.compile(r"^(\d+)\.json$")
+MAX_SLOT_GAP = 1024
+"""A slot file more than this many slots past the previous one is beyond the log's end."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogDebris:
+    """A file in ``log/`` that is not a well-formed entry."""
+
+    name: str
+    """Its name under ``log/``."""
+    kind: DebrisKind
+    """What it is."""
+    detail: str
+    """What was found, for people."""
+
+    def describe(self) -> str:
+        return f"log/{self.name}: {self.detail}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlotView:
+    """The log's slots and the slot-named files that are not part of it."""
+
+    slots: tuple[tuple[int, str], ...]
+    """(slot, file name) of the log, in slot order."""
+    debris: tuple[LogDebris, ...]
+    """Files named like slots that lie outside the log."""
+
+    @property
+    def last_slot(self) -> int:
+        """The log's last slot (-1 when empty): the next append goes after it."""
+        return self.slots[-1][0] if self.slots else -1
+
+
+def view_slots(names: Iterable[str], *, max_gap: int = MAX_SLOT_GAP) -> SlotView:
+    """Split a listing of ``log/`` into the log's slots and debris beyond its end (pure).
+
+    Names that are not numbered ``.json`` files (writers' temporary ``.*.new`` files) are
+    neither. A slot more than ``max_gap`` past the previous one ends the log: it and every
+    slot after it are debris, whatever they hold.
+    """
+    numbered = sorted((int(m.group(1)), name) for name in names
+                      if (m := _NUMBERED_RE.match(name)))
+    slots: list[tuple[int, str]] = []
+    debris: list[LogDebris] = []
+    ended = False
+    for slot, name in numbered:
+        end = slots[-1][0] if slots else -1
+        if not _SLOT_RE.match(name):
+            debris.append(LogDebris(name=name, kind=DebrisKind.BAD_NAME, detail=(
+                f"a numbered file that is not a slot name (slots have {SLOT_DIGITS} digits); "
+                "not an entry, ignored")))
+        elif ended or slot - end > max_gap:
+            ended = True
+            debris.append(LogDebris(name=name, kind=DebrisKind.BEYOND_END, detail=(
+                f"slot {slot} lies {slot - end} slots past the log's last slot {end} (writers "
+                "never leave a gap): not an entry, ignored by readers and writers")))
+        else:
+            slots.append((slot, name))
+    return SlotView(slots=tuple(slots), debris=tuple(debris))
 
 
 def slot_name(slot: int) -> str:
@@ -46,6 +114,11 @@ def slot_name(slot: int) -> str:
 def parse_slot(name: str) -> int | None:
     m = _SLOT_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def _short(exc: Exception, limit: int = 80) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def new_holder(prefix: str = "") -> str:
@@ -65,6 +138,10 @@ class RunLog:
         self._next_hint = 0
         self._fold_cache: tuple[int, Fence] = (-1, NO_FENCE)
         self.skipped: list[int] = []
+        self.debris: list[LogDebris] = []
+        """Debris the latest :meth:`read` found: outside the log, and among the slots read."""
+        self.end = -1
+        """The log's last slot at the latest :meth:`read`."""
 
     def append(self, kind: str, *, generation: int, holder: str,
                payload: Mapping[str, Any] | None = None) -> LogEntry:
@@ -92,27 +169,51 @@ class RunLog:
                            payload=payload.to_payload())
 
     def _last_slot(self) -> int:
-        slots = [s for s in map(parse_slot, self._storage.listdir(self.log_dir)) if s is not None]
-        return max(slots, default=-1)
+        return view_slots(self._storage.listdir(self.log_dir)).last_slot
 
     def read(self, since_slot: int = 0) -> list[LogEntry]:
         """Every well-formed entry with slot >= ``since_slot``, in slot order.
 
-        Malformed entries are skipped and their slots listed in ``self.skipped``.
+        Malformed entries and directories at a slot are skipped and their slots listed in
+        ``self.skipped``; they and the files beyond the log's end are listed in ``self.debris``.
         """
         if not self._storage.exists(self.log_dir):
             raise RecordError(f"no run log at {self.log_dir}; is this a run directory? "
                               "Use `hpcrun list` to see runs")
+        view = view_slots(self._storage.listdir(self.log_dir))
+        self.debris, self.end = list(view.debris), view.last_slot
         out: list[LogEntry] = []
-        for name in self._storage.listdir(self.log_dir):
-            slot = parse_slot(name)
-            if slot is None or slot < since_slot:
+        for slot, name in view.slots:
+            if slot < since_slot:
                 continue
-            try:
-                out.append(LogEntry.from_bytes(slot, self._storage.read_bytes(self.log_dir / name)))
-            except ValueError:  # MalformedEntryError, and UnicodeDecodeError from the bytes
-                self.skipped.append(slot)
+            entry = self._read_slot(slot, name)
+            if entry is not None:
+                out.append(entry)
         return out
+
+    def _read_slot(self, slot: int, name: str) -> LogEntry | None:
+        """The entry at ``slot``, or None (debris noted, or moved aside since the listing)."""
+        try:
+            raw = self._storage.read_bytes(self.log_dir / name)
+        except StorageError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return None
+            if not isinstance(exc.__cause__, IsADirectoryError):
+                raise
+            self._note_debris(slot, name, DebrisKind.NOT_A_FILE,
+                              "a directory at a slot, not an entry file; skipped")
+            return None
+        try:
+            return LogEntry.from_bytes(slot, raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._note_debris(slot, name, DebrisKind.MALFORMED,
+                              f"{len(raw)} bytes that are not a log entry ({_short(exc)}); "
+                              "skipped")
+            return None
+
+    def _note_debris(self, slot: int, name: str, kind: DebrisKind, detail: str) -> None:
+        self.skipped.append(slot)
+        self.debris.append(LogDebris(name=name, kind=kind, detail=detail))
 
     def claim(self, holder: str) -> LogEntry:
         """Claim the next generation for ``holder``; raise if another claim won the race.

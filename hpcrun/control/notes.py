@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
 
-__all__ = ["CreatedNote", "DrainErrorNote", "FaultInjectedNote", "NodeExitNote", "NodeStatus",
+__all__ = ["CreatedNote", "DebrisKind", "DrainErrorNote", "FaultInjectedNote", "LogDebrisMovedNote",
+           "LogDebrisNote", "NodeExitNote", "NodeStatus",
            "NoteEvent", "NotePayload", "PeerLostNote", "RequeueLeftToSlurmNote",
            "RequeueSentNote", "RestoreFellBackNote", "UnknownNote", "decode_note"]
 
@@ -30,6 +31,17 @@ class NoteEvent(StrEnum):
     DRAIN_ERROR = "drain_error"                      # a drain to the shared tier failed
     FAULT_INJECTED = "fault_injected"                # a drill injected a fault
     RESTORE_FELL_BACK = "restore_fell_back"          # a restore skipped unreadable checkpoints
+    LOG_DEBRIS = "log_debris"                        # a file in log/ that is not an entry
+    LOG_DEBRIS_MOVED = "log_debris_moved"            # `hpcrun doctor` moved debris aside
+
+
+class DebrisKind(StrEnum):
+    """What a file in ``log/`` that is not a well-formed entry is."""
+
+    MALFORMED = "malformed"    # a slot file whose bytes are not a log entry
+    NOT_A_FILE = "not_a_file"  # a directory (or other non-file) at a slot
+    BEYOND_END = "beyond_end"  # a slot file far past the log's end
+    BAD_NAME = "bad_name"      # a numbered .json name that is not a slot name
 
 
 class NodeStatus(StrEnum):
@@ -220,6 +232,45 @@ class RestoreFellBackNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class LogDebrisNote(NotePayload):
+    """An incident: a file in ``log/`` that is not a well-formed entry (reported once)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.LOG_DEBRIS
+    name: str
+    """Its name under ``log/``."""
+    kind: DebrisKind
+    """What it is."""
+    detail: str
+    """What was found, for people."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind.value, "detail": self.detail}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"name": f.text("name"), "kind": f.choice("kind", DebrisKind),
+                "detail": f.text("detail", "")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogDebrisMovedNote(NotePayload):
+    """``hpcrun doctor`` moved debris out of ``log/``; its incidents are closed."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.LOG_DEBRIS_MOVED
+    names: tuple[str, ...]
+    """Names under ``log/`` that were moved."""
+    to: tuple[str, ...]
+    """Where each went, relative to the run directory."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"names": list(self.names), "to": list(self.to)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"names": f.texts("names"), "to": f.texts("to", ())}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownNote(NotePayload):
     """A note of an event this version does not know; ``extra`` holds the rest of it."""
 
@@ -243,7 +294,7 @@ class UnknownNote(NotePayload):
 
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
-    DrainErrorNote, FaultInjectedNote, RestoreFellBackNote)}
+    DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote)}
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from hpcrun.control.entries import ActionKind, OpPayload, OpPhase
+from hpcrun.control.lease import live_lease
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, classify_exit, decide_retry
 from hpcrun.control.spec import RetryPolicy, RunSpec
@@ -209,7 +210,12 @@ def reconcile(record: RunRecord, observed: Observation | None, now: float,
             with ``heartbeat_age_s`` filled when known.
         now: wall-clock time (epoch seconds).
         policy: retry rules and site behaviour.
+
+    Nothing is planned while another pass's operation holds its lease on the run
+    (:mod:`hpcrun.control.lease`): that pass is still sending it.
     """
+    if live_lease(record.op_claims, now) is not None:
+        return []
     if is_terminal(record.state):
         return _cleanup(record, observed)
     if observed is None:

@@ -42,9 +42,10 @@ from hpcrun.control.entries import (
     FencePayload,
     HeartbeatPayload,
     JobPayload,
+    LogDebrisMovedNote,
+    LogDebrisNote,
     LogEntry,
     OpPayload,
-    OpPhase,
     PayloadError,
     ProgressPayload,
     QuarantinePayload,
@@ -53,7 +54,8 @@ from hpcrun.control.entries import (
     decode,
 )
 from hpcrun.control.fencing import UNFENCED, Fence, apply_entry
-from hpcrun.control.log import RunLog, slot_name
+from hpcrun.control.lease import OpClaims, note_op_entry
+from hpcrun.control.log import LogDebris, RunLog, slot_name
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import can_transition, is_terminal
 from hpcrun.errors import FormatError, RecordError, SpecError, StorageError
@@ -164,14 +166,19 @@ class RunRecord:
     state_info: Mapping[str, Any] | None = None
     """Payload of the entry that set ``state`` (reason, and for REQUEUED not_before/exclude)."""
     ops: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """op_id -> merged payloads of its ``op`` entries: ``phase`` (intent/done/failed), ``slot``
-    of the first, ``tries`` (try number -> slot of the first intent claiming it)."""
+    """op_id -> merged payloads of its counted ``op`` entries: ``phase`` (intent/done/failed),
+    ``slot`` of the first, and the ``pass`` and ``lease_until`` of the newest intent."""
+    op_claims: OpClaims = field(default_factory=OpClaims)
+    """Which login-node pass holds the run (:mod:`hpcrun.control.lease`)."""
     owner: str | None = None
     """User who created the run."""
     anomalies: tuple[str, ...] = ()
     """Entries that were valid but made no sense (illegal transition, bad payload)."""
     skipped: tuple[int, ...] = ()
     """Slots whose files were malformed and skipped."""
+    log_debris: Mapping[str, str] = field(default_factory=dict)
+    """Open incidents of debris in ``log/`` (file name -> what was found), each reported once
+    by a ``note`` entry (``event: log_debris``) until ``hpcrun doctor`` moves it aside."""
 
     @property
     def fence(self) -> Fence:
@@ -191,6 +198,7 @@ class RunRecord:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         body["checkpoints"] = [_slots_dict(c) for c in self.checkpoints]
         body["faults"] = [_slots_dict(f) for f in self.faults]
+        body["op_claims"] = self.op_claims.to_dict()
         return {"schema_version": RECORD_SCHEMA_VERSION, **body}
 
     @classmethod
@@ -208,6 +216,8 @@ class RunRecord:
         body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
                                for f in body["faults"])
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
+        body["log_debris"] = dict(body.get("log_debris") or {})
+        body["op_claims"] = OpClaims.from_dict(body.get("op_claims") or {})
         for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped"):
             body[key] = tuple(body[key])
         return cls(**body)
@@ -326,15 +336,25 @@ def _on_result(acc: _Acc, e: LogEntry, p: ResultPayload) -> None:
 
 
 def _on_op(acc: _Acc, e: LogEntry, p: OpPayload) -> None:
-    prev = acc.v["ops"].get(p.op_id, {"slot": e.slot, "tries": {}})
-    tries = dict(prev.get("tries", {}))
-    if p.phase == OpPhase.INTENT:
-        tries.setdefault(str(p.try_no or 0), e.slot)  # first claim of a try wins
-    acc.v["ops"][p.op_id] = {**prev, **p.to_payload(), "slot": prev["slot"], "tries": tries}
+    claims, counts = note_op_entry(acc.v["op_claims"], p, slot=e.slot, ts=e.ts)
+    if not counts:
+        return  # an intent logged while another pass held the run: that pass leaves it
+    acc.v["op_claims"] = claims
+    prev = acc.v["ops"].get(p.op_id, {"slot": e.slot})
+    acc.v["ops"][p.op_id] = {**prev, **p.to_payload(), "slot": prev["slot"]}
 
 
 def _on_created(acc: _Acc, e: LogEntry, p: CreatedNote) -> None:
     acc.v["owner"] = p.owner
+
+
+def _on_debris(acc: _Acc, e: LogEntry, p: LogDebrisNote) -> None:
+    acc.v["log_debris"] = {**acc.v["log_debris"], p.name: p.detail}
+
+
+def _on_debris_moved(acc: _Acc, e: LogEntry, p: LogDebrisMovedNote) -> None:
+    moved = set(p.names)
+    acc.v["log_debris"] = {k: v for k, v in acc.v["log_debris"].items() if k not in moved}
 
 
 _HANDLERS: dict[type[EntryPayload], Callable[[_Acc, LogEntry, Any], None]] = {
@@ -342,7 +362,7 @@ _HANDLERS: dict[type[EntryPayload], Callable[[_Acc, LogEntry, Any], None]] = {
     ProgressPayload: _on_progress, CommitPayload: _on_commit, DrainedPayload: _on_drained,
     CursorPayload: _on_cursor, FaultPayload: _on_fault, QuarantinePayload: _on_quarantine,
     HeartbeatPayload: _on_heartbeat, ResultPayload: _on_result, OpPayload: _on_op,
-    CreatedNote: _on_created,
+    CreatedNote: _on_created, LogDebrisNote: _on_debris, LogDebrisMovedNote: _on_debris_moved,
 }
 """What the record takes from each payload; other notes and unknown kinds are ignored."""
 
@@ -486,11 +506,34 @@ def read_record(run_dir: str | os.PathLike[str], *, storage: Storage = LOCAL_STO
         base = RunRecord(run_id=run_id, spec_id=sid)
     log = RunLog(run_dir, storage=storage)
     new = log.read(since_slot=base.last_slot + 1)
-    if not new and not log.skipped:
+    if base.last_slot > log.end:  # a snapshot folded past the log's end (debris): refold
+        base = RunRecord(run_id=run_id, spec_id=base.spec_id)
+        new = log.read()
+    if not new and not log.skipped and not _unreported(base, log):
         return base
     rec = continue_fold(base, new, skipped=log.skipped)
     if write_snapshot:
+        rec = _report_debris(rec, log)
         with contextlib.suppress(StorageError):  # only a cache; the run dir may be read-only
             storage.write_atomic(run_dir / SNAPSHOT_FILE,
                                  json.dumps(rec.to_dict(), separators=(",", ":")).encode())
     return rec
+
+
+def _unreported(record: RunRecord, log: RunLog) -> list[LogDebris]:
+    return [d for d in log.debris if d.name not in record.log_debris]
+
+
+def _report_debris(record: RunRecord, log: RunLog) -> RunRecord:
+    """Log each piece of debris not yet reported as one incident note; best effort."""
+    notes = []
+    for d in _unreported(record, log):
+        try:
+            notes.append(log.append_entry(
+                LogDebrisNote(name=d.name, kind=d.kind, detail=d.detail),
+                generation=UNFENCED, holder=""))
+        except StorageError:
+            break  # a read-only run directory: the next reader that may write reports it
+    if not notes:
+        return record
+    return continue_fold(record, log.read(since_slot=record.last_slot + 1), skipped=log.skipped)

@@ -1,11 +1,13 @@
 """The effectful shell around :func:`~hpcrun.control.reconcile.reconcile` (login node).
 
 :func:`execute` logs each operation's intent *before* sending it, tags the job with
-``--comment=hpcrun:<op_id>``, and logs ``done`` after. An operation already ``done`` is skipped;
-of two passes racing on the same operation, the intent in the earlier slot wins (the log's order
-decides, as with fences). :func:`watch_once` is one bounded, lock-free pass for ``hpcrun status``
-and a cron-safe ``hpcrun watch``: it reads the record, asks Slurm about the newest job (and, for
-a job that ended badly, about its nodes), plans with :func:`reconcile` and executes.
+``--comment=hpcrun:<op_id>``, and logs ``done`` after. An operation already ``done`` is skipped.
+Each intent holds a bounded lease on the run (:mod:`hpcrun.control.lease`): of passes racing on
+a run, the log's order decides which one acts, as with fences, and the others leave it; a pass
+takes over an unfinished operation only once its lease expired. :func:`watch_once` is one
+bounded, lock-free pass for ``hpcrun status`` and a cron-safe ``hpcrun watch``: it reads the
+record, asks Slurm about the newest job (and, for a job that ended badly, about its nodes),
+plans with :func:`reconcile` and executes.
 """
 
 from __future__ import annotations
@@ -17,20 +19,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpcrun.clock import Clock
+from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
     EntryPayload,
     FaultPayload,
     JobPayload,
-    OpPayload,
     OpPhase,
-    PayloadError,
     ResultPayload,
     StatePayload,
-    decode_as,
 )
 from hpcrun.control.fencing import UNFENCED, Fence
-from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
+from hpcrun.control.lease import lease_seconds, live_lease
+from hpcrun.control.log import LogEntry, RunLog, new_holder
 from hpcrun.control.reconcile import (
     Action,
     ActionKind,
@@ -47,7 +47,7 @@ from hpcrun.control.reconcile import (
     awaiting_node_state,
     reconcile,
 )
-from hpcrun.control.record import RunRecord, load_run_spec, read_record
+from hpcrun.control.record import RunRecord, continue_fold, load_run_spec, read_record
 from hpcrun.control.states import RunState, is_terminal
 from hpcrun.errors import HpcrunError, SchedulerError
 from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState, parse_slurm_time
@@ -95,20 +95,24 @@ def script_submitter(run_dir: str | os.PathLike[str], slurm: SlurmClient) -> Sub
 
 class _Executor:
     def __init__(self, *, log: RunLog, slurm: SlurmClient, record: RunRecord,
-                 fence: Fence | None, submitter: Submitter | None, holder_prefix: str) -> None:
+                 fence: Fence | None, submitter: Submitter | None, holder_prefix: str,
+                 clock: Clock, lease_s: float) -> None:
         self.log, self.slurm, self.record = log, slurm, record
         self.fence, self.submitter, self.holder_prefix = fence, submitter, holder_prefix
+        self.clock, self.lease_s = clock, lease_s
+        self.pass_id = new_holder("pass-")
+        self.base = record.last_slot  # the record this pass planned from
 
     def run(self, action: Action) -> Outcome:
         if self.record.op_done(action.op_id):
             return Outcome(op_id=action.op_id, kind=action.kind, status="already-done")
-        known = self.record.ops.get(action.op_id)
-        try_no = len(known.get("tries", {})) if known else 0
-        mine = self._op(action, OpPhase.INTENT, {"try": try_no})
-        if not self._won(action.op_id, try_no, mine.slot):
+        resumed = action.op_id in self.record.ops  # an earlier pass may have sent it
+        mine = self._op(action, OpPhase.INTENT, {"base": self.base,
+                                                 "lease_until": self.clock.now() + self.lease_s})
+        if not self._holds(mine.slot):
             return Outcome(op_id=action.op_id, kind=action.kind, status="elsewhere")
         try:
-            detail = self._perform(action, resumed=known is not None)
+            detail = self._perform(action, resumed=resumed)
         except HpcrunError as exc:
             self._op(action, OpPhase.FAILED, {"error": str(exc)})
             raise
@@ -116,21 +120,16 @@ class _Executor:
         return Outcome(op_id=action.op_id, kind=action.kind, status="done", detail=detail)
 
     def _op(self, action: Action, phase: OpPhase, outcome: Mapping[str, Any]) -> LogEntry:
-        return self.log.append_entry(action.op_entry(phase, **outcome), generation=UNFENCED,
-                                     holder="")
+        entry = action.op_entry(phase, **{"pass": self.pass_id, **outcome})
+        return self.log.append_entry(entry, generation=UNFENCED, holder="")
 
-    def _won(self, op_id: str, try_no: int, slot: int) -> bool:
-        """Whether our intent is the first claim of this try (log order decides)."""
-        for e in self.log.read(since_slot=self.record.last_slot + 1):
-            if e.kind != EntryKind.OP:
-                continue
-            try:
-                op = decode_as(e, OpPayload)
-            except PayloadError:
-                continue  # a malformed entry claims nothing
-            if (op.op_id, op.phase, op.try_no) == (op_id, OpPhase.INTENT, try_no):
-                return e.slot == slot
-        return True
+    def _holds(self, slot: int) -> bool:
+        """Whether our intent at ``slot`` claimed the run (log order decides, see
+        :mod:`hpcrun.control.lease`); folds the log forward as a side effect."""
+        new = self.log.read(since_slot=self.record.last_slot + 1)
+        self.record = continue_fold(self.record, new, skipped=self.log.skipped)
+        lease = self.record.op_claims.lease
+        return lease is not None and (lease.pass_id, lease.slot) == (self.pass_id, slot)
 
     def _fenced(self, payload: EntryPayload) -> None:
         if self.fence is None:
@@ -205,8 +204,12 @@ class _Executor:
 
 def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, record: RunRecord,
             fence: Fence | None = None, submitter: Submitter | None = None,
-            holder_prefix: str = "watch-") -> list[Outcome]:
-    """Carry out ``actions`` in order: log intent, send, log done.
+            holder_prefix: str = "watch-", clock: Clock = SYSTEM_CLOCK,
+            lease_s: float | None = None) -> list[Outcome]:
+    """Carry out ``actions`` in order: log intent (with a lease), send, log done.
+
+    The pass stops at the first intent that does not claim the run (another pass holds it,
+    or acted since ``record`` was read): that action's outcome is ``elsewhere``.
 
     Args:
         actions: from :func:`reconcile`.
@@ -216,6 +219,9 @@ def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, recor
         fence: the caller's fencing token for state entries; None claims a new generation
             (holder ``<holder_prefix><hex>``) the first time a state entry is written.
         submitter: how to submit a fresh job (default: none; see :func:`script_submitter`).
+        clock: the time an intent's lease is measured from.
+        lease_s: how long an intent holds the run; default
+            :func:`~hpcrun.control.lease.lease_seconds` of the client's command timeout.
 
     Raises:
         SchedulerError: Slurm refused or failed; the operation is logged ``failed`` and the
@@ -223,8 +229,14 @@ def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, recor
         StaleGenerationError: another incarnation fenced between planning and writing.
     """
     ex = _Executor(log=log, slurm=slurm, record=record, fence=fence, submitter=submitter,
-                   holder_prefix=holder_prefix)
-    return [ex.run(a) for a in actions]
+                   holder_prefix=holder_prefix, clock=clock,
+                   lease_s=lease_seconds(slurm.timeout) if lease_s is None else lease_s)
+    outcomes: list[Outcome] = []
+    for action in actions:
+        outcomes.append(ex.run(action))
+        if outcomes[-1].status == "elsewhere":
+            break  # this pass planned from a record that no longer holds
+    return outcomes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -247,6 +259,10 @@ class WatchResult:
         seen = self.observation.state if self.observation is not None else "no slurm job"
         acts = ", ".join(type(a).__name__ for a in self.actions) or (
             self.waiting or "nothing to do")
+        lost = next((o for o in self.outcomes if o.status == "elsewhere"), None)
+        if lost is not None:
+            acts += (f"; another pass acted on the run first ({lost.kind.value} not sent), "
+                     "left to it")
         return f"slurm {seen}: {acts}"
 
 
@@ -285,6 +301,17 @@ def _node_evidence(obs: Observation, slurm: SlurmClient,
                    ended_s_ago=None if ended is None else now - ended), settle_s
 
 
+def _waiting(record: RunRecord, obs: Observation | None, policy: ReconcilePolicy,
+             now: float) -> str:
+    """Why a pass that planned nothing waits (empty when it does not)."""
+    lease = live_lease(record.op_claims, now)
+    if lease is not None:
+        return (f"operation {lease.op_id} of another pass holds the run for "
+                f"{lease.until - now:.0f} s more (intent at log slot {lease.slot}); this pass "
+                "leaves it alone")
+    return _settling(obs, policy)
+
+
 def _settling(obs: Observation | None, policy: ReconcilePolicy) -> str:
     if obs is None or not awaiting_node_state(obs, policy):
         return ""
@@ -315,11 +342,11 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
         policy_overrides = {"node_settle_s": settle_s, **policy_overrides}
     policy = ReconcilePolicy.from_spec(spec, **policy_overrides)
     actions = reconcile(record, obs, now, policy)
-    waiting = _settling(obs, policy) if not actions else ""
+    waiting = _waiting(record, obs, policy, now) if not actions else ""
     outcomes: list[Outcome] = []
     if actions and not dry_run:
         outcomes = execute(actions, log=RunLog(run_dir, storage=storage, clock=clock),
-                           slurm=slurm, record=record,
+                           slurm=slurm, record=record, clock=clock,
                            submitter=submitter or script_submitter(run_dir, slurm))
     return WatchResult(record=record, observation=obs, actions=tuple(actions),
                        outcomes=tuple(outcomes), waiting=waiting)

@@ -101,7 +101,8 @@ def facts_from_record(record: Any, *, rpo_s: float | None = None) -> RecordFacts
         checkpoints=tuple(checkpoint_fact(c) for c in (_get(record, "checkpoints") or ())),
         cursor=cursor if isinstance(cursor, Mapping) else _as_mapping(cursor),
         faults=tuple(fault_fact(f) for f in (_get(record, "faults") or ())),
-        quarantined=tuple(str(n) for n in (_get(record, "quarantined") or ())), rpo_s=rpo_s)
+        quarantined=tuple(str(n) for n in (_get(record, "quarantined") or ())), rpo_s=rpo_s,
+        log_debris=tuple(f"log/{k}: {v}" for k, v in (_get(record, "log_debris") or {}).items()))
 
 
 def _as_mapping(obj: Any) -> Mapping[str, Any]:

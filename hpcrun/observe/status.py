@@ -139,6 +139,8 @@ class RecordFacts:
     """Quarantined nodes."""
     rpo_s: float | None = None
     """The spec's RPO."""
+    log_debris: tuple[str, ...] = ()
+    """Files in the run's ``log/`` that are not entries (``log/NAME: what was found``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -239,6 +241,8 @@ def live_incidents(facts: RecordFacts, step_times: StepTimes,
     out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}"
             for s in find_stragglers(times, straggler_threshold, window, nodes=nodes)]
     out += [f.describe() for f in facts.faults[-5:]]
+    out += [f"log debris: {d} (`hpcrun doctor {facts.run_id}` moves it aside)"
+            for d in facts.log_debris]
     return out
 
 

@@ -12,7 +12,7 @@ import itertools
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -164,6 +164,11 @@ def parse_exit_code(text: str) -> tuple[int | None, int | None]:
         return None, None
     code, sig = int(m.group(1)), int(m.group(2))
     return code, (sig or None)
+
+
+def with_exit(obs: Observation, exit_code: int | None, signal: int | None) -> Observation:
+    """``obs`` with the exit status another source gave (pure); the rest is squeue's."""
+    return replace(obs, exit_code=exit_code, signal=signal)
 
 
 def parse_sacct(text: str) -> list[Observation]:
@@ -446,12 +451,32 @@ class SlurmClient:
         return True
 
     def observe(self, job_id: str) -> Observation:
-        """squeue first, then sacct; VANISHED when neither knows the job."""
+        """squeue first, then sacct; VANISHED when neither knows the job.
+
+        squeue has no exit status: for a job that ended while the controller still holds it,
+        the exit code and signal come from sacct (else ``scontrol show job``).
+        """
         for obs in self.squeue([job_id]):
             if obs.job_id == job_id:
-                return obs
+                return self._with_exit(obs)
         try:
             found = [o for o in self.sacct([job_id]) if o.job_id == job_id]
         except SchedulerError:
             found = []  # accounting disabled or slurmdbd down: the job is simply not known
         return found[-1] if found else Observation(job_id=job_id, state=SlurmJobState.VANISHED)
+
+    def _with_exit(self, obs: Observation) -> Observation:
+        if obs.state in ACTIVE or obs.exit_code is not None:
+            return obs
+        try:
+            found = [o for o in self.sacct([obs.job_id]) if o.job_id == obs.job_id]
+        except SchedulerError:
+            found = []  # accounting disabled: the controller's own record still has it
+        if not found or found[-1].exit_code is None:
+            try:
+                text = self.scontrol_show_job(obs.job_id).get("ExitCode", "")
+            except SchedulerError:
+                return obs
+            code, sig = parse_exit_code(text)
+            return with_exit(obs, code, sig)
+        return with_exit(obs, found[-1].exit_code, found[-1].signal)

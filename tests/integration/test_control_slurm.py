@@ -6,8 +6,13 @@ fencing a still-running worker.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +20,7 @@ from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog, new_holder
 from hpcrun.testbed import JobClient, Testbed
 from tests.integration.helpers import (
+    REPO_ROOT,
     RunFactory,
     TestbedRun,
     first_after,
@@ -81,6 +87,67 @@ def test_vanished_job_is_resubmitted_from_the_job_script(
     assert scontrol_job(slurm, new_job).get("Comment", "").startswith("hpcrun:submit-")
     done = run.wait({"SUCCEEDED"}, timeout=150)
     assert done.step == 30 and done.job_ids[-1] == new_job and done.requeues == 1
+
+
+def _slow_sbatch(job_dir: Path) -> str:
+    """A directory holding an ``sbatch`` that takes 1.5 s before it runs the real one (a busy
+    controller), to put ahead of the real one on PATH."""
+    real = shutil.which("sbatch")
+    assert real, "sbatch is not on PATH"
+    shim = job_dir / "slow-bin"
+    shim.mkdir()
+    (shim / "sbatch").write_text(f"#!/bin/sh\nsleep 1.5\nexec {real} \"$@\"\n")
+    (shim / "sbatch").chmod(0o755)
+    return str(shim)
+
+
+def _vanished_running_run(run: TestbedRun) -> None:
+    """The run's record says RUNNING under a job that neither squeue nor sacct knows."""
+    log = RunLog(run.run_dir)
+    lost = "9999991"
+    log.append(EntryKind.JOB, generation=UNFENCED, holder="",
+               payload={"job_id": lost, "backend": "slurm"})
+    fence = log.claim(new_holder(f"job{lost}.r0.a0."))
+    for state in ("STARTING", "RUNNING"):
+        log.publish(EntryKind.STATE, generation=fence.generation, holder=fence.holder,
+                    payload={"state": state, "reason": "an incarnation of a job now purged"})
+
+
+def _jobs_tagged_by(run: TestbedRun, slurm: JobClient) -> list[str]:
+    """Slurm jobs whose comment names any submit operation in the run's log (void intents
+    included): every job any pass submitted for the run."""
+    ops = {f"hpcrun:{e.payload.get('op_id')}" for e in run.entries()
+           if e.kind == EntryKind.OP and e.payload.get("action") == "submit"}
+    out = slurm.run("squeue", "--noheader", "--states=all", "-o", "%i|%k").check().stdout
+    return [line.split("|", 1)[0] for line in out.splitlines()
+            if line.partition("|")[2].strip() in ops]
+
+
+def test_overlapping_watch_passes_with_a_slow_sbatch_submit_one_job(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient, job_dir: Path) -> None:
+    """Five `hpcrun watch` passes 0.4 s apart, each sbatch taking 1.5 s: one job, every time."""
+    env = {**runs.env, "PATH": f"{_slow_sbatch(job_dir)}:{os.environ['PATH']}"}
+    for round_no in range(4):
+        run = runs.sbatch(slurm_spec(testbed, tasks_per_node=1, steps=3000, every_steps=50),
+                          slurm, submit=False)
+        _vanished_running_run(run)
+        passes = []
+        for _ in range(5):
+            passes.append(subprocess.Popen(
+                [sys.executable, "-m", "hpcrun.cli.main", "watch", run.name], env=env,
+                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            time.sleep(0.4)
+        said = [p.communicate(timeout=120)[0] for p in passes]
+        jobs = _jobs_tagged_by(run, slurm)
+        rec = run.record()
+        new = [j for j in rec.job_ids if j != "9999991"]
+        if jobs:
+            slurm.run("scancel", *jobs)
+        assert all(p.returncode == 0 for p in passes), said
+        assert len(jobs) == 1 and new == jobs, (round_no, jobs, rec.job_ids, said)
+        assert len(rec.faults) == 1 and rec.state == "REQUEUED", (rec.faults, rec.state)
+        print(f"\nround {round_no}: one job {jobs[0]}; passes said: "
+              + " | ".join(s.strip().split(", ", 1)[-1] for s in said))
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ def test_ls_and_verify_ok(run_dir: Path, incarnation, capsys, monkeypatch) -> No
     assert all(i[:16] in out for i in ids) and "shared" in out
     main(["ckpt", "verify", str(run_dir)])
     out = capsys.readouterr().out
-    assert out.count(" ok") == 2
+    assert out.count("] ok") == 2 and "2 copies of 2 checkpoints: 2 ok" in out
 
 
 def test_verify_fails_on_a_flipped_byte(run_dir: Path, incarnation, capsys) -> None:

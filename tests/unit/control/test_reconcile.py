@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcrun.control.lease import lease_seconds
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.reconcile import (
     Cancel,
@@ -184,6 +185,9 @@ def test_rerun_after_crash_never_double_submits(live_run: Path, crash_after_send
     with pytest.raises(Crash):  # job 101 vanished: record fault, mark REQUEUED, submit... crash
         watch_once(live_run, slurm, clock, submitter=crashing)
     assert cluster.count("sbatch") == int(crash_after_send)
+    waiting = watch_once(live_run, slurm, clock)  # the crashed pass's lease still holds
+    assert waiting.actions == () and "of another pass holds the run" in waiting.summary()
+    clock.advance(lease_seconds(slurm.timeout) + 1)
     result = watch_once(live_run, slurm, clock)
     assert cluster.count("sbatch") == 1, "exactly one job was ever submitted"
     record = read_record(live_run)
@@ -261,3 +265,12 @@ def test_refused_update_still_releases_and_says_why(live_run: Path) -> None:
     assert cluster.calls[-1][:2] == ("scontrol", "release")
     record = read_record(live_run)
     assert any(op.get("phase") == "failed" for op in record.ops.values())
+
+
+def test_a_crash_the_controller_still_lists_is_recorded_with_saccts_exit(live_run: Path) -> None:
+    cluster, clock = FakeCluster(), FakeClock(NOW)
+    cluster.jobs["101"] = Job(state="FAILED", exit="0:9", nodes="n[1-2]")
+    watch_once(live_run, SlurmClient(cluster), clock)
+    fault = read_record(live_run).faults[-1]
+    assert "ended FAILED (exit 0, signal 9)" in fault.detail, fault.detail
+    assert fault.signature == "slurm:FAILED:0:9" and fault.fault != FaultClass.UNKNOWN

@@ -161,6 +161,23 @@ def test_observe_falls_back_to_sacct_then_vanished() -> None:
     assert SlurmClient(FakeRunner({"squeue": invalid, "sacct": disabled})).observe("3").vanished
 
 
+def test_a_failed_job_in_the_controller_gets_its_exit_from_sacct() -> None:
+    """squeue still lists job 5 (``kill -9 $$``) as FAILED, without an exit status."""
+    runner = FakeRunner({"squeue": golden("squeue_mixed.txt"),
+                         "sacct": golden("sacct_mixed.txt")})
+    obs = SlurmClient(runner).observe("5")
+    assert (obs.state, obs.exit_code, obs.signal) == (SlurmJobState.FAILED, 0, 9)
+    assert obs.in_controller and obs.reason == "JobLaunchFailure"
+    assert SlurmClient(runner).observe("1").exit_code is None  # running: nothing to ask
+    assert not any(c[0] == "sacct" for c in runner.calls[2:])
+    disabled = CommandResult(argv=("sacct",), returncode=1, stdout="",
+                             stderr="Slurm accounting storage is disabled")
+    runner = FakeRunner({"squeue": golden("squeue_mixed.txt"), "sacct": disabled,
+                         "scontrol show job": golden("scontrol_show_job_failed.txt")})
+    obs = SlurmClient(runner).observe("5")
+    assert (obs.exit_code, obs.signal) == (137, None)  # scontrol's ExitCode of that capture
+
+
 def test_client_argv_and_refusal() -> None:
     runner = FakeRunner({"sbatch": "77\n", "scontrol update": CommandResult(
         argv=(), returncode=1, stdout="",
