@@ -9,7 +9,6 @@ testbed, a changed data object).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -142,19 +141,23 @@ def changed_data_manifest(manifest: Path, out_dir: Path) -> Path:
     The copy is self-consistent (its dataset id is recomputed), so what the run meets is exactly
     an object that changed after the manifest was built. The user's data is not touched.
     """
-    from hpcrun.data.manifest import _from_raw
+    import dataclasses
 
-    raw = json.loads(manifest.read_text())
-    raw.pop("dataset_id", None)
-    obj = raw["sources"][0]["objects"][0]
-    algo = str(obj["digest"]).partition(":")[0]
-    obj["digest"] = f"{algo}:{'0' * 32}"
+    from hpcrun.data.dataset import load_manifest
+
+    original = load_manifest(manifest)  # a malformed manifest is one DataError line
+    first = original.sources[0]
+    obj = first.objects[0]
+    algo = obj.digest.partition(":")[0]
+    changed = dataclasses.replace(obj, digest=f"{algo}:{'0' * 32}")
+    source = dataclasses.replace(first, objects=(changed, *first.objects[1:]))
+    damaged = dataclasses.replace(original, sources=(source, *original.sources[1:]))
     out_dir.mkdir(parents=True, exist_ok=True)
     index = manifest.with_suffix(".index")
     if index.is_dir():
         shutil.copytree(index, out_dir / index.name, dirs_exist_ok=True)
     target = out_dir / manifest.name
-    target.write_text(_from_raw(raw).to_json())
+    target.write_text(damaged.to_json())
     return target
 
 
