@@ -140,9 +140,9 @@ class AdmissionReport:
     def refusal(self) -> AdmissionError:
         """The error submit raises: a header, then one line per problem."""
         n = len(self.problems)
-        lines = [f"refused before anything was created: {n} problem{'s' if n != 1 else ''} "
-                 "found; fix them and submit again (`hpcrun submit --dry-run` checks without "
-                 "submitting)"]
+        lines = [f"run not submitted, nothing was created: {n} problem{'s' if n != 1 else ''} "
+                 "found; fix them and submit again (`hpcrun submit --dry-run` runs the same "
+                 "checks)"]
         lines += [f"  {p.line()}" for p in self.problems]
         return AdmissionError("\n".join(lines))
 
