@@ -91,6 +91,10 @@ class EnvError(HpcrunError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class AdmissionError(HpcrunError, ValueError):
+    """``hpcrun submit`` refused a run before creating anything: one line per problem found."""
+
+
 class RecordError(HpcrunError, RuntimeError):
     """A run record or run directory is missing, unreadable or inconsistent."""
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from hpcrun.data.build import BuildOptions, build_manifest
+from hpcrun.data.dataset import load_manifest
 from hpcrun.data.manifest import DatasetManifest
-from hpcrun.storage import LOCAL_STORAGE
 
 
 @click.group()
@@ -52,8 +52,7 @@ def build(paths: tuple[str, ...], output: str, split: str, min_tokens: int | Non
 @click.argument("manifest", type=click.Path(exists=True, dir_okay=False))
 def inspect(manifest: str) -> None:
     """Summarise MANIFEST: dataset ID, sources, objects, tokens, tokenizer."""
-    text = LOCAL_STORAGE.read_bytes(manifest).decode()
-    click.echo(render_summary(DatasetManifest.from_json(text, origin=manifest), manifest))
+    click.echo(render_summary(load_manifest(manifest), manifest))
 
 
 def render_summary(m: DatasetManifest, origin: str) -> str:

@@ -19,11 +19,12 @@ from hpcrun.errors import SchedulerError
 from hpcrun.runner import SubprocessRunner
 
 BACKENDS = ("slurm", "local")
+VERIFY_DATA = ("all", "sample", "none")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Submission:
-    """A loaded spec and site, and where the run will live."""
+    """A loaded spec and site that passed admission, and where the run will live."""
 
     spec: Any
     """The validated (not yet frozen) RunSpec."""
@@ -33,32 +34,47 @@ class Submission:
     """``slurm`` or ``local``."""
     runs_root: Path
     """Directory under which the run directory is created."""
-
-
-def choose_backend(requested: str | None, site: Any, *, have_sbatch: bool) -> tuple[str, str]:
-    """The backend to use and a notice for the user ("" when none is due). Pure."""
-    if requested:
-        return requested, ""
-    if str(site.backend) == "local":
-        return "local", ""
-    if not have_sbatch:
-        return "local", "hpcrun: sbatch not found on PATH; running on the embedded local backend"
-    return "slurm", ""
+    report: Any
+    """The :class:`~hpcrun.launch.admission.AdmissionReport` it passed."""
 
 
 def _prepare(spec_path: str, site_name: str | None, backend: str | None,
-             runs_root: str | None) -> Submission:
-    from hpcrun.control.spec import load_spec
-    from hpcrun.launch.site import expand_path, load_site
+             runs_root: str | None, verify_data: str, *, inject: str | None = None,
+             cwd: Path | None = None) -> Submission:
+    """Run every admission check; raise :class:`AdmissionError` listing every problem found,
+    before anything is created."""
+    from hpcrun.launch.admission import VerifyData
+    from hpcrun.launch.admit import AdmissionRequest, admit
 
-    spec = load_spec(spec_path)
-    site = load_site(site_name or spec.site)
-    chosen, notice = choose_backend(backend, site, have_sbatch=shutil.which("sbatch") is not None)
-    if notice:
-        click.echo(notice, err=True)
-    root = Path(runs_root or os.environ.get("HPCRUN_RUNS") or
-                expand_path(site.shared_path, os.environ)).expanduser()
-    return Submission(spec=spec, site=site, backend=chosen, runs_root=root)
+    request = AdmissionRequest(
+        spec_path=Path(spec_path), code_path=cwd or _repo_root(Path.cwd()),
+        python=sys.executable, user=getpass.getuser(), site=site_name, backend=backend,
+        runs_root=runs_root, have_sbatch=shutil.which("sbatch") is not None,
+        verify_data=VerifyData(verify_data))
+    result = admit(request, environ=os.environ, runner=SubprocessRunner(),
+                   extra=_inject_findings(inject))
+    if result.notice:
+        click.echo(result.notice, err=True)
+    for skipped in result.report.skipped:
+        click.echo(f"hpcrun: not checked: {skipped.line()}", err=True)
+    if not result.report.ok or result.runs_root is None:
+        raise result.report.refusal()
+    return Submission(spec=result.spec, site=result.site, backend=result.backend,
+                      runs_root=result.runs_root, report=result.report)
+
+
+def _inject_findings(inject: str | None) -> list[Any]:
+    if not inject:
+        return []
+    from hpcrun.errors import SpecError
+    from hpcrun.launch.admission import CheckKind, problem_of
+    from hpcrun.runtime.faults import parse_injections
+
+    try:
+        parse_injections(inject)
+    except SpecError as exc:
+        return [problem_of(CheckKind.SPEC, exc)]
+    return []
 
 
 def _create(sub: Submission, cwd: Path) -> tuple[Path, Any, dict[str, str]]:
@@ -97,8 +113,9 @@ def _index(run_dir: Path) -> None:
 
 
 def _repo_root(cwd: Path) -> Path:
-    out = SubprocessRunner().run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"])
-    return Path(out.stdout.strip()) if out.returncode == 0 else cwd
+    from hpcrun.launch.codever import repo_root
+
+    return repo_root(cwd, SubprocessRunner())
 
 
 @click.command()
@@ -107,27 +124,31 @@ def _repo_root(cwd: Path) -> Path:
               help="Where to run. Default: the site's backend; local when sbatch is absent.")
 @click.option("--site", "site_name", default=None, help="Site config name or path.")
 @click.option("--runs-root", default=None, help="Create the run directory here.")
-@click.option("--dry-run", is_flag=True, help="Print what would be submitted; create nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Run every admission check and print what would be submitted; create nothing.")
+@click.option("--verify-data", type=click.Choice(VERIFY_DATA), default="sample", show_default=True,
+              help="Data objects hashed in full before submitting: all, a bounded "
+                   "deterministic sample, or none (every object is still checked present).")
 @click.option("--wait", is_flag=True, help="Local backend: wait for the run to end.")
 @click.option("--inject", default=None, metavar="FAULTS",
               help="Scheduled faults for drills, e.g. 'preempt@step=50;crash@step=80,rank=1'.")
 def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root: str | None,
-           dry_run: bool, wait: bool, inject: str | None) -> None:
+           dry_run: bool, verify_data: str, wait: bool, inject: str | None) -> None:
     """Freeze RUN_YAML into an immutable run, create its record, and start the gang.
 
     \b
+    First every admission check runs (spec, site config, entrypoint importable, data manifest
+    and objects, storage writable, Slurm partition/account/QoS); any problem refuses the run
+    before anything is created, listing every problem found (docs/recovery.md).
     On Slurm the gang is one sbatch allocation (through submitit) running one hpcrun agent per
     node; on the local backend the same agents run as local processes. Prints the run id.
     """
-    sub = _prepare(spec_path, site_name, backend, runs_root)
+    cwd = _repo_root(Path.cwd())
+    sub = _prepare(spec_path, site_name, backend, runs_root, verify_data, inject=inject, cwd=cwd)
     if dry_run:
+        click.echo(sub.report.render(), err=True)
         click.echo(_dry_run_text(sub))
         return
-    if inject:
-        from hpcrun.runtime.faults import parse_injections
-
-        parse_injections(inject)  # validate before anything is created
-    cwd = _repo_root(Path.cwd())
     run_dir, spec, job_env = _create(sub, cwd)
     if inject:
         job_env["HPCRUN_INJECT"] = inject
@@ -199,14 +220,18 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) 
 @click.argument("spec_path", metavar="RUN_YAML", type=click.Path(dir_okay=False))
 @click.option("--site", "site_name", default=None, help="Site config name or path.")
 @click.option("--runs-root", default=None, help="Create the run directory here.")
-def sbatch(spec_path: str, site_name: str | None, runs_root: str | None) -> None:
+@click.option("--verify-data", type=click.Choice(VERIFY_DATA), default="sample", show_default=True,
+              help="Data objects hashed in full before the run is created (as for submit).")
+def sbatch(spec_path: str, site_name: str | None, runs_root: str | None,
+           verify_data: str) -> None:
     """Create the run record and print a job script for plain `sbatch`.
 
     \b
       hpcrun sbatch run.yaml > job.sh && sbatch job.sh
-    The script starts the same per-node agents as `hpcrun submit`.
+    The script starts the same per-node agents as `hpcrun submit`, after the same admission
+    checks.
     """
-    sub = _prepare(spec_path, site_name, "slurm", runs_root)
+    sub = _prepare(spec_path, site_name, "slurm", runs_root, verify_data)
     run_dir, spec, job_env = _create(sub, _repo_root(Path.cwd()))
     script = _job_script(run_dir, spec, sub.site, job_env, op_id=f"{run_dir.name}.submit.0")
     click.echo(script, nl=False)

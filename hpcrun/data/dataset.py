@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,9 +23,10 @@ import numpy as np
 from hpcrun.data.formats import ObjectFormat, ObjectReader, digest_file
 from hpcrun.data.manifest import DatasetManifest, ObjectEntry, SourceEntry, digest_arrays
 from hpcrun.errors import DataError, OutOfRangeError
-from hpcrun.storage import LOCAL_STORAGE
+from hpcrun.storage import LOCAL_STORAGE, Storage
 
-__all__ = ["Dataset", "SourceView", "Verify", "index_path", "load_index", "write_index"]
+__all__ = ["Dataset", "SourceView", "Verify", "audit_objects", "index_path", "load_index",
+           "load_manifest", "write_index"]
 
 _INDEX_KEYS = ("lengths", "offsets", "records")
 
@@ -72,6 +73,52 @@ def load_index(path: Path, expected: str, obj: ObjectEntry) -> dict[str, np.ndar
         raise DataError(f"index {path} of object {obj.path} changed: expected digest "
                         f"{expected}, found {found}; rerun `hpcrun data build`")
     return arrays
+
+
+def load_manifest(path: str | os.PathLike[str], *, storage: Storage = LOCAL_STORAGE
+                  ) -> DatasetManifest:
+    """Read and validate the manifest at ``path`` (shape, schema, seal): every reader's door.
+
+    Raises:
+        DataError: the file is not a well-formed manifest, or its ``dataset_id`` does not match
+            its content (one line naming the file, what was found and the fix).
+        StorageError: the file cannot be read.
+    """
+    return DatasetManifest.from_json(storage.read_bytes(path), origin=os.fspath(path))
+
+
+def audit_objects(manifest: DatasetManifest, manifest_path: str | os.PathLike[str], *,
+                  digest: Collection[str] = (), workers: int = 4) -> list[DataError]:
+    """Every problem with the manifest's objects, without stopping at the first.
+
+    Each object is checked for presence and byte size and its index for presence (metadata
+    only); the objects whose paths are in ``digest`` are also hashed in full and their indexes
+    verified against their digests.
+
+    Returns:
+        One :class:`DataError` per bad object (or index), in manifest order; empty when all
+        checked objects match.
+    """
+    def one(obj: ObjectEntry, source: str) -> DataError | None:
+        try:
+            verify_object(obj, source, Verify.FULL if obj.path in digest else Verify.SIZE)
+            idx = index_path(manifest_path, obj.index_digest)
+            if obj.path in digest:
+                load_index(idx, obj.index_digest, obj)
+            elif not idx.is_file():
+                raise DataError(f"index {idx} of object {obj.path} is missing: expected digest "
+                                f"{obj.index_digest}; rerun `hpcrun data build`")
+        except DataError as exc:
+            return exc
+        except OSError as exc:
+            return DataError(f"data object {obj.path} (source {source!r}) cannot be read "
+                             f"({exc.strerror or exc}); check its permissions and the tier")
+        return None
+
+    jobs = [(o, s.name) for s in manifest.sources for o in s.objects]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        found = list(pool.map(lambda job: one(*job), jobs))
+    return [exc for exc in found if exc is not None]
 
 
 def verify_object(obj: ObjectEntry, source: str, mode: Verify) -> None:
@@ -134,9 +181,7 @@ class Dataset:
     def open(cls, path: str | os.PathLike[str], *, verify: Verify | str = Verify.FULL,
              workers: int | None = None) -> Dataset:
         """Read, validate and verify the manifest at ``path``."""
-        text = LOCAL_STORAGE.read_bytes(path).decode()
-        manifest = DatasetManifest.from_json(text, origin=os.fspath(path))
-        return cls(manifest, path, verify=verify, workers=workers)
+        return cls(load_manifest(path), path, verify=verify, workers=workers)
 
     @property
     def dataset_id(self) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import xxhash
@@ -28,7 +28,8 @@ from hpcrun.data.formats import DIGEST_ALGO, ObjectFormat
 from hpcrun.errors import DataError
 
 __all__ = ["MANIFEST_KIND", "MANIFEST_SCHEMA_VERSION", "SAMPLE_ID_RULE", "DatasetManifest",
-           "ObjectEntry", "SourceEntry", "canonical_json", "digest_arrays"]
+           "ObjectEntry", "SourceEntry", "canonical_json", "check_manifest_shape",
+           "digest_arrays"]
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_KIND = "hpcrun.data.manifest"
@@ -186,18 +187,15 @@ class DatasetManifest:
         return json.dumps(raw, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> DatasetManifest:
-        """Build a manifest from its decoded JSON body (a stored ``dataset_id`` is ignored:
-        :meth:`from_json` checks it).
+    def from_dict(cls, raw: object) -> DatasetManifest:
+        """Build a manifest from its decoded JSON body, after checking its shape (a stored
+        ``dataset_id`` is ignored: :meth:`from_json` checks it).
 
         Raises:
-            DataError: ``raw`` is not an hpcrun dataset manifest.
-            KeyError, TypeError, ValueError: a field is missing or has the wrong type.
+            DataError: ``raw`` does not have the shape of an hpcrun dataset manifest.
         """
-        if raw.get("kind") != MANIFEST_KIND:
-            raise DataError(f"not a valid hpcrun dataset manifest: expected kind "
-                            f"{MANIFEST_KIND!r}, found {raw.get('kind')!r}; build one with "
-                            "`hpcrun data build`")
+        check_manifest_shape(raw)
+        raw = cast(dict[str, Any], raw)  # the shape check says so
         sources = tuple(_source(s) for s in raw["sources"])
         return cls(sources=sources, tokenizer=dict(raw["tokenizer"]),
                    transforms=tuple(str(t) for t in raw["transforms"]),
@@ -206,26 +204,100 @@ class DatasetManifest:
                    schema_version=int(raw["schema_version"]))
 
     @classmethod
-    def from_json(cls, text: str, *, origin: str = "manifest") -> DatasetManifest:
+    def from_json(cls, text: str | bytes, *, origin: str = "manifest") -> DatasetManifest:
         """Parse and validate an untrusted manifest; its stored ``dataset_id`` must match.
 
+        The shape (a JSON object of the kind and schema this hpcrun writes, every field of the
+        type it must have) is checked before any field is used, so a manifest that is a JSON
+        list, an empty object, truncated, or hand-edited is one :class:`DataError` line.
+
         Raises:
-            DataError: malformed JSON, wrong kind/schema, or content that does not match
+            DataError: malformed JSON, wrong kind/schema/shape, or content that does not match
                 its ``dataset_id``.
         """
         try:
             raw = json.loads(text)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{origin}: not a dataset manifest (not UTF-8 text: {exc.reason} at "
+                            f"byte {exc.start}); rebuild it with `hpcrun data build`") from exc
+        except ValueError as exc:
+            raise DataError(f"{origin}: not valid JSON ({exc}); the file is truncated or was "
+                            "edited by hand, rebuild it with `hpcrun data build`") from exc
+        try:
             manifest = cls.from_dict(raw)
         except DataError as exc:
             raise DataError(f"{origin}: {exc}") from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{origin}: not a valid hpcrun dataset manifest ({exc!r}); rebuild "
                             "it with `hpcrun data build`") from exc
-        if raw.get("dataset_id") != manifest.dataset_id:
-            raise DataError(f"{origin}: stored dataset_id {raw.get('dataset_id')!r} does not "
+        if raw["dataset_id"] != manifest.dataset_id:
+            raise DataError(f"{origin}: stored dataset_id {raw['dataset_id']!r} does not "
                             f"match its content ({manifest.dataset_id}); the file was edited, "
                             "rebuild it with `hpcrun data build`")
         return manifest
+
+
+# What each level of a manifest must hold, as JSON types (bool is not an int here).
+_TOP_FIELDS: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,), "dataset_id": (str,), "sources": (list,), "tokenizer": (dict,),
+    "transforms": (list,), "packing": (dict,), "provenance": (dict,), "sample_id_rule": (str,)}
+_SOURCE_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "given": (str,), "format": (str,), "base": (int,), "records": (int,),
+    "tokens": (int,), "objects": (list,), "split": (str,), "filter": (dict,), "dedup": (str,),
+    "compression": (str,), "access": (str,)}
+_OBJECT_FIELDS: dict[str, tuple[type, ...]] = {
+    "path": (str,), "digest": (str,), "nbytes": (int,), "records": (int,), "kept": (int,),
+    "start": (int,), "tokens": (int,), "index_digest": (str,)}
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer",
+               type(None): "null"}
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, float):
+        return "a number with a fraction"
+    return next((n for t, n in _JSON_NAMES.items() if isinstance(value, t)), type(value).__name__)
+
+
+def _require(raw: Mapping[str, Any], fields: Mapping[str, tuple[type, ...]], where: str) -> None:
+    for key, types in fields.items():
+        if key not in raw:
+            raise DataError(f"{where}{key} is missing; expected {_JSON_NAMES[types[0]]}")
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise DataError(f"{where}{key}: expected {_JSON_NAMES[types[0]]}, found "
+                            f"{_json_type(value)}")
+
+
+def check_manifest_shape(raw: object) -> None:
+    """Raise :class:`DataError` unless ``raw`` (parsed JSON) has the shape of a manifest (pure).
+
+    Checks the top level is an object of :data:`MANIFEST_KIND` and :data:`MANIFEST_SCHEMA_VERSION`
+    and that every field the parser reads has its JSON type; values are checked by the
+    dataclasses after.
+    """
+    if not isinstance(raw, dict):
+        raise DataError(f"not a valid hpcrun dataset manifest: the file holds "
+                        f"{_json_type(raw)}, expected a JSON object as written by "
+                        "`hpcrun data build`; rebuild it")
+    if raw.get("kind") != MANIFEST_KIND:
+        found = "an empty object" if not raw else f"kind {raw.get('kind')!r}"
+        raise DataError(f"not a valid hpcrun dataset manifest: expected kind "
+                        f"{MANIFEST_KIND!r}, found {found}; build one with `hpcrun data build`")
+    _require(raw, _TOP_FIELDS, "")
+    if raw["schema_version"] != MANIFEST_SCHEMA_VERSION:
+        raise DataError(f"manifest schema_version is {raw['schema_version']}, expected "
+                        f"{MANIFEST_SCHEMA_VERSION}; rebuild it with this hpcrun")
+    for i, source in enumerate(raw["sources"]):
+        if not isinstance(source, dict):
+            raise DataError(f"sources[{i}]: expected an object, found {_json_type(source)}")
+        _require(source, _SOURCE_FIELDS, f"sources[{i}].")
+        for j, obj in enumerate(source["objects"]):
+            if not isinstance(obj, dict):
+                raise DataError(f"sources[{i}].objects[{j}]: expected an object, found "
+                                f"{_json_type(obj)}")
+            _require(obj, _OBJECT_FIELDS, f"sources[{i}].objects[{j}].")
 
 
 def _source(raw: Mapping[str, Any]) -> SourceEntry:

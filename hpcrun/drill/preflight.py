@@ -2,8 +2,10 @@
 
 Preflight checks the pieces in isolation on the machine it runs on (a login node, or a compute
 node of the target allocation): a process group forms and an all-reduce completes, both storage
-tiers are writable (measured bandwidth, cold reads), every data object is present with its
-digest, a checkpoint commits and restores bit for bit, telemetry is written. The canary runs the
+tiers are writable (measured bandwidth, cold reads), a checkpoint commits and restores bit for
+bit, telemetry is written; first, the same admission checks as ``hpcrun submit``
+(:mod:`hpcrun.launch.admit`: spec, site, entrypoint importable, data manifest with every object
+hashed, Slurm partition/account/QoS), one row per finding. The canary runs the
 spec itself for a few steps with one committed checkpoint, a stop and a restore, and checks the
 sample and mixture accounting.
 """
@@ -105,18 +107,28 @@ def storage_check(name: str, directory: Path, *, nbytes: int = PROBE_BYTES) -> C
                  f"(fsync'd), cold read {mb / max(read_s, 1e-6):.0f} MB/s")
 
 
-def data_check(manifest: str | None) -> Check:
-    """Every data object present with the digest the manifest records."""
-    if not manifest:
-        return Check(name="data objects", ok=None, detail="the spec names no data manifest")
-    from hpcrun.data.dataset import Dataset
+def admission_rows(spec_path: Path, *, backend: str) -> tuple[list[Check], Any]:
+    """The checks ``hpcrun submit`` runs (with every data object hashed), as rows, and the
+    :class:`~hpcrun.launch.admit.Admission`. Storage rows are left to the measured tier checks.
+    """
+    import getpass
+    import shutil
 
-    t0 = time.monotonic()
-    ds = Dataset.open(manifest)
-    m = ds.manifest
-    objects = sum(len(s.objects) for s in m.sources)
-    return Check(name="data objects", ok=True, detail=f"{objects} objects of {len(m.sources)} "
-                 f"source(s) verified in {time.monotonic() - t0:.1f} s ({m.dataset_id})")
+    from hpcrun.launch.admission import CheckKind, Passed, Problem, VerifyData
+    from hpcrun.launch.admit import AdmissionRequest, admit
+    from hpcrun.launch.codever import repo_root
+    from hpcrun.runner import SubprocessRunner
+
+    runner = SubprocessRunner()
+    request = AdmissionRequest(
+        spec_path=spec_path, code_path=repo_root(Path.cwd(), runner), python=sys.executable,
+        user=getpass.getuser(), backend=backend, have_sbatch=shutil.which("sbatch") is not None,
+        verify_data=VerifyData.ALL)
+    result = admit(request, environ=os.environ, runner=runner)
+    rows = [Check(name=str(f.check), detail=f.line().partition(": ")[2],
+                  ok=True if isinstance(f, Passed) else False if isinstance(f, Problem) else None)
+            for f in result.report.findings() if f.check is not CheckKind.STORAGE]
+    return rows, result
 
 
 def checkpoint_check(scratch: Path, *, spec_id: str = "preflight") -> Check:
@@ -169,30 +181,34 @@ def telemetry_check(scratch: Path) -> Check:
 
 
 def preflight(spec_path: Path, *, backend: str = "local") -> list[Check]:
-    """Every preflight check for the spec at ``spec_path``."""
-    from hpcrun.control.spec import load_spec
-    from hpcrun.launch.site import expand_path, load_site
+    """Every preflight check for the spec at ``spec_path``: the admission checks of ``hpcrun
+    submit`` (every data object hashed), then the pieces that need to run."""
+    from hpcrun.launch.site import expand_path
 
-    spec = load_spec(spec_path)
-    site = load_site(spec.site)
+    rows, admitted = admission_rows(spec_path, backend=backend)
+    spec, site = admitted.spec, admitted.site
+    if spec is None or site is None:
+        return rows
     world = spec.resources.nodes * spec.resources.tasks_per_node
-    shared = Path(os.environ.get("HPCRUN_RUNS") or expand_path(site.shared_path, os.environ))
-    local = expand_path(site.node_local_path, {**os.environ, "SLURM_JOB_ID": "preflight"})
+    shared = admitted.runs_root or Path(site.shared_path)  # unexpandable: a problem row above
+
+    def local() -> Path:
+        return expand_path(site.node_local_path, {**os.environ, "SLURM_JOB_ID": "preflight"})
+
     with tempfile.TemporaryDirectory(prefix="hpcrun-preflight-") as tmp:
         scratch = Path(tmp)
-        checks = [
+        rows += [
             _guard("process group", lambda: process_group_check(min(world, 4))
                    if backend == "local" else Check(
                        name="process group", ok=None,
                        detail="checked on the allocation by `hpcrun canary --backend slurm`")),
             _guard("shared tier", lambda: storage_check("shared tier", shared)),
-            _guard("node-local tier", lambda: storage_check("node-local tier", local)),
-            _guard("data objects", lambda: data_check(spec.data.manifest)),
+            _guard("node-local tier", lambda: storage_check("node-local tier", local())),
             _guard("checkpoint round trip", lambda: checkpoint_check(scratch,
                                                                      spec_id=spec.spec_id)),
             _guard("telemetry", lambda: telemetry_check(scratch)),
         ]
-    return checks
+    return rows
 
 
 def mixture_error(meta: Any) -> float | None:

@@ -17,6 +17,12 @@ from hpcrun.version import __version__
 SNAPSHOT_DIR = "code"
 
 
+def repo_root(cwd: Path, runner: CommandRunner) -> Path:
+    """The top of the git tree holding ``cwd`` (the job's code directory); ``cwd`` outside one."""
+    out = runner.run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"])
+    return Path(out.stdout.strip()) if out.returncode == 0 else cwd
+
+
 def git_state(cwd: Path, runner: CommandRunner) -> tuple[str | None, bool]:
     """(commit, dirty) of the git tree at ``cwd``; (None, False) outside a repository."""
     head = runner.run(["git", "-C", str(cwd), "rev-parse", "HEAD"])

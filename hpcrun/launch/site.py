@@ -326,6 +326,11 @@ def load_site(name_or_path: str, *, search_dirs: Sequence[Path] | None = None) -
     return site_from_dict(raw, source=str(path))
 
 
+def path_variables(template: str) -> list[str]:
+    """Names of the variables (``$VAR``, ``${VAR}``) a path template uses, in order (pure)."""
+    return [m.group("braced") or m.group("bare") for m in _VAR_RE.finditer(template)]
+
+
 def expand_path(template: str, env: Mapping[str, str]) -> Path:
     """Expand ``$VAR``, ``${VAR}`` and a leading ``~`` in ``template`` from ``env``.
 

@@ -45,8 +45,8 @@ def test_rank_kill_drill_passes_and_its_run_passes_the_restore_drill(tmp_path: P
 def test_preflight_checks_everything_on_the_local_machine(tmp_path: Path) -> None:
     out = cli(tmp_path, "preflight", str(_spec(tmp_path)))
     assert out.returncode == 0, out.stdout + out.stderr
-    for check in ("process group", "shared tier", "node-local tier", "data objects",
-                  "checkpoint round trip", "telemetry"):
+    for check in ("spec", "site", "entrypoint", "data", "process group", "shared tier",
+                  "node-local tier", "checkpoint round trip", "telemetry"):
         assert re.search(rf"^{check}\s+ok\s", out.stdout, re.M), (check, out.stdout)
     assert re.search(r"write \d+ MB/s", out.stdout)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from hpcrun.data.dataset import Dataset, Verify
 from hpcrun.data.manifest import DatasetManifest
 from hpcrun.data.synthetic import write_token_shards
 from hpcrun.errors import DataError
+from hpcrun.testing.runs import hpcrun
+from tests.unit.launch.admission_cases import BROKEN, broken_manifest, small_dataset
 
 
 def _npy_source(root: Path, n: int = 6, seed: int = 0) -> Path:
@@ -133,3 +136,44 @@ def test_cli_build_and_inspect(tmp_path: Path) -> None:
     shown = runner.invoke(cli, ["data", "inspect", str(tmp_path / "m.json")])
     assert shown.exit_code == 0 and ds_id in shown.output and "toy" in shown.output
     assert "synthetic" in shown.output
+
+
+def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path: Path) -> None:
+    build_manifest([f"toy={_npy_source(tmp_path)}"], tmp_path / "m.json", progress=False)
+    good = json.loads((tmp_path / "m.json").read_text())
+    cases = [
+        (["sources", 0, "objects", 0, "digest"], 5,
+         "sources[0].objects[0].digest: expected a string, found an integer"),
+        (["sources", 0, "records"], True, "sources[0].records: expected an integer, found "
+                                          "true/false"),
+        (["sources", 0], 1, "sources[0]: expected an object, found an integer"),
+        (["tokenizer"], [], "tokenizer: expected an object, found a list"),
+    ]
+    for path, value, message in cases:
+        raw = json.loads(json.dumps(good))
+        node = raw
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(DataError, match=re.escape(f"m.json: {message}")):
+            DatasetManifest.from_json(json.dumps(raw), origin="m.json")
+    del good["sources"]
+    with pytest.raises(DataError, match="sources is missing; expected a list"):
+        DatasetManifest.from_json(json.dumps(good))
+
+
+@pytest.mark.parametrize("kind", [*sorted(BROKEN), "not-utf8"])
+def test_data_inspect_of_a_broken_manifest_is_one_line_never_a_traceback(
+        tmp_path: Path, kind: str) -> None:
+    good = small_dataset(tmp_path)
+    if kind == "not-utf8":
+        bad = tmp_path / "binary.json"
+        bad.write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        bad = broken_manifest(good, kind)
+    out = hpcrun("data", "inspect", str(bad))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"hpcrun: error: {bad}: ")
+    assert "Traceback" not in out.stderr
+    if kind != "not-utf8":
+        assert BROKEN[kind] in out.stderr

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from hpcrun.cli.main import cli
 from hpcrun.drill.contracts import ContractResult
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.preflight import (
+    admission_rows,
     canary_plan,
     checkpoint_check,
     mixture_error,
@@ -16,6 +21,8 @@ from hpcrun.drill.preflight import (
 from hpcrun.drill.render import check_table, matrix_table
 from hpcrun.drill.runner import DrillResult
 from hpcrun.runtime.faults import parse_injections
+from hpcrun.testing.runs import tiny_spec, write_spec
+from tests.unit.launch.admission_cases import BROKEN, broken_manifest, small_dataset
 
 
 def _meta(counts: list[int], draw: int) -> dict[str, object]:
@@ -61,3 +68,31 @@ def test_tables_mark_each_contract_and_skipped_rows() -> None:
     assert lines[3].split()[:3] == ["preempt-timelimit", "local", "n/a"]
     assert "needs slurm" in lines[3]
     assert "FAIL" in check_table([ContractResult(name="x", ok=False, detail="d")])
+
+
+@pytest.mark.parametrize("kind", ["json-list", "truncated", "empty-object"])
+def test_preflight_of_a_broken_manifest_is_a_failed_row_not_a_traceback(
+        tmp_path: Path, kind: str) -> None:
+    bad = broken_manifest(small_dataset(tmp_path / "data"), kind)
+    spec = write_spec(tmp_path / "run.yaml", tiny_spec(manifest=bad))
+    out = CliRunner(env={"HPCRUN_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}).invoke(
+        cli, ["preflight", str(spec), "--backend", "slurm"])
+    assert isinstance(out.exception, SystemExit) and out.exit_code == 1, out.output
+    rows = {ln.split()[0]: ln for ln in out.output.splitlines() if ln.strip()}
+    assert "FAIL" in rows["data"] and f"{bad}: " in rows["data"] and BROKEN[kind] in rows["data"]
+    assert "ok" in rows["spec"].split() and "ok" in rows["telemetry"].split()
+
+
+def test_preflight_runs_the_admission_checks_and_hashes_every_object(tmp_path: Path) -> None:
+    manifest = small_dataset(tmp_path / "data", n=12)
+    spec = write_spec(tmp_path / "run.yaml", tiny_spec(manifest=manifest,
+                                                       entrypoint="examples.nope:main"))
+    rows, admitted = admission_rows(spec, backend="slurm")
+    by_name: dict[str, list[ContractResult]] = {}
+    for row in rows:
+        by_name.setdefault(row.name, []).append(row)
+    assert admitted.spec is not None and "storage" not in by_name
+    assert any(r.ok is False and "'examples.nope' is not importable" in r.detail
+               for r in by_name["entrypoint"])
+    assert [r.ok for r in by_name["data"]] == [True]
+    assert "12 objects present, 12 hashed in full (all)" in by_name["data"][0].detail

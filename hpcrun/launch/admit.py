@@ -1,0 +1,304 @@
+"""Admission's probes: everything ``hpcrun submit`` can check before it creates a run.
+
+:func:`admit` loads the spec and the site config and probes, collecting every finding instead of
+stopping at the first (:mod:`hpcrun.launch.admission` holds the decisions):
+
+- the spec and the site config parse and validate, and the spec fits the site (GPUs per node);
+- the entrypoint's module is importable by the job's interpreter with the job's code directory
+  first on ``sys.path``: one ``python -c`` through the injected runner, which locates the module
+  with :func:`importlib.util.find_spec` for the top-level package and
+  :class:`importlib.machinery.PathFinder` for each submodule, so **no user code runs** (not even
+  a parent package's ``__init__``); only when that walk finds nothing does it ask
+  ``importlib.util.find_spec`` for the full name, which imports the parent packages, so a
+  package that extends its ``__path__`` at import time is not refused by mistake. The function
+  name itself is not checked (that would mean importing the module);
+- the data manifest parses, has a manifest's shape, its seal (``dataset_id``) matches its
+  content and the spec's ``data.dataset_id`` when set; every object is present with its size
+  and index, and a sample of objects (``--verify-data``) is hashed in full;
+- the runs root on the shared tier and the node-local tier are writable by the user (one probe
+  file through the storage seam, removed at once; for a Slurm site the node-local template's
+  leading part is checked only where it exists on this node, and otherwise reported skipped);
+- on a Slurm site, the partition, account and QoS exist (:mod:`hpcrun.launch.slurm_names`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from hpcrun.errors import ConfigError, DataError, HpcrunError, SchedulerError, StorageError
+from hpcrun.launch.admission import (
+    FIND_SPEC_SCRIPT,
+    AdmissionReport,
+    CheckKind,
+    Finding,
+    Passed,
+    ProbeTarget,
+    Problem,
+    Skipped,
+    VerifyData,
+    assemble,
+    capped,
+    entrypoint_findings,
+    nearest_existing,
+    node_local_prefix,
+    problem_of,
+    sample_objects,
+)
+from hpcrun.launch.site import SiteConfig, expand_path, load_site
+from hpcrun.runner import CommandRunner
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+if TYPE_CHECKING:
+    from hpcrun.control.spec import RunSpec
+
+ENTRYPOINT_TIMEOUT_S = 60.0
+"""Longest the import probe may take (a cold interpreter on a busy login node)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdmissionRequest:
+    """What the user asked ``hpcrun submit`` for, and where it runs."""
+
+    spec_path: Path
+    """The run spec (run.yaml)."""
+    code_path: Path
+    """The code directory the job will import from (the repository root)."""
+    python: str
+    """The submitting interpreter (the job's, unless the site names another)."""
+    user: str
+    """Login name (its Slurm associations are checked)."""
+    site: str | None = None
+    """``--site``: a site name or path overriding the spec's."""
+    backend: str | None = None
+    """``--backend``; None lets the site decide."""
+    runs_root: str | None = None
+    """``--runs-root``; None: ``$HPCRUN_RUNS``, else the site's shared path."""
+    have_sbatch: bool = False
+    """Whether ``sbatch`` is on PATH."""
+    verify_data: VerifyData = VerifyData.SAMPLE
+    """How many data objects to hash in full."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Admission:
+    """The outcome: the loaded inputs (None where they did not load) and the report."""
+
+    spec: RunSpec | None
+    """The validated spec, when it loaded."""
+    site: SiteConfig | None
+    """The site config, when it loaded."""
+    backend: str
+    """``slurm`` or ``local``."""
+    runs_root: Path | None
+    """Where the run directory would be created, when known."""
+    notice: str
+    """A line for the user about the backend choice ("" when none)."""
+    report: AdmissionReport
+    """Every finding."""
+
+
+def choose_backend(requested: str | None, site: SiteConfig, *,
+                   have_sbatch: bool) -> tuple[str, str]:
+    """The backend to use and a notice for the user ("" when none is due). Pure."""
+    if requested:
+        return requested, ""
+    if str(site.backend) == "local":
+        return "local", ""
+    if not have_sbatch:
+        return "local", "hpcrun: sbatch not found on PATH; running on the embedded local backend"
+    return "slurm", ""
+
+
+def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: CommandRunner,
+          storage: Storage = LOCAL_STORAGE, extra: Sequence[Finding] = ()) -> Admission:
+    """Run every admission check for ``request``; never raises for bad input."""
+    findings: list[Finding] = list(extra)
+    spec = _load_spec(request.spec_path, findings)
+    site = _load_site(request, spec, findings)
+    backend, notice = (choose_backend(request.backend, site, have_sbatch=request.have_sbatch)
+                       if site is not None else (request.backend or "local", ""))
+    runs_root = _runs_root(request, site, environ, findings)
+    if spec is not None:
+        python = site.python if site is not None and backend == "slurm" and site.python \
+            else request.python
+        findings += probe_entrypoint(spec.entrypoint, ProbeTarget(
+            python=python, code_path=str(request.code_path)), runner=runner,
+            env=dict(site.env) if site is not None else {})
+        findings += probe_data(spec, request.verify_data, storage=storage)
+    else:
+        findings.append(Skipped(check=CheckKind.ENTRYPOINT, what="entrypoint and data not "
+                                "checked: the spec did not load (see its problem)"))
+    if site is not None:
+        findings += _storage_findings(site, backend, runs_root, environ, storage)
+    if spec is not None and site is not None and backend == "slurm":
+        findings += _scheduler_findings(spec, site, runner, request.user)
+    return Admission(spec=spec, site=site, backend=backend, runs_root=runs_root, notice=notice,
+                     report=assemble(findings))
+
+
+def _load_spec(path: Path, findings: list[Finding]) -> RunSpec | None:
+    from hpcrun.control.spec import load_spec
+
+    try:
+        spec = load_spec(path)
+    except HpcrunError as exc:
+        findings.append(problem_of(CheckKind.SPEC, exc))
+        return None
+    findings.append(Passed(check=CheckKind.SPEC, what=f"{path} is a valid spec ({spec.name})"))
+    return spec
+
+
+def _load_site(request: AdmissionRequest, spec: RunSpec | None,
+               findings: list[Finding]) -> SiteConfig | None:
+    name = request.site or (spec.site if spec is not None else _raw_site(request.spec_path))
+    if name is None:
+        findings.append(Skipped(check=CheckKind.SITE, what="site config not checked: the spec "
+                                "did not load and --site was not given"))
+        return None
+    try:
+        site = load_site(name)
+    except ConfigError as exc:
+        findings.append(problem_of(CheckKind.SITE, exc))
+        return None
+    findings.append(Passed(check=CheckKind.SITE, what=f"site {site.name!r} loaded"))
+    return site
+
+
+def _raw_site(spec_path: Path) -> str | None:
+    """The spec's ``site`` key read leniently, so a bad spec does not hide a bad site."""
+    try:
+        raw = yaml.safe_load(spec_path.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    site = raw.get("site", "local") if isinstance(raw, dict) else None
+    return site if isinstance(site, str) else None
+
+
+def _runs_root(request: AdmissionRequest, site: SiteConfig | None, environ: Mapping[str, str],
+               findings: list[Finding]) -> Path | None:
+    given = request.runs_root or environ.get("HPCRUN_RUNS")
+    if given:
+        return Path(given).expanduser()
+    if site is None:
+        return None
+    try:
+        return expand_path(site.shared_path, environ).expanduser()
+    except ConfigError as exc:
+        findings.append(problem_of(CheckKind.SITE, exc))
+        return None
+
+
+# -- entrypoint ---------------------------------------------------------------------------------
+
+def probe_entrypoint(entrypoint: str, target: ProbeTarget, *, runner: CommandRunner,
+                     env: Mapping[str, str]) -> list[Finding]:
+    """Whether ``entrypoint``'s module (and hpcrun) is importable where the job will run."""
+    module = entrypoint.partition(":")[0]
+    argv = [target.python, "-c", FIND_SPEC_SCRIPT, target.code_path, module, "hpcrun"]
+    try:
+        result = runner.run(argv, env=env or None, timeout=ENTRYPOINT_TIMEOUT_S)
+    except SchedulerError as exc:
+        return [Skipped(check=CheckKind.ENTRYPOINT,
+                        what=f"module {module!r} not checked: the job's interpreter cannot be "
+                             f"run on this node ({exc})")]
+    return entrypoint_findings(module, target, returncode=result.returncode,
+                               stdout=result.stdout, stderr=result.stderr)
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+def probe_data(spec: RunSpec, mode: VerifyData, *, storage: Storage = LOCAL_STORAGE
+               ) -> list[Finding]:
+    """The manifest's shape and seal, every object's presence, a sample's digests."""
+    from hpcrun.data.dataset import audit_objects, load_manifest
+
+    path = spec.data.manifest
+    if not path:
+        return [Passed(check=CheckKind.DATA, what="the spec names no data manifest")]
+    if "://" in path:
+        return [Skipped(check=CheckKind.DATA, what=f"manifest {path} is remote; not checked")]
+    try:
+        manifest = load_manifest(path, storage=storage)
+    except (DataError, StorageError) as exc:
+        return [problem_of(CheckKind.DATA, exc)]
+    out: list[Finding] = []
+    pinned = spec.data.dataset_id
+    if pinned and pinned != manifest.dataset_id:
+        out.append(Problem(check=CheckKind.DATA,
+                           what=f"manifest {path} is dataset {manifest.dataset_id}, the spec "
+                                f"pins data.dataset_id {pinned}",
+                           fix="point data.manifest at the pinned dataset, or update "
+                               "data.dataset_id"))
+    if mode is VerifyData.NONE:
+        return [*out, Skipped(check=CheckKind.DATA, what=f"objects of {manifest.dataset_id} "
+                              "not opened (--verify-data none)")]
+    objects = [(o.path, o.nbytes) for s in manifest.sources for o in s.objects]
+    hashed = sample_objects(objects, mode, key=manifest.dataset_id)
+    errors = audit_objects(manifest, path, digest=hashed)
+    out += capped([problem_of(CheckKind.DATA, e) for e in errors], noun="object problems")
+    if not errors:
+        out.append(Passed(check=CheckKind.DATA,
+                          what=f"{manifest.dataset_id}: {len(objects)} objects present, "
+                               f"{len(hashed)} hashed in full ({mode})"))
+    return out
+
+
+# -- storage ------------------------------------------------------------------------------------
+
+def probe_writable(label: str, path: Path, *, storage: Storage = LOCAL_STORAGE) -> Finding:
+    """Whether files can be created at ``path`` (or, when it does not exist yet, in its
+    nearest existing ancestor, where creating it would start); the probe file is removed."""
+    where = nearest_existing(path, storage.exists)
+    probe = where / f".hpcrun-admission-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        storage.create_exclusive(probe, b"")
+        storage.remove(probe)
+    except StorageError as exc:
+        cause = exc.__cause__
+        why = getattr(cause, "strerror", None) or str(exc)
+        return Problem(check=CheckKind.STORAGE,
+                       what=f"{label}: cannot create files in {where} ({why})",
+                       expected=f"a directory you can write, for {path}",
+                       fix="fix its permissions or pick another location")
+    return Passed(check=CheckKind.STORAGE, what=f"{label}: {path} is writable")
+
+
+def _storage_findings(site: SiteConfig, backend: str, runs_root: Path | None,
+                      environ: Mapping[str, str], storage: Storage) -> list[Finding]:
+    out: list[Finding] = []
+    if runs_root is not None:
+        out.append(probe_writable("runs root (shared tier)", runs_root, storage=storage))
+    if backend == "local":
+        try:
+            local = expand_path(site.node_local_path, environ)
+        except ConfigError as exc:
+            return [*out, problem_of(CheckKind.SITE, exc)]
+        return [*out, probe_writable("node-local tier", local, storage=storage)]
+    prefix = node_local_prefix(site.node_local_path, environ)
+    if prefix is None or not storage.exists(prefix):
+        shown = f"{prefix} does not exist on this node" if prefix else "it has no fixed part"
+        return [*out, Skipped(check=CheckKind.STORAGE,
+                              what=f"node-local tier {site.node_local_path}: {shown}; it lives "
+                                   "on the compute nodes (`hpcrun preflight` checks it there)")]
+    return [*out, probe_writable(f"node-local tier (under {prefix})", prefix, storage=storage)]
+
+
+# -- scheduler ----------------------------------------------------------------------------------
+
+def _scheduler_findings(spec: RunSpec, site: SiteConfig, runner: CommandRunner,
+                        user: str) -> list[Finding]:
+    from hpcrun.launch.sbatch import sbatch_args
+    from hpcrun.launch.slurm_names import SlurmAsk, scheduler_findings
+
+    try:
+        args = sbatch_args(spec, site, run_dir=Path("/admission"), op_id="admission")
+    except ConfigError as exc:
+        return [problem_of(CheckKind.SITE, exc)]
+    return scheduler_findings(SlurmAsk.from_args(args), runner, user=user)
