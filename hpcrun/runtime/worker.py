@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -26,13 +25,7 @@ from hpcrun.errors import (
     StaleGenerationError,
     StorageError,
 )
-from hpcrun.runtime.incarnation import (
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    EXIT_STALE,
-    EXIT_USER_ERROR,
-    Incarnation,
-)
+from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Incarnation
 
 _FAULT_OF = (
     (StaleGenerationError, "stale"),
@@ -145,7 +138,8 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
 def run(environ: Mapping[str, str]) -> int:
     """Run one rank to completion; return its exit status."""
     from hpcrun.launch.dist import destroy_process_group
-    from hpcrun.launch.signals import StopFlag, signal_number, stop_on
+    from hpcrun.launch.signals import StopFlag, signal_number
+    from hpcrun.runtime import preemption
 
     inc = Incarnation.from_environ(environ)
     rank = int(environ.get("HPCRUN_RANK", "0"))
@@ -154,23 +148,19 @@ def run(environ: Mapping[str, str]) -> int:
     ctx = None
     stop = StopFlag()
     try:
-        # The handler is in place before anything slow happens (process group, restore), and
-        # after the stop commit the signal is ignored: Slurm may deliver it to every process of
-        # the step and the agent relays it again, and neither must kill a rank that is exiting.
-        with stop_on([preempt, signal.SIGTERM], stop):
+        with preemption.rank_stop_signals(preempt, stop):
             ctx = build_context(environ, stop)
             fn = resolve_entrypoint(ctx.spec.entrypoint, environ.get("HPCRUN_CODE_PATH"))
             fn(ctx)
             ctx.close()
-            signal.signal(preempt, signal.SIG_IGN)
-        status = EXIT_PREEMPTED if ctx.stopped else EXIT_OK
-        write_exit_report(report_path, {"rank": rank, "status": "preempted" if ctx.stopped
-                                        else "succeeded", "step": ctx.step})
+            preemption.ignore_late_signals(preempt)
+        status, ending = preemption.rank_ending(ctx.stopped)
+        write_exit_report(report_path, {"rank": rank, "status": ending, "step": ctx.step})
         return status
     except BaseException as exc:  # every way out leaves a report for the agent
         fault = classify(exc)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        write_exit_report(report_path, {"rank": rank, "status": "failed", "fault": fault,
+        write_exit_report(report_path, {"rank": rank, "status": Ending.FAILED, "fault": fault,
                                         "detail": detail[-2000:],
                                         "step": ctx.step if ctx is not None else None})
         traceback.print_exc()
