@@ -15,6 +15,7 @@ from hpcrun._lazy import lazy_getattr
 
 _WHERE = {
     "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",
+    "CheckpointIdentity": "identity", "TierLayout": "identity",
     "FAULT_STAGES": "commit", "read_manifest": "commit",
     "VerifyResult": "drain", "drain_pending": "drain", "finalize_tier1": "drain",
     "verify_checkpoint": "drain",
@@ -28,6 +29,7 @@ _WHERE = {
 __all__ = [
     "FAULT_STAGES",
     "AsyncPolicy",
+    "CheckpointIdentity",
     "Checkpointer",
     "CommittedCheckpoint",
     "GcReport",
@@ -38,6 +40,7 @@ __all__ = [
     "RowShard",
     "SaveResult",
     "Tier",
+    "TierLayout",
     "VerifyResult",
     "collect_run",
     "drain_pending",
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
         finalize_tier1,
         verify_checkpoint,
     )
+    from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
     from hpcrun.checkpoint.manifest import Manifest
     from hpcrun.checkpoint.retention import GcReport, collect_run
     from hpcrun.checkpoint.state import Layout, RankLocal, RestoreResult, RowShard, SaveResult

@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from hpcrun.checkpoint.identity import CheckpointIdentity
 from hpcrun.checkpoint.manifest import (
     Manifest,
     ShardRecord,
@@ -84,18 +85,8 @@ class CheckpointInfo:
 
     ckpt_id: str
     """Checkpoint ID."""
-    run_id: str
-    """Run."""
-    spec_id: str
-    """Spec digest."""
-    dataset_id: str
-    """Dataset ID."""
-    contract: str
-    """Resume contract."""
-    generation: int
-    """Generation of the writer."""
-    holder: str
-    """Incarnation of the writer."""
+    identity: CheckpointIdentity
+    """Run, spec, dataset, contract and fencing token of the writer."""
     step: int
     """Step captured."""
     parent: str | None
@@ -128,9 +119,10 @@ def build_manifest(info: CheckpointInfo, reports: Sequence[ShardReport]) -> Mani
     """The manifest of a checkpoint from its identity and every rank's shard record."""
     shards = tuple(sorted((r.record for r in reports if r.record is not None),
                           key=lambda s: s.rank))
-    return Manifest(ckpt_id=info.ckpt_id, run_id=info.run_id, spec_id=info.spec_id,
-                    dataset_id=info.dataset_id, contract=info.contract,
-                    generation=info.generation, step=info.step, parent=info.parent,
+    ident = info.identity
+    return Manifest(ckpt_id=info.ckpt_id, run_id=ident.run_id, spec_id=ident.spec_id,
+                    dataset_id=ident.dataset_id, contract=ident.contract,
+                    generation=ident.generation, step=info.step, parent=info.parent,
                     world_size=len(info.nodes), nodes=info.nodes, checksum=info.checksum,
                     created=info.created, shards=shards, extra=dict(info.extra))
 
@@ -176,7 +168,8 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
     digest = write_manifest(run_dir, m, storage=storage)
     fault("before_commit")
     try:
-        entry = log.publish(EntryKind.COMMIT, generation=info.generation, holder=info.holder,
+        entry = log.publish(EntryKind.COMMIT, generation=info.identity.generation,
+                            holder=info.identity.holder,
                             payload=commit_payload(m, tier=tier, digest=digest))
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
@@ -187,7 +180,7 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
 def record_fault(log: RunLog, info: CheckpointInfo, *, kind: str, detail: str,
                  rank: int = 0, node: str = "") -> None:
     """Append a FAULT entry (an observation: it never publishes state)."""
-    log.append(EntryKind.FAULT, generation=info.generation, holder=info.holder,
+    log.append(EntryKind.FAULT, generation=info.identity.generation, holder=info.identity.holder,
                payload={"fault": kind, "node": node or (info.nodes[rank] if info.nodes else ""),
                         "rank": rank, "step": info.step, "signature": f"ckpt:{kind}",
                         "detail": detail[:2000], "ckpt_id": info.ckpt_id})

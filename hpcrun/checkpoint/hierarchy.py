@@ -354,9 +354,10 @@ def check_nodes(nodes: Sequence[str], summaries: Sequence[NodeSummary]) -> list[
 def encode_top_manifest(info: CheckpointInfo, summaries: Sequence[NodeSummary]) -> bytes:
     """Canonical bytes of the top manifest: the checkpoint's identity and its sub-manifests."""
     return canonical_json({
-        "ckpt_id": info.ckpt_id, "run_id": info.run_id, "spec_id": info.spec_id,
-        "dataset_id": info.dataset_id, "contract": info.contract,
-        "generation": info.generation, "step": info.step, "parent": info.parent,
+        "ckpt_id": info.ckpt_id, "run_id": info.identity.run_id,
+        "spec_id": info.identity.spec_id, "dataset_id": info.identity.dataset_id,
+        "contract": info.identity.contract, "generation": info.identity.generation,
+        "step": info.step, "parent": info.parent,
         "world_size": len(info.nodes), "nodes": list(info.nodes), "checksum": info.checksum,
         "created": info.created, "extra": dict(info.extra),
         "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -391,11 +392,11 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     total = sum(s.bytes for s in summaries)
     payload = {"ckpt_id": info.ckpt_id, "tier": str(tier), "step": info.step,
                "manifest": manifest_relpath(info.ckpt_id), "digest": digest_bytes(top),
-               "bytes": total, "nodes": sorted(set(info.nodes)), "run_id": info.run_id,
-               "generation": info.generation}
+               "bytes": total, "nodes": sorted(set(info.nodes)), "run_id": info.identity.run_id,
+               "generation": info.identity.generation}
     try:
-        entry = log.publish(EntryKind.COMMIT, generation=info.generation, holder=info.holder,
-                            payload=payload)
+        entry = log.publish(EntryKind.COMMIT, generation=info.identity.generation,
+                            holder=info.identity.holder, payload=payload)
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")

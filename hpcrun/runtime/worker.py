@@ -85,7 +85,7 @@ def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
 
 def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     """Wire a Context from the environment around the process's stop flag."""
-    from hpcrun.checkpoint import Checkpointer, Layout
+    from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.checkpoint.cadence import CadenceTimer
     from hpcrun.control.log import RunLog
     from hpcrun.control.record import load_run_spec
@@ -111,11 +111,13 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     policy = spec.checkpoint
     injections = faults.from_environ(environ)
     built: list[Any] = []  # the context, once built: the checkpoint fault hook reads its step
-    ckpt = Checkpointer(
-        run_dir=inc.run_dir, node_local_root=inc.node_local_root, layout=layout, log=log,
-        generation=inc.generation, holder=inc.holder, fence_slot=inc.fence_slot,
+    identity = CheckpointIdentity(
         run_id=inc.run_id, spec_id=spec.spec_id, dataset_id=spec.data.dataset_id or "",
-        contract=str(spec.data.contract), keep_last=policy.keep_last,
+        contract=str(spec.data.contract), generation=inc.generation, holder=inc.holder)
+    ckpt = Checkpointer(
+        identity=identity,
+        tiers=TierLayout(run_dir=inc.run_dir, node_local_root=inc.node_local_root),
+        layout=layout, log=log, fence_slot=inc.fence_slot, keep_last=policy.keep_last,
         async_policy=str(policy.async_policy),
         fault_hook=faults.checkpoint_hook(
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
