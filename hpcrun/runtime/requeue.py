@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.launch.slurm import SlurmJobState
 from hpcrun.runtime.preemption import sigterm_ignored
 
 if TYPE_CHECKING:
@@ -71,9 +72,8 @@ class SlurmRequeuer:
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         client = self._client
-        obs = client.observe(self._job_id)
-        state = str(getattr(obs, "state", "")).upper()
-        if state and "RUNNING" not in state and "COMPLETING" not in state:
+        state = client.observe(self._job_id).state
+        if state not in (SlurmJobState.RUNNING, SlurmJobState.COMPLETING):
             return f"job {self._job_id} is {state}: Slurm already requeued it, not requeueing"
         preempting = self._preempt_time()
         if preempting:
@@ -122,7 +122,7 @@ class SlurmRequeuer:
         deadline = self._clock.monotonic() + timeout_s
         while self._clock.monotonic() < deadline:
             obs = self._client.observe(self._job_id)
-            if "RUNNING" not in str(getattr(obs, "state", "")).upper():
+            if obs.state is not SlurmJobState.RUNNING:
                 return True
             self._clock.sleep(poll_s)
         return False

@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import (
     DataError,
@@ -26,6 +26,10 @@ from hpcrun.errors import (
     StorageError,
 )
 from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Incarnation
+
+if TYPE_CHECKING:
+    from hpcrun.launch.signals import StopFlag
+    from hpcrun.runtime.context import Context
 
 _FAULT_OF = (
     (StaleGenerationError, "stale"),
@@ -83,7 +87,7 @@ def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def build_context(environ: Mapping[str, str], stop: Any) -> Any:
+def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     """Wire a Context from the environment around the process's stop flag."""
     from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.checkpoint.cadence import CadenceTimer

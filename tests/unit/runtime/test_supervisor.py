@@ -127,3 +127,16 @@ def test_followers_exit_on_requeued_and_join_a_restart(s: Setup) -> None:
     assert s.sup.follow(s.inc) == AgentExit(status=EXIT_PREEMPTED)
     s.log.claim("joblocal-1.r0.a1.z")
     assert s.sup.follow(s.inc) == AgentExit(next_attempt=1)
+
+
+def test_the_relay_repeats_a_pending_stop_every_two_seconds() -> None:
+    from hpcrun.runtime.preemption import RELAY_EVERY_S, Relay
+
+    clock, flag, sent = FakeClock(), StopFlag(), []
+    relay = Relay(flag, int(signal.SIGUSR1), clock=clock)
+    assert not relay.tick(sent.append)  # nothing to relay yet
+    flag.set(int(signal.SIGUSR1))
+    assert relay.tick(sent.append) and not relay.tick(sent.append)
+    clock.advance(RELAY_EVERY_S + 0.1)
+    assert relay.tick(sent.append)
+    assert sent == [signal.SIGUSR1, signal.SIGUSR1]
