@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hpcrun.checkpoint import Checkpointer, Layout
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 
 GB = 1e9
@@ -99,9 +99,10 @@ def bench_hpcrun(state: dict[str, torch.Tensor], d: Path) -> dict[str, float]:
     holder = new_holder()
     fence = log.claim(holder)
     layout = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="n0")
-    ck = Checkpointer(run_dir=d, node_local_root=None, layout=layout, log=log,
-                      generation=fence.generation, holder=holder, fence_slot=fence.slot,
-                      run_id="bench", spec_id="bench", keep_last=2)
+    ck = Checkpointer(identity=CheckpointIdentity(run_id="bench", spec_id="bench",
+                                                  generation=fence.generation, holder=holder),
+                      tiers=TierLayout(run_dir=d), layout=layout, log=log,
+                      fence_slot=fence.slot, keep_last=2)
     ck.save(0, {"model": state}, blocking=True)  # warms the staging buffer
     t0 = time.perf_counter()
     res = ck.save(1, {"model": state}, blocking=True)
@@ -111,9 +112,10 @@ def bench_hpcrun(state: dict[str, torch.Tensor], d: Path) -> dict[str, float]:
     target = {"model": {k: torch.empty_like(v) for k, v in state.items()}}
     holder2 = new_holder()
     fence2 = log.claim(holder2)
-    ck2 = Checkpointer(run_dir=d, node_local_root=None, layout=layout, log=log,
-                       generation=fence2.generation, holder=holder2, fence_slot=fence2.slot,
-                       run_id="bench", spec_id="bench")
+    ck2 = Checkpointer(identity=CheckpointIdentity(run_id="bench", spec_id="bench",
+                                                   generation=fence2.generation, holder=holder2),
+                       tiers=TierLayout(run_dir=d), layout=layout, log=log,
+                       fence_slot=fence2.slot)
     read = timed(lambda: ck2.restore(target))
     ck2.close()
     assert all(torch.equal(target["model"][k], v) for k, v in state.items())

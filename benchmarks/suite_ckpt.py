@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.ckpt_bench import fio_limit, fsync_tree, llama_state, nbytes
 from benchmarks.harness import GB, Samples, drop_caches, ratio, table, timed, verdict
-from hpcrun.checkpoint import Checkpointer, Layout
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 
 SINGLE = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="n0")
@@ -46,9 +46,10 @@ class HpcrunSide:
         self.step = 0
 
     def _make(self, fence_slot: int) -> Checkpointer:
-        return Checkpointer(run_dir=self.run_dir, node_local_root=None, layout=SINGLE,
-                            log=self.log, generation=self.generation, holder=self.holder,
-                            fence_slot=fence_slot, run_id="bench", spec_id="bench", keep_last=2)
+        ident = CheckpointIdentity(run_id="bench", spec_id="bench", generation=self.generation,
+                                   holder=self.holder)
+        return Checkpointer(identity=ident, tiers=TierLayout(run_dir=self.run_dir),
+                            layout=SINGLE, log=self.log, fence_slot=fence_slot, keep_last=2)
 
     def save_sync(self, state: dict[str, torch.Tensor]) -> tuple[float, float, float]:
         """(durable write seconds, exposed pause seconds, background shard writer seconds)."""

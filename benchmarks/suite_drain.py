@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.ckpt_bench import llama_state, nbytes
 from benchmarks.harness import drop_caches, table
-from hpcrun.checkpoint import Checkpointer, Layout
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,9 +70,10 @@ def _commit_tier0(root: Path, size_gib: float) -> tuple[Path, Path, int, str, in
     log, holder = RunLog(run_dir), new_holder()
     fence = log.claim(holder)
     layout = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="n0")
-    ck = Checkpointer(run_dir=run_dir, node_local_root=tier0, layout=layout, log=log,
-                      generation=fence.generation, holder=holder, fence_slot=fence.slot,
-                      run_id="bench", spec_id="bench")
+    ck = Checkpointer(identity=CheckpointIdentity(run_id="bench", spec_id="bench",
+                                                  generation=fence.generation, holder=holder),
+                      tiers=TierLayout(run_dir=run_dir, node_local_root=tier0), layout=layout,
+                      log=log, fence_slot=fence.slot)
     state = llama_state(size_gib)
     res = ck.save(1, {"model": state}, blocking=True)
     ck.close()

@@ -40,6 +40,7 @@ import xxhash
 from benchmarks.scale.memfs import MemStorage
 from hpcrun.checkpoint import hierarchy, rawio, shards
 from hpcrun.checkpoint.commit import CheckpointInfo, ShardReport, build_manifest
+from hpcrun.checkpoint.identity import CheckpointIdentity
 from hpcrun.checkpoint.manifest import (
     DatasetRecord,
     Manifest,
@@ -373,8 +374,10 @@ def _setup(cfg: ScaleConfig, root: Path) -> tuple[_Sim, RunLog]:
     fence = log.claim("sim-holder")
     info = CheckpointInfo(ckpt_id=checkpoint_id(generation=fence.generation, step=1,
                                                 holder="sim-holder"),
-                          run_id="sim", spec_id="sim", dataset_id="", contract="exact-order",
-                          generation=fence.generation, holder="sim-holder", step=1, parent=None,
+                          identity=CheckpointIdentity(run_id="sim", spec_id="sim",
+                                                      generation=fence.generation,
+                                                      holder="sim-holder"),
+                          step=1, parent=None,
                           nodes=tuple(cfg.node_of(r) for r in range(cfg.ranks)),
                           checksum="xxh3", created=0.0)
     storage.counts.clear()

@@ -16,6 +16,7 @@ from hpcrun.lazy import lazy_getattr
 _WHERE = {
     "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",
     "TierVerdict": "audit", "Verdict": "audit", "verify_run": "audit",
+    "CheckpointIdentity": "identity", "TierLayout": "identity",
     "FAULT_STAGES": "commit", "read_manifest": "commit",
     "VerifyResult": "drain", "drain_pending": "drain", "finalize_tier1": "drain",
     "verify_checkpoint": "drain",
@@ -29,6 +30,7 @@ _WHERE = {
 __all__ = [
     "FAULT_STAGES",
     "AsyncPolicy",
+    "CheckpointIdentity",
     "Checkpointer",
     "CommittedCheckpoint",
     "GcReport",
@@ -39,6 +41,7 @@ __all__ = [
     "RowShard",
     "SaveResult",
     "Tier",
+    "TierLayout",
     "TierVerdict",
     "Verdict",
     "VerifyResult",
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
         finalize_tier1,
         verify_checkpoint,
     )
+    from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
     from hpcrun.checkpoint.manifest import Manifest
     from hpcrun.checkpoint.retention import GcReport, collect_run
     from hpcrun.checkpoint.state import Layout, RankLocal, RestoreResult, RowShard, SaveResult

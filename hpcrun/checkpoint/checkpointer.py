@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcrun.checkpoint import commit as protocol
 from hpcrun.checkpoint.collective import Collectives
+from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import Manifest, canonical_json
 from hpcrun.checkpoint.restore import assemble, plan_gather, read_assigned
 from hpcrun.checkpoint.retention import collect_run
@@ -35,13 +36,7 @@ from hpcrun.checkpoint.state import (
     load_into,
     restore_rng,
 )
-from hpcrun.checkpoint.tiers import (
-    CommittedCheckpoint,
-    Tier,
-    checkpoint_id,
-    fold_checkpoints,
-    tier_paths,
-)
+from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, checkpoint_id, fold_checkpoints
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import FaultPayload, RestoreFellBackNote
 from hpcrun.control.log import RunLog
@@ -55,6 +50,9 @@ from hpcrun.errors import (
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import AsyncPolicy, FaultClass
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 _log = logging.getLogger(__name__)
 
 
@@ -66,43 +64,42 @@ class _InFlight:
     staging_bytes: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Identity:
-    run_dir: Path
-    node_local_root: Path | None
-    run_id: str
-    spec_id: str
-    dataset_id: str
-    contract: str
-    generation: int
-    holder: str
-    fence_slot: int
-    checksum: str
-    keep_last: int
-    policy: AsyncPolicy
-
-
 class Checkpointer:
     """Save and restore one rank's share of a run's checkpoints. See the package README."""
 
-    def __init__(self, *, run_dir: Path, node_local_root: Path | None, layout: Layout,
-                 log: RunLog, generation: int, holder: str, fence_slot: int, run_id: str,
-                 spec_id: str, dataset_id: str = "", contract: str = "exact-order",
-                 keep_last: int = 2, async_policy: str = "block", checksum: str = "xxh3",
-                 group: Any = None, clock: Clock = SYSTEM_CLOCK,
+    def __init__(self, *, identity: CheckpointIdentity, tiers: TierLayout, layout: Layout,
+                 log: RunLog, fence_slot: int = -1, keep_last: int = 2,
+                 async_policy: str = "block", checksum: str = "xxh3",
+                 group: ProcessGroup | None = None, clock: Clock = SYSTEM_CLOCK,
                  fault_hook: Callable[[str], None] | None = None,
                  staging_limit: int | None = None, storage: Storage = LOCAL_STORAGE) -> None:
+        """Args:
+            identity: run, spec, dataset, contract and fencing token of every checkpoint.
+            tiers: where this node's tiers are.
+            layout: this rank's place in the gang.
+            log: the run log (commits are entries in it).
+            fence_slot: restore point: restores choose among commits before this slot (-1: all).
+            keep_last: committed checkpoints retention keeps (>= 2).
+            async_policy: ``block`` or ``skip`` a save while the previous one is writing.
+            checksum: shard checksum algorithm.
+            group: process group of the gang (None: the default group, or a single process).
+            clock: time source.
+            fault_hook: called with each stage's name (fault injection for drills and tests).
+            staging_limit: most bytes the staging buffer may hold (None: no limit).
+            storage: filesystem seam.
+        """
         if keep_last < 2:
             raise ConfigError(f"keep_last is {keep_last}; keep at least 2 committed checkpoints "
                               "so a failed save never leaves none")
         if checksum not in CHECKSUMS or async_policy not in set(AsyncPolicy):
             raise ConfigError(f"checksum {checksum!r} / async_policy {async_policy!r} unknown; "
                               f"expected one of {CHECKSUMS} / {[str(p) for p in AsyncPolicy]}")
-        self.id = _Identity(run_dir=Path(run_dir), node_local_root=node_local_root,
-                            run_id=run_id, spec_id=spec_id, dataset_id=dataset_id,
-                            contract=contract, generation=generation, holder=holder,
-                            fence_slot=fence_slot, checksum=checksum, keep_last=keep_last,
-                            policy=AsyncPolicy(async_policy))
+        self.id = identity
+        self.tiers = tiers
+        self.fence_slot = fence_slot
+        self.keep_last = keep_last
+        self.checksum = checksum
+        self.policy = AsyncPolicy(async_policy)
         self.layout = layout
         self._log, self._clock, self._storage = log, clock, storage
         self._fault = fault_hook or (lambda stage: None)
@@ -119,7 +116,7 @@ class Checkpointer:
     @property
     def write_tier(self) -> Tier:
         """Tier a save commits on first: node-local when there is one."""
-        return Tier.NODE_LOCAL if self.id.node_local_root is not None else Tier.SHARED
+        return self.tiers.write_tier
 
     @property
     def staging_bytes(self) -> int:
@@ -127,8 +124,7 @@ class Checkpointer:
         return self._buffer.capacity
 
     def _ckpt_dir(self, ckpt_id: str) -> Path:
-        paths = tier_paths(self.id.run_dir, ckpt_id, local_root=self.id.node_local_root,
-                           run_id=self.id.run_id)
+        paths = self.tiers.paths(ckpt_id, run_id=self.id.run_id)
         return paths.node_local or paths.shared
 
     # -- save ------------------------------------------------------------------------------
@@ -146,7 +142,7 @@ class Checkpointer:
         """
         self._check_open()
         if self._inflight is not None:
-            if self.id.policy is AsyncPolicy.SKIP and not self._comm.all_true(
+            if self.policy is AsyncPolicy.SKIP and not self._comm.all_true(
                     self._inflight.future.done()):
                 self.skipped_steps.append(step)
                 _log.info("checkpoint at step %d skipped: previous save still writing", step)
@@ -170,10 +166,8 @@ class Checkpointer:
             self._nodes = tuple(self._comm.all_gather_object(self.layout.node))
         return protocol.CheckpointInfo(
             ckpt_id=checkpoint_id(generation=self.id.generation, step=step, holder=self.id.holder),
-            run_id=self.id.run_id, spec_id=self.id.spec_id, dataset_id=self.id.dataset_id,
-            contract=self.id.contract, generation=self.id.generation, holder=self.id.holder,
-            step=step, parent=self._parent, nodes=self._nodes, checksum=self.id.checksum,
-            created=self._clock.now(), extra=dict(extra or {}))
+            identity=self.id, step=step, parent=self._parent, nodes=self._nodes,
+            checksum=self.checksum, created=self._clock.now(), extra=dict(extra or {}))
 
     def _write(self, info: protocol.CheckpointInfo, staged: list[Any]) -> protocol.ShardReport:
         # The NaN/Inf scan runs while the shard is written: the CPU is idle during O_DIRECT
@@ -195,8 +189,8 @@ class Checkpointer:
         t0 = self._clock.monotonic()
         rank = self.layout.rank
         try:
-            header = ShardHeader(run_id=info.run_id, ckpt_id=info.ckpt_id,
-                                 generation=info.generation, step=info.step, rank=rank,
+            header = ShardHeader(run_id=info.identity.run_id, ckpt_id=info.ckpt_id,
+                                 generation=info.identity.generation, step=info.step, rank=rank,
                                  world_size=self.layout.world_size, node=self.layout.node)
             path = self._ckpt_dir(info.ckpt_id) / shard_relpath(self.layout.node, rank)
             record = write_shard(path, header, self._buffer, staged, algorithm=info.checksum,
@@ -225,7 +219,7 @@ class Checkpointer:
         reports = self._comm.all_gather_object(flight.future.result())
         verdict = None
         if self.layout.rank == 0:
-            verdict = protocol.commit(self.id.run_dir, self._log, flight.info, reports,
+            verdict = protocol.commit(self.tiers.run_dir, self._log, flight.info, reports,
                                       tier=self.write_tier, fault=self._fault,
                                       storage=self._storage)
         verdict = self._comm.broadcast_object(verdict)
@@ -252,12 +246,12 @@ class Checkpointer:
         in_flight = [self._inflight.info.ckpt_id] if self._inflight else []
         try:
             if self.layout.rank == 0:
-                collect_run(self.id.run_dir, log=self._log, keep_last=self.id.keep_last,
+                collect_run(self.tiers.run_dir, log=self._log, keep_last=self.keep_last,
                             now=self._clock.now(), in_flight=in_flight, storage=self._storage)
-            if self.layout.local_rank == 0 and self.id.node_local_root is not None:
-                collect_run(self.id.run_dir, log=self._log, keep_last=self.id.keep_last,
+            if self.layout.local_rank == 0 and self.tiers.node_local_root is not None:
+                collect_run(self.tiers.run_dir, log=self._log, keep_last=self.keep_last,
                             now=self._clock.now(), in_flight=in_flight, storage=self._storage,
-                            local=(self.id.node_local_root, self.id.run_id))
+                            local=(self.tiers.node_local_root, self.id.run_id))
         except HpcrunError as exc:  # retention is best effort; the next commit retries
             _log.warning("checkpoint retention failed: %s", exc)
 
@@ -274,8 +268,8 @@ class Checkpointer:
         """
         self._check_open()
         entries = self._log.read()
-        if self.id.fence_slot >= 0:
-            entries = [e for e in entries if e.slot < self.id.fence_slot]
+        if self.fence_slot >= 0:
+            entries = [e for e in entries if e.slot < self.fence_slot]
         rows = {k: leaf for k, leaf in flatten_state(state).leaves.items()
                 if leaf.placement is Placement.ROW}
         skipped: list[str] = []
@@ -292,7 +286,7 @@ class Checkpointer:
         m, err = None, ""
         if self.layout.rank == 0:
             try:
-                m = protocol.read_manifest(self.id.run_dir, ckpt, storage=self._storage)
+                m = protocol.read_manifest(self.tiers.run_dir, ckpt, storage=self._storage)
             except (HpcrunError, OSError) as exc:
                 err = str(exc)
                 self._incident(ckpt, err)
@@ -308,8 +302,7 @@ class Checkpointer:
         return (m, buf, tiers) if ok and m is not None else None
 
     def _candidates(self, ckpt: CommittedCheckpoint, m: Manifest, j: int) -> list[tuple[str, Path]]:
-        paths = tier_paths(self.id.run_dir, ckpt.ckpt_id, local_root=self.id.node_local_root,
-                           run_id=self.id.run_id)
+        paths = self.tiers.paths(ckpt.ckpt_id, run_id=self.id.run_id)
         rel = m.shards[j].path
         out = []
         if paths.node_local is not None and (paths.node_local / rel).exists():

@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from hpcrun.checkpoint.identity import CheckpointIdentity
 from hpcrun.checkpoint.manifest import (
     Manifest,
     ShardRecord,
@@ -86,18 +87,8 @@ class CheckpointInfo:
 
     ckpt_id: str
     """Checkpoint ID."""
-    run_id: str
-    """Run."""
-    spec_id: str
-    """Spec digest."""
-    dataset_id: str
-    """Dataset ID."""
-    contract: str
-    """Resume contract."""
-    generation: int
-    """Generation of the writer."""
-    holder: str
-    """Incarnation of the writer."""
+    identity: CheckpointIdentity
+    """Run, spec, dataset, contract and fencing token of the writer."""
     step: int
     """Step captured."""
     parent: str | None
@@ -130,9 +121,10 @@ def build_manifest(info: CheckpointInfo, reports: Sequence[ShardReport]) -> Mani
     """The manifest of a checkpoint from its identity and every rank's shard record."""
     shards = tuple(sorted((r.record for r in reports if r.record is not None),
                           key=lambda s: s.rank))
-    return Manifest(ckpt_id=info.ckpt_id, run_id=info.run_id, spec_id=info.spec_id,
-                    dataset_id=info.dataset_id, contract=info.contract,
-                    generation=info.generation, step=info.step, parent=info.parent,
+    ident = info.identity
+    return Manifest(ckpt_id=info.ckpt_id, run_id=ident.run_id, spec_id=ident.spec_id,
+                    dataset_id=ident.dataset_id, contract=ident.contract,
+                    generation=ident.generation, step=info.step, parent=info.parent,
                     world_size=len(info.nodes), nodes=info.nodes, checksum=info.checksum,
                     created=info.created, shards=shards, extra=dict(info.extra))
 
@@ -195,7 +187,8 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
         entry = log.publish_entry(commit_entry(
             run_id=m.run_id, ckpt_id=m.ckpt_id, generation=m.generation, step=m.step,
             tier=tier, digest=digest, total_bytes=m.bytes, nodes=m.node_names),
-            generation=info.generation, holder=info.holder)
+            generation=info.identity.generation,
+            holder=info.identity.holder)
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")
@@ -208,7 +201,8 @@ def record_fault(log: RunLog, info: CheckpointInfo, *, kind: FaultClass, detail:
     log.append_entry(FaultPayload(
         fault=kind, node=node or (info.nodes[rank] if info.nodes else ""), rank=rank,
         step=info.step, signature=f"ckpt:{kind.value}", detail=detail[:2000],
-        ckpt_id=info.ckpt_id), generation=info.generation, holder=info.holder)
+        ckpt_id=info.ckpt_id), generation=info.identity.generation,
+        holder=info.identity.holder)
 
 
 def read_committed_json(run_dir: Path, ckpt: CommittedCheckpoint, *,

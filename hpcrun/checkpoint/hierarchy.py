@@ -360,9 +360,10 @@ def check_nodes(nodes: Sequence[str], summaries: Sequence[NodeSummary]) -> list[
 def encode_top_manifest(info: CheckpointInfo, summaries: Sequence[NodeSummary]) -> bytes:
     """Canonical bytes of the top manifest: the checkpoint's identity and its sub-manifests."""
     return canonical_json({
-        "ckpt_id": info.ckpt_id, "run_id": info.run_id, "spec_id": info.spec_id,
-        "dataset_id": info.dataset_id, "contract": info.contract,
-        "generation": info.generation, "step": info.step, "parent": info.parent,
+        "ckpt_id": info.ckpt_id, "run_id": info.identity.run_id,
+        "spec_id": info.identity.spec_id, "dataset_id": info.identity.dataset_id,
+        "contract": info.identity.contract, "generation": info.identity.generation,
+        "step": info.step, "parent": info.parent,
         "world_size": len(info.nodes), "nodes": list(info.nodes), "checksum": info.checksum,
         "created": info.created, "extra": dict(info.extra),
         "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -395,12 +396,13 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     storage.write_atomic(path, top)
     fault("before_commit")
     total = sum(s.bytes for s in summaries)
-    payload = commit_entry(run_id=info.run_id, ckpt_id=info.ckpt_id,
-                           generation=info.generation, step=info.step, tier=tier,
+    payload = commit_entry(run_id=info.identity.run_id, ckpt_id=info.ckpt_id,
+                           generation=info.identity.generation, step=info.step, tier=tier,
                            digest=digest_bytes(top), total_bytes=total,
                            nodes=sorted(set(info.nodes)))
     try:
-        entry = log.publish_entry(payload, generation=info.generation, holder=info.holder)
+        entry = log.publish_entry(payload, generation=info.identity.generation,
+                                  holder=info.identity.holder)
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")

@@ -135,7 +135,7 @@ def checkpoint_check(scratch: Path, *, spec_id: str = "preflight") -> Check:
     """A checkpoint commits through the real protocol and restores bit for bit."""
     import torch
 
-    from hpcrun.checkpoint import Checkpointer, Layout
+    from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.control.log import RunLog, new_holder
 
     run_dir = scratch / "ckpt-roundtrip"
@@ -146,9 +146,11 @@ def checkpoint_check(scratch: Path, *, spec_id: str = "preflight") -> Check:
 
     def checkpointer() -> Any:
         fence = log.claim(new_holder("preflight."))
-        return Checkpointer(run_dir=run_dir, node_local_root=scratch / "local", layout=layout,
-                            log=log, generation=fence.generation, holder=fence.holder,
-                            fence_slot=fence.slot, run_id=run_dir.name, spec_id=spec_id)
+        ident = CheckpointIdentity(run_id=run_dir.name, spec_id=spec_id,
+                                   generation=fence.generation, holder=fence.holder)
+        return Checkpointer(identity=ident,
+                            tiers=TierLayout(run_dir=run_dir, node_local_root=scratch / "local"),
+                            layout=layout, log=log, fence_slot=fence.slot)
 
     t0 = time.monotonic()
     writer = checkpointer()

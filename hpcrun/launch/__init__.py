@@ -5,7 +5,7 @@
 - :mod:`hpcrun.launch.submit`: ``submit_submitit`` and ``submit_sbatch``.
 - :mod:`hpcrun.launch.env`: ``DistEnv.from_environ`` and ``derive_master_port``.
 - :mod:`hpcrun.launch.dist`: ``init_process_group``, ``destroy_process_group``, ``device_for``.
-- :mod:`hpcrun.launch.signals`: ``StopFlag``, ``stop_on``, ``agree_to_stop``, ``signal_number``.
+- :mod:`hpcrun.launch.signals`: ``StopFlag``, ``stop_on``, ``signal_number``.
 - :mod:`hpcrun.launch.local`: the embedded local backend.
 
 The Slurm client and its parsers live in :mod:`hpcrun.scheduler`.

@@ -1,21 +1,18 @@
-"""Preemption signals: a handler that only sets a flag, and a collective agreement to stop.
+"""Signals as flags: a handler that only records the signal, installed for a block.
 
 A signal can arrive at any instruction: inside a collective, a checkpoint write or the data
-loader. So the handler does nothing but record it in a :class:`StopFlag`; the training loop asks
-:func:`agree_to_stop` at each step boundary, where every rank joins one tiny all-reduce (MAX) of
-its flag. If any rank was signalled, all ranks stop at the same step, so the checkpoint that
-follows is taken at one consistent boundary. A signal that arrives during a checkpoint is
-therefore honoured at the next boundary, after that checkpoint has committed.
-
-:func:`stop_on` installs the handlers for a block and restores whatever was installed before
-(for example submitit's handlers, or the default action) when the block exits.
+loader. So the handler does nothing but record it in a :class:`StopFlag`, which the program reads
+where it is safe to act (for training, at a step boundary: :mod:`hpcrun.runtime.preemption`
+holds the whole preemption path). :func:`stop_on` installs the handlers for a block and restores
+whatever was installed before (for example submitit's handlers, or the default action) when the
+block exits. :func:`signal_number` parses a site's signal name.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -117,48 +114,3 @@ def stop_on(signals: Iterable[int | str], flag: StopFlag) -> Iterator[StopFlag]:
     finally:
         for num, old in previous.items():
             signal.signal(num, old if old is not None else signal.SIG_DFL)
-
-
-def agree_to_stop(flag: StopFlag, *, group: Any = None) -> bool:
-    """Whether any rank of ``group`` was asked to stop; every rank gets the same answer.
-
-    Each rank contributes its flag to one all-reduce (MAX) of a single integer, so this must be
-    called by all ranks of the group at the same step. Without an initialised process group
-    (a single process) it returns ``flag.is_set``.
-    """
-    return agree_any([flag.is_set], group=group)[0]
-
-
-def agree_any(votes: Sequence[bool], *, group: Any = None) -> list[bool]:
-    """For each vote, whether any rank of ``group`` voted yes (:func:`agree_sum` of 0/1).
-
-    Collective: every rank calls it at the same point with the same number of votes. Without an
-    initialised process group the votes come back unchanged.
-    """
-    return [n > 0 for n in agree_sum([1 if v else 0 for v in votes], group=group)]
-
-
-def agree_sum(values: Sequence[int], *, group: Any = None) -> list[int]:
-    """Each value summed over the ranks of ``group``: one all-reduce (SUM, int64) for all.
-
-    Collective, like :func:`agree_any`; without an initialised process group the values come
-    back unchanged.
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return [int(v) for v in values]
-    import torch
-
-    device = _collective_device(dist.get_backend(group))
-    tally = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
-    dist.all_reduce(tally, op=dist.ReduceOp.SUM, group=group)
-    return [int(x) for x in tally.tolist()]
-
-
-def _collective_device(backend: str) -> Any:
-    import torch
-
-    if str(backend).lower() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

@@ -12,41 +12,60 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog, new_holder
+from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, StaleGenerationError
-from hpcrun.runtime.drainer import DrainTarget, drain_round_safely
+from hpcrun.launch.signals import StopFlag, signal_number
+from hpcrun.runtime import preemption
+from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.gang import Gang, RankExit
 from hpcrun.runtime.incarnation import (
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_STALE,
     EXIT_USER_ERROR,
+    AgentExit,
+    Ending,
     Incarnation,
 )
 from hpcrun.runtime.logview import LogView, is_gang_fault
 from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.supervisor import Supervisor, rejoin
+
+if TYPE_CHECKING:
+    from hpcrun.control.log import LogEntry
+    from hpcrun.control.spec import RunSpec
+    from hpcrun.launch.site import SiteConfig
+    from hpcrun.observe.heartbeat import HeartbeatAggregator
+    from hpcrun.runtime.requeue import Requeuer
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
-RELAY_EVERY_S = 2.0  # a rank still starting up ignores the signal: say it again
 START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
+
+
+class Watched(StrEnum):
+    """How watching this node's ranks ended (when the run did not move on)."""
+
+    DONE = "done"                # every rank ended (succeeded or stopped)
+    FAILED = "failed"            # a rank here failed or hung
+    PEER_FAILED = "peer_failed"  # another node logged a gang fault (node 0 only)
 
 
 class Agent:
     """One node's agent. Constructed with its parts; :meth:`run` does the work."""
 
-    def __init__(self, *, run_dir: Path, node: NodeInfo, spec: Any, site: Any, log: RunLog,
-                 requeuer: Any, environ: Mapping[str, str], clock: Clock = SYSTEM_CLOCK,
-                 python: str = sys.executable) -> None:
+    def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, site: SiteConfig,
+                 log: RunLog, requeuer: Requeuer, environ: Mapping[str, str],
+                 clock: Clock = SYSTEM_CLOCK, python: str = sys.executable) -> None:
         self.run_dir = run_dir
         self.node = node
         self.spec = spec
@@ -57,42 +76,36 @@ class Agent:
         self.environ = dict(environ)
         self.clock = clock
         self.python = python
-        from hpcrun.launch.signals import StopFlag, signal_number
-
         self.preempt_signal = signal_number(site.preempt_signal)
         self.stop = StopFlag()
+        self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
+                                     view=self.view, requeuer=requeuer, stop=self.stop,
+                                     preempt_signal=self.preempt_signal, clock=clock)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> int:
         """Run incarnations until the run ends here; return the agent's exit status."""
-        from hpcrun.launch.signals import stop_on
-
         attempt = 0
-        # Outside the handled block (before it, and after it while exiting) a late preemption
-        # or time-limit signal is ignored: with the default action it would kill an agent whose
-        # run has already ended, and Slurm would mark a finished job FAILED. Ignoring first
-        # also makes it the disposition the block restores on the way out.
-        signal.signal(self.preempt_signal, signal.SIG_IGN)
-        with stop_on([self.preempt_signal, signal.SIGTERM], self.stop):
+        with preemption.agent_stop_signals(self.preempt_signal, self.stop):
             while True:
                 try:
                     inc = self._establish(attempt)
                     if inc is None:
                         return EXIT_OK
-                    status, next_attempt = self._run_incarnation(inc)
+                    ended = self._run_incarnation(inc)
                 except StaleGenerationError as exc:
                     print(f"hpcrun agent {self.node.node}: {exc}", file=sys.stderr)
                     return EXIT_STALE
-                if next_attempt is None:
-                    return status
-                attempt = next_attempt
+                if ended.next_attempt is None:
+                    return ended.status
+                attempt = ended.next_attempt
 
     def _establish(self, attempt: int) -> Incarnation | None:
         key = self.node.incarnation_key(attempt)
         if self.node.is_supervisor:
             claimed = self.log.claim(new_holder(key))
             if attempt == 0 and self.node.restart_count > 0:
-                self._account_for_requeue(claimed.generation, claimed.holder)
+                self.supervisor.record_slurm_requeue(claimed.generation, claimed.holder)
             self._finalize_previous(claimed.generation, claimed.holder)
             restore_point = self._publish_start(claimed.generation, claimed.holder, attempt)
             return self._incarnation(claimed.generation, claimed.holder, restore_point, attempt)
@@ -124,38 +137,10 @@ class Agent:
         finalize_tier1(self.run_dir, log=self.log, generation=generation, holder=holder,
                        num_nodes=len(self.node.nodes))
 
-    def _account_for_requeue(self, generation: int, holder: str) -> None:
-        """Record why Slurm requeued the job when the last incarnation could not say.
-
-        A lost node (NODE_FAIL) or a job Slurm preempted before any agent saw the signal is
-        requeued by Slurm itself, and the gang that was running never logged a decision: the
-        fault and the REQUEUED state are recorded here, from Slurm's account of that run.
-        """
-        self.view.refresh()
-        if self.view.state() in ("REQUEUED", "PREEMPTED", None):
-            return  # the last incarnation decided (or there was none)
-        from hpcrun.control.retry import classify_exit
-
-        past = self.requeuer.previous_run()
-        if past is None:
-            return  # no account of it (local backend, no accounting): the record infers it
-        fault = classify_exit(slurm_state=str(past.state), exit_code=past.exit_code,
-                              signal=past.signal)
-        detail = (f"Slurm requeued job {self.node.job_id} (restart {self.node.restart_count}) "
-                  f"after its previous run ended {past.state}"
-                  + (f" on {','.join(past.nodes)}" if past.nodes else ""))
-        # Unfenced, like the login node's record of what Slurm did: under this generation it
-        # would read as a fault of the gang now starting, and stop it.
-        self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="", payload={
-            "fault": str(fault), "node": None, "rank": None, "step": self.view.last_step(),
-            "signature": f"slurm:{past.state}", "detail": detail})
-        self.log.publish(EntryKind.STATE, generation=generation, holder=holder, payload={
-            "state": "REQUEUED", "reason": detail, "decided_at": past.ended_at})
-
-    def _start_of(self, fence: Any) -> int | None:
+    def _start_of(self, fence: LogEntry) -> int | None:
         """Slot of the STARTING entry under ``fence``: the incarnation's restore point."""
         for e in self.view.valid_of(fence.generation, fence.holder, EntryKind.STATE):
-            if e.payload.get("state") == "STARTING":
+            if e.payload.get("state") == RunState.STARTING:
                 return e.slot
         return None
 
@@ -167,7 +152,7 @@ class Agent:
                                       "restart_count": self.node.restart_count,
                                       "nodes": list(self.node.nodes)})
         return self.log.publish(EntryKind.STATE, generation=generation, holder=holder,
-                                payload={"state": "STARTING", "attempt": attempt,
+                                payload={"state": RunState.STARTING, "attempt": attempt,
                                          "reason": f"job {self.node.job_id} restart "
                                                    f"{self.node.restart_count} attempt {attempt}"},
                                 ).slot
@@ -179,7 +164,7 @@ class Agent:
             attempt=attempt, node=self.node.node, node_local_root=self.node.node_local_root)
 
     # -- one incarnation ---------------------------------------------------------------------
-    def _run_incarnation(self, inc: Incarnation) -> tuple[int, int | None]:
+    def _run_incarnation(self, inc: Incarnation) -> AgentExit:
         gang = self._gang(inc)
         gang.start()
         drainer = self._start_drainer(inc)
@@ -191,19 +176,17 @@ class Agent:
         finally:
             gang.kill(grace_s=float(self.environ.get("HPCRUN_KILL_GRACE_S", "5")))
             self._stop_drainer(drainer)
-        if isinstance(outcome, tuple):
+        if isinstance(outcome, AgentExit):
             return outcome
         status = self._node_status(gang, outcome)
-        if status in ("succeeded", "preempted") and drainer is not None:
-            drain_round_safely(self._drain_target(inc), self.log, last=True)
+        if status is not Ending.FAILED and drainer is not None:
+            drain_round_safely(drain_target(self.run_dir, self.node, inc), self.log, last=True)
         self._report_node_exit(inc, status)
-        from hpcrun.runtime.supervisor import conclude, follow
-
         if self.node.is_supervisor:
-            return conclude(self, inc)
-        return follow(self, inc)
+            return self.supervisor.conclude(inc)
+        return self.supervisor.follow(inc)
 
-    def _watch(self, inc: Incarnation, gang: Gang) -> Any:
+    def _watch(self, inc: Incarnation, gang: Gang) -> Watched | AgentExit:
         """Supervise the ranks until they all end, one fails, or the run moves on."""
         from hpcrun.observe.heartbeat import HeartbeatAggregator
 
@@ -215,50 +198,39 @@ class Agent:
         finally:
             agg.poll(force=True)  # the node's last word: where its ranks got to
 
-    def _watch_loop(self, inc: Incarnation, gang: Gang, agg: Any, hang: Any) -> Any:
-        relayed_at: float | None = None
+    def _watch_loop(self, inc: Incarnation, gang: Gang, agg: HeartbeatAggregator,
+                    hang: Callable[[], bool]) -> Watched | AgentExit:
+        relay = preemption.Relay(self.stop, self.preempt_signal, clock=self.clock)
         while True:
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
             if failed:
                 self._record_rank_faults(inc, failed)
-                return "failed"
-            if self.stop.is_set and (relayed_at is None
-                                     or self.clock.monotonic() - relayed_at > RELAY_EVERY_S):
-                gang.signal(self.preempt_signal)
-                relayed_at = self.clock.monotonic()
+                return Watched.FAILED
+            relay.tick(gang.signal)
             agg.poll()
             moved = self._run_moved_on(inc)
             if moved is not None:
                 return moved
             if hang():
-                return "failed"
+                return Watched.FAILED
             if not gang.running:
-                return "done"
+                return Watched.DONE
             self.clock.sleep(POLL_S)
 
-    def _run_moved_on(self, inc: Incarnation) -> tuple[int, int | None] | str | None:
+    def _run_moved_on(self, inc: Incarnation) -> Watched | AgentExit | None:
         """A newer fence, a terminal state, or another node's fault ends this incarnation."""
         self.view.refresh()
         if self.view.fence.generation != inc.generation:
-            return self._after_fenced_out(inc)
+            return rejoin(self.view, self.node, inc)
         if self.view.terminal():
-            return (EXIT_OK, None)
+            return AgentExit(status=EXIT_OK)
         if self.node.is_supervisor and any(
                 e.payload.get("node") != self.node.node and is_gang_fault(dict(e.payload))
                 for e in self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)):
-            return "peer_failed"
+            return Watched.PEER_FAILED
         return None
 
-    def _after_fenced_out(self, inc: Incarnation) -> tuple[int, int | None]:
-        """A newer incarnation fenced this one: join it if it is this job's restart."""
-        for attempt in range(inc.attempt + 1, inc.attempt + 64):
-            if self.view.fence_with_prefix(self.node.incarnation_key(attempt)) is not None:
-                return (EXIT_OK, attempt)
-        if self.view.terminal():
-            return (EXIT_OK, None)
-        return (EXIT_STALE, None)
-
-    def _hang_watch(self, inc: Incarnation, gang: Gang) -> Any:
+    def _hang_watch(self, inc: Incarnation, gang: Gang) -> Callable[[], bool]:
         from hpcrun.observe.hang import detect_hangs, never_stepped, respond_to_hang
         from hpcrun.observe.heartbeat import NodeHeartbeat, read_rank_beats
 
@@ -319,17 +291,18 @@ class Agent:
         self.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
                         payload=dict(payload))
 
-    def _node_status(self, gang: Gang, outcome: str) -> str:
-        if outcome in ("failed", "peer_failed"):
-            return "failed"
+    @staticmethod
+    def _node_status(gang: Gang, outcome: Watched) -> Ending:
+        if outcome is not Watched.DONE:
+            return Ending.FAILED
         exits = gang.exits.values()
         if exits and all(e.succeeded for e in exits):
-            return "succeeded"
+            return Ending.SUCCEEDED
         if exits and all(e.succeeded or e.preempted for e in exits):
-            return "preempted"
-        return "failed"
+            return Ending.PREEMPTED
+        return Ending.FAILED
 
-    def _report_node_exit(self, inc: Incarnation, status: str) -> None:
+    def _report_node_exit(self, inc: Incarnation, status: Ending) -> None:
         self.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
                         payload={"event": "node_exit", "node": self.node.node,
                                  "status": status, "attempt": inc.attempt})
@@ -364,17 +337,10 @@ class Agent:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env
 
-    def _drain_target(self, inc: Incarnation) -> DrainTarget:
-        assert self.node.node_local_root is not None
-        return DrainTarget(run_dir=self.run_dir, node=self.node.node,
-                           node_local_root=self.node.node_local_root,
-                           generation=inc.generation, holder=inc.holder,
-                           num_nodes=len(self.node.nodes), supervisor=self.node.is_supervisor)
-
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         if self.node.node_local_root is None:
             return None
-        argv = self._drain_target(inc).argv(self.python, interval_s=2.0)
+        argv = drain_target(self.run_dir, self.node, inc).argv(self.python, interval_s=2.0)
         out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -394,7 +360,7 @@ class Agent:
             proc.wait()
 
 
-def _hang_threshold(spec: Any) -> float:
+def _hang_threshold(spec: RunSpec) -> float:
     rto = getattr(spec.checkpoint, "rto_s", None)
     return float(rto) if rto else 600.0
 
@@ -414,7 +380,7 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
                  requeuer=_requeuer(node), environ=environ)
 
 
-def _requeuer(node: NodeInfo) -> Any:
+def _requeuer(node: NodeInfo) -> Requeuer:
     from hpcrun.runtime.requeue import LocalRequeuer, SlurmRequeuer
 
     if node.backend == "local":

@@ -17,13 +17,31 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
-from hpcrun.runtime import faults
+from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import Incarnation
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+
+    from hpcrun.checkpoint.cadence import CadenceTimer
+    from hpcrun.checkpoint.checkpointer import Checkpointer
+    from hpcrun.control.spec import RunSpec
+    from hpcrun.launch.env import DistEnv
+    from hpcrun.launch.signals import StopFlag
+    from hpcrun.observe.events import EventWriter
+
+
+class Heartbeat(Protocol):
+    """Tells this rank's agent how far the rank got (a node-local heartbeat file)."""
+
+    def __call__(self, *, step: int, step_time_s: float) -> object: ...
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,12 +64,12 @@ class _Progress:
 class Context:
     """Implements :class:`hpcrun.protocols.RunContext` for one rank."""
 
-    def __init__(self, *, env: Any, incarnation: Incarnation, spec: Any, log: RunLog,
-                 checkpointer: Any, cadence: Callable[[int], Any], events: Any, stop: Any,
-                 heartbeat: Any,
-                 device: Any, group: Any = None, preempt_signal: int = 10,
-                 injections: tuple[faults.Injection, ...] = (), clock: Clock = SYSTEM_CLOCK,
-                 ) -> None:
+    def __init__(self, *, env: DistEnv, incarnation: Incarnation, spec: RunSpec, log: RunLog,
+                 checkpointer: Checkpointer, cadence: Callable[[int], CadenceTimer],
+                 events: EventWriter, stop: StopFlag, heartbeat: Heartbeat,
+                 device: torch.device, group: ProcessGroup | None = None,
+                 preempt_signal: int = 10, injections: tuple[faults.Injection, ...] = (),
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.rank: int = env.rank
         self.local_rank: int = env.local_rank
         self.node_rank: int = env.node_rank
@@ -186,18 +204,15 @@ class Context:
         same all-reduce sums the tokens the ranks consumed since the last boundary.
         """
         due = self._p.step > 0 and self._cadence.due(self._p.step, self._clock.monotonic())
-        stop, due = self._sum_at_boundary(int(self._stop.is_set), int(due))
-        return bool(stop), bool(due)
-
-    def _sum_at_boundary(self, *votes: int) -> list[int]:
-        """All-reduce (SUM) ``votes`` and this rank's new tokens; add the gang's to the total."""
-        from hpcrun.launch.signals import agree_sum
-
         with self._events.span("collective", self._p.step, what="stop_agreement"):
-            *summed, tokens = agree_sum([*votes, self._p.my_tokens], group=self._group)
-        self._p.tokens += tokens
+            stop, due, tokens = preemption.agree_at_boundary(
+                self._stop, due=due, tokens=self._p.my_tokens, group=self._group)
+        self._count_tokens(tokens)
+        return stop, due
+
+    def _count_tokens(self, gang_tokens: int) -> None:
+        self._p.tokens += gang_tokens
         self._p.my_tokens = 0
-        return summed
 
     def _extra(self) -> dict[str, Any]:
         return {"tokens": self._p.tokens}
@@ -261,7 +276,10 @@ class Context:
         self.stopped = True
 
     def _final_commit(self) -> None:
-        self._sum_at_boundary()  # every rank ends here: count the last step's tokens
+        # every rank ends here: count the last step's tokens
+        with self._events.span("collective", self._p.step, what="stop_agreement"):
+            [tokens] = preemption.agree_sum([self._p.my_tokens], group=self._group)
+        self._count_tokens(tokens)
         with self._events.span("ckpt_commit", self._p.step, reason="final"):
             self._ensure_committed()
 
@@ -273,7 +291,8 @@ class Context:
             return
         self._p.validated = True
         self._log.publish(EntryKind.STATE, generation=self.generation, holder=self.inc.holder,
-                          payload={"state": "RUNNING", "reason": f"step {self._p.step} validated",
+                          payload={"state": RunState.RUNNING,
+                                   "reason": f"step {self._p.step} validated",
                                    "restored_step": self._p.restored_step,
                                    "restored_tier": self._p.restored_tier})
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.errors import HpcrunError, StaleGenerationError, StorageError
+from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.node import NodeInfo
 
 FAIL_WHILE_ENV = "HPCRUN_DRAIN_FAIL_WHILE"
 """Fault injection for drills and tests: every drain round fails while this path exists."""
@@ -50,6 +52,16 @@ class DrainTarget:
                 "--generation", str(self.generation), "--holder", self.holder,
                 "--num-nodes", str(self.num_nodes), "--interval", str(interval_s)] + (
                     ["--supervisor"] if self.supervisor else [])
+
+
+def drain_target(run_dir: Path, node: NodeInfo, inc: Incarnation) -> DrainTarget:
+    """What ``node``'s drainer drains for incarnation ``inc`` (the node has a tier 0)."""
+    if node.node_local_root is None:
+        raise HpcrunError(f"node {node.node} has no node-local tier to drain; the site config "
+                          "sets node_local_path for runs that checkpoint on tier 0")
+    return DrainTarget(run_dir=run_dir, node=node.node, node_local_root=node.node_local_root,
+                       generation=inc.generation, holder=inc.holder, num_nodes=len(node.nodes),
+                       supervisor=node.is_supervisor)
 
 
 def drain_round(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from hpcrun.errors import EnvError
@@ -19,6 +20,29 @@ EXIT_USER_ERROR = 1
 EXIT_STALE = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a step boundary after committing; run again later
 """Exit statuses of ranks and agents."""
+
+
+class Ending(StrEnum):
+    """How a rank ended (its exit report's ``status``) or a node's ranks ended (``node_exit``)."""
+
+    SUCCEEDED = "succeeded"  # finished every step
+    PREEMPTED = "preempted"  # stopped at an agreed step boundary after committing
+    FAILED = "failed"        # crashed, hung, or lost a peer
+
+    @classmethod
+    def read(cls, value: object) -> Ending:
+        """Parse a logged status (untrusted): anything unknown counts as a failure."""
+        return cls(value) if isinstance(value, str) and value in set(cls) else cls.FAILED
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentExit:
+    """How an agent leaves an incarnation: with an exit status, or into the next attempt."""
+
+    status: int = EXIT_OK
+    """Exit status of the agent when it stops here."""
+    next_attempt: int | None = None
+    """The in-allocation attempt to join next, or None to exit with ``status``."""
 
 
 _ENV_KEYS = {

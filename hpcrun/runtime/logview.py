@@ -6,8 +6,7 @@ from collections.abc import Iterable
 
 from hpcrun.control.fencing import Fence, fold_fences
 from hpcrun.control.log import EntryKind, LogEntry, RunLog
-
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+from hpcrun.control.states import TERMINAL as TERMINAL_STATES
 
 
 class LogView:

@@ -13,18 +13,23 @@ launcher reads the requeue operation from the run log.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.runtime.preemption import sigterm_ignored
+from hpcrun.scheduler.slurm import SlurmJobState
 
 if TYPE_CHECKING:
-    from hpcrun.scheduler.slurm import PastRun
+    from hpcrun.scheduler.slurm import PastRun, SlurmClient
 
 
 class Requeuer(Protocol):
     """Puts the current job back in the queue after ``delay_s``, avoiding ``exclude``."""
+
+    slurm_requeues: bool
+    """Set by :meth:`requeue` when the scheduler is preempting the job and requeues it
+    itself (the agent then stays until the job ends: :meth:`outlive`)."""
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         """Do it; return a short description of what was done (for the log)."""
@@ -35,9 +40,15 @@ class Requeuer(Protocol):
         itself (None when unknown, or not applicable)."""
         ...
 
+    def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
+        """Keep the job alive until the scheduler ends it (True), or give up (False)."""
+        ...
+
 
 class LocalRequeuer:
     """The local launcher relaunches on EXIT_PREEMPTED; nothing to do here."""
+
+    slurm_requeues = False
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         return f"local launcher relaunches after {delay_s:.1f} s"
@@ -45,11 +56,14 @@ class LocalRequeuer:
     def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> PastRun | None:
         return None  # the local launcher relaunches only on what the log says
 
+    def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
+        return False  # the launcher ends the allocation when its agents exit
+
 
 class SlurmRequeuer:
     """requeuehold → update StartTime/ExcNodeList → release, on this job id."""
 
-    def __init__(self, client: object, job_id: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, client: SlurmClient, job_id: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._client = client
         self._job_id = job_id
         self._clock = clock
@@ -58,28 +72,24 @@ class SlurmRequeuer:
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         client = self._client
-        obs = client.observe(self._job_id)  # type: ignore[attr-defined]
-        state = str(getattr(obs, "state", "")).upper()
-        if state and "RUNNING" not in state and "COMPLETING" not in state:
+        state = client.observe(self._job_id).state
+        if state not in (SlurmJobState.RUNNING, SlurmJobState.COMPLETING):
             return f"job {self._job_id} is {state}: Slurm already requeued it, not requeueing"
         preempting = self._preempt_time()
         if preempting:
             self.slurm_requeues = True
             return (f"job {self._job_id} is being preempted (PreemptTime {preempting}): Slurm "
                     "requeues it, not requeueing")
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            client.requeuehold(self._job_id)  # type: ignore[attr-defined]
+        with sigterm_ignored():
+            client.requeuehold(self._job_id)
             fields: dict[str, str] = {}
             if delay_s > 0:
                 fields["StartTime"] = f"now+{max(1, round(delay_s))}"
             if exclude:
                 fields["ExcNodeList"] = ",".join(exclude)
             if fields:
-                client.update_job(self._job_id, **fields)  # type: ignore[attr-defined]
-            client.release(self._job_id)  # type: ignore[attr-defined]
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+                client.update_job(self._job_id, **fields)
+            client.release(self._job_id)
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
                 f"exclude {','.join(exclude) or '-'}, release)")
 
@@ -93,7 +103,7 @@ class SlurmRequeuer:
 
         for attempt in range(tries):
             try:
-                runs = self._client.runs(self._job_id)  # type: ignore[attr-defined]
+                runs = self._client.runs(self._job_id)
             except SchedulerError:
                 return None
             if len(runs) >= 2:
@@ -111,8 +121,8 @@ class SlurmRequeuer:
         """
         deadline = self._clock.monotonic() + timeout_s
         while self._clock.monotonic() < deadline:
-            obs = self._client.observe(self._job_id)  # type: ignore[attr-defined]
-            if "RUNNING" not in str(getattr(obs, "state", "")).upper():
+            obs = self._client.observe(self._job_id)
+            if obs.state is not SlurmJobState.RUNNING:
                 return True
             self._clock.sleep(poll_s)
         return False
@@ -123,7 +133,7 @@ class SlurmRequeuer:
         from hpcrun.errors import SchedulerError
 
         try:
-            info = self._client.scontrol_show_job(self._job_id)  # type: ignore[attr-defined]
+            info = self._client.scontrol_show_job(self._job_id)
         except SchedulerError:
             return None  # cannot tell: requeue, as for a time limit
         value = str(info.get("PreemptTime", "None"))

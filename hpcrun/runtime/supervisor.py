@@ -1,236 +1,260 @@
-"""What the node-0 agent decides when an incarnation ends, and how the other agents follow.
+"""The supervisor's effectful shell: gather what happened, ask :mod:`hpcrun.runtime.decide`,
+carry the decision out.
 
-The supervisor waits for every node's ``node_exit`` note (or the first fault), then:
-- every rank succeeded → the last checkpoint reaches tier 1, the run is SUCCEEDED;
-- ranks stopped for a preemption → the checkpoint reaches tier 1 *before* the job ends, the run
-  is PREEMPTED, then REQUEUED once (with backoff and quarantine);
-- a rank failed → the control plane's retry rules choose: restart the gang inside this allocation
-  (a new generation, same nodes), requeue, or FAILED with the reason.
-The other agents follow the log: a newer fence for this job start means "restart with it", a
+The node-0 agent's :class:`Supervisor` waits for every node's ``node_exit`` note (or the first
+fault), folds what it saw into :class:`~hpcrun.runtime.decisions.Observations`, calls
+:func:`~hpcrun.runtime.decide.decide`, and acts on the :data:`Decision`: publish states and
+results, wait for the tier-1 commit, requeue, and return the agent's exit. The other agents
+:meth:`Supervisor.follow` the log: a newer fence for this job start means "restart with it", a
 terminal or REQUEUED state means "exit".
 """
 
 from __future__ import annotations
 
 import random
-import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrun.control.log import EntryKind
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.fencing import UNFENCED
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.record import read_record
+from hpcrun.control.states import RunState
 from hpcrun.errors import StaleGenerationError
-from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, EXIT_USER_ERROR, Incarnation
-from hpcrun.runtime.logview import is_gang_fault, node_exits
+from hpcrun.launch.signals import StopFlag
+from hpcrun.runtime import preemption
+from hpcrun.runtime.decide import (
+    account_for_requeue,
+    decide,
+    enough_to_decide,
+    requeue_unrecorded,
+)
+from hpcrun.runtime.decisions import (
+    Decision,
+    DecisionPolicy,
+    Fail,
+    GangFault,
+    LeaveToSlurm,
+    Observations,
+    Requeue,
+    RestartInAllocation,
+    Succeed,
+)
+from hpcrun.runtime.drainer import drain_round_safely, drain_target
+from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
+from hpcrun.runtime.logview import TERMINAL_STATES, LogView, is_gang_fault, node_exits
+from hpcrun.runtime.node import NodeInfo
 
 if TYPE_CHECKING:
-    from hpcrun.runtime.agent import Agent
+    from hpcrun.control.spec import RunSpec
+    from hpcrun.runtime.incarnation import Incarnation
+    from hpcrun.runtime.requeue import Requeuer
 
 NODE_EXIT_WAIT_S = 60.0
 FAULT_SETTLE_S = 2.0
 TIER1_WAIT_S = 120.0
 FOLLOW_WAIT_S = 900.0
-_RNG = random.Random()
+POLL_S = 0.2
 
 
-def conclude(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
-    """Node 0: decide how this incarnation ended and act on it."""
-    exits, faults = _gather(agent, inc)
-    if faults and not agent.stop.is_set:
-        return _on_fault(agent, inc, root_cause(faults))
-    # A preemption is pending (the supervisor got the signal): restarting inside this
-    # allocation is pointless, so whatever else happened the run commits what it has and
-    # requeues; the newest committed checkpoint is the restore point.
-    if not faults and exits and all(s == "succeeded" for s in exits.values()):
-        _await_tier1(agent, inc)
-        _publish(agent, inc, EntryKind.STATE, state="SUCCEEDED", reason="all ranks finished")
-        _publish(agent, inc, EntryKind.RESULT, state="SUCCEEDED")
-        return EXIT_OK, None
-    _await_tier1(agent, inc)
-    _publish(agent, inc, EntryKind.STATE, state="PREEMPTED",
-             reason="stopped at a step boundary after a preemption signal and committed")
-    fault = {"fault": "preemption", "node": None, "rank": None, "step": None,
-             "signature": "preemption", "detail": "preemption or time-limit signal"}
-    agent.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
-                     payload=fault)
-    if ended_by_slurm(agent):
-        # Requeueing here would undo a user's scancel; Slurm requeues a preempted job by
-        # itself, and the login node's reconcile pass (`hpcrun status`/`watch`) handles the rest.
-        agent.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
-                         payload={"event": "requeue_left_to_slurm",
-                                  "detail": "stopped on SIGTERM: Slurm is ending the job"})
-        _outlive_allocation(agent)
-        return EXIT_OK, None
-    return _on_fault(agent, inc, fault, preempted=True)
+def rejoin(view: LogView, node: NodeInfo, inc: Incarnation) -> AgentExit:
+    """A newer incarnation fenced ``inc``: join it if it is this job's restart, exit when the
+    run ended, else this agent is stale."""
+    for attempt in range(inc.attempt + 1, inc.attempt + 64):
+        if view.fence_with_prefix(node.incarnation_key(attempt)) is not None:
+            return AgentExit(next_attempt=attempt)
+    if view.terminal():
+        return AgentExit(status=EXIT_OK)
+    return AgentExit(status=EXIT_STALE)
 
 
-def ended_by_slurm(agent: Agent) -> bool:
-    """Whether the stop came from SIGTERM: Slurm itself is ending the allocation (scancel, a
-    preemption's grace period, the time limit) instead of warning with the preemption signal."""
-    return (agent.node.backend == "slurm" and agent.stop.signum == signal.SIGTERM
-            and agent.preempt_signal != signal.SIGTERM)
+class Supervisor:
+    """One agent's supervision role: decide on node 0, follow elsewhere."""
 
+    def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
+                 view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,
+                 clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
+        self.run_dir = run_dir
+        self.node = node
+        self.policy = DecisionPolicy.of(spec)
+        self.log = log
+        self.view = view
+        self.requeuer = requeuer
+        self.stop = stop
+        self.preempt_signal = preempt_signal
+        self.clock = clock
+        self.rng = rng or random.Random()
 
-def follow(agent: Agent, inc: Incarnation) -> tuple[int, int | None]:
-    """Nodes other than 0: wait for the supervisor's decision and follow it."""
-    deadline = agent.clock.monotonic() + FOLLOW_WAIT_S
-    while agent.clock.monotonic() < deadline:
-        agent.view.refresh()
-        if agent.view.fence.generation != inc.generation:
-            return agent._after_fenced_out(inc)
-        states = agent.view.valid_of(inc.generation, inc.holder, EntryKind.STATE)
-        last = str(states[-1].payload.get("state")) if states else ""
-        if last in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return (EXIT_OK if last == "SUCCEEDED" else EXIT_USER_ERROR), None
-        if last == "REQUEUED":
-            return _requeued_exit(agent), None
-        agent.clock.sleep(0.2)
-    return EXIT_USER_ERROR, None
+    # -- node 0 -------------------------------------------------------------------------------
+    def conclude(self, inc: Incarnation) -> AgentExit:
+        """Decide how ``inc`` ended and act on it."""
+        obs = self.gather(inc)
+        decision = decide(obs, read_record(self.run_dir), self.policy, now=self.clock.now(),
+                          rng=self.rng)
+        return self.carry_out(inc, decision)
 
+    def gather(self, inc: Incarnation) -> Observations:
+        """Wait for every node's exit note or the first fault (bounded by NODE_EXIT_WAIT_S).
 
-def root_cause(faults: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fault to act on: a lost node explains its peers' collective errors, so it comes
-    first; then a rank that crashed, hung or failed otherwise, whose peers' collective errors
-    surface as user errors (on another node, possibly logged first); otherwise the first
-    recorded fault (the rest are its echoes). Pure."""
-    lost = [f for f in faults if f.get("fault") == "node_failure"]
-    causes = [f for f in faults if f.get("fault") != "user_error"]
-    return (lost or causes or faults)[0]
+        After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report: a lost
+        node's ``node_failure`` may land just after its peers' collective errors, and it is the
+        cause.
 
+        Raises:
+            StaleGenerationError: a newer fence (a cancel, another incarnation) took over.
+        """
+        deadline = self.clock.monotonic() + NODE_EXIT_WAIT_S
+        settle_until: float | None = None
+        while True:
+            obs = self._observe(inc, timed_out=False)
+            if obs.faults and settle_until is None:
+                settle_until = self.clock.monotonic() + FAULT_SETTLE_S
+            settled = settle_until is not None and self.clock.monotonic() >= settle_until
+            if enough_to_decide(obs, settled=settled):
+                return obs
+            if self.clock.monotonic() > deadline:
+                return self._observe(inc, timed_out=True)
+            self.clock.sleep(POLL_S)
 
-def _gather(agent: Agent, inc: Incarnation) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """Wait for every node's exit note or the first fault; a silent node is a node failure.
-
-    After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report: a lost node's
-    ``node_failure`` may land just after its peers' collective errors, and it is the cause.
-    """
-    deadline = agent.clock.monotonic() + NODE_EXIT_WAIT_S
-    nodes = set(agent.node.nodes)
-    settle_until: float | None = None
-    while True:
-        agent.view.refresh()
-        if agent.view.fence.generation != inc.generation:
+    def _observe(self, inc: Incarnation, *, timed_out: bool) -> Observations:
+        self.view.refresh()
+        if self.view.fence.generation != inc.generation:
             # Cancelled or superseded: no note of this generation can count any more.
             raise StaleGenerationError(
                 f"generation {inc.generation} was fenced out by generation "
-                f"{agent.view.fence.generation} while its supervisor gathered node exits; "
+                f"{self.view.fence.generation} while its supervisor gathered node exits; "
                 "this incarnation stops")
-        exits = node_exits(agent.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
-        faults = [dict(e.payload)
-                  for e in agent.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)
-                  if is_gang_fault(dict(e.payload))]
-        if faults and settle_until is None:
-            settle_until = agent.clock.monotonic() + FAULT_SETTLE_S
-        settled = settle_until is not None and agent.clock.monotonic() >= settle_until
-        lost = any(f.get("fault") == "node_failure" for f in faults)
-        if nodes <= set(exits) or (faults and (settled or lost)):
-            return exits, faults
-        if agent.clock.monotonic() > deadline:
-            missing = sorted(nodes - set(exits))
-            return exits, [{"fault": "node_failure", "node": missing[0], "rank": None,
-                            "step": None, "signature": f"node_failure:{missing[0]}",
-                            "detail": f"no exit report from {', '.join(missing)} within "
-                                      f"{NODE_EXIT_WAIT_S:.0f} s"}]
-        agent.clock.sleep(0.2)
+        exits = node_exits(self.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
+        faults = tuple(GangFault.from_payload(e.payload)
+                       for e in self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)
+                       if is_gang_fault(dict(e.payload)))
+        return Observations(
+            generation=inc.generation, attempt=inc.attempt, nodes=self.node.nodes,
+            exits={n: Ending.read(s) for n, s in exits.items()}, faults=faults,
+            timed_out=timed_out, waited_s=NODE_EXIT_WAIT_S, stop_requested=self.stop.is_set,
+            stop_signum=self.stop.signum, preempt_signal=self.preempt_signal,
+            backend=self.node.backend)
 
+    def carry_out(self, inc: Incarnation, decision: Decision) -> AgentExit:
+        """Publish what ``decision`` says, requeue if it says so; the agent's exit."""
+        match decision:
+            case Succeed():
+                self._await_tier1(inc)
+                self._publish(inc, EntryKind.STATE, state=RunState.SUCCEEDED,
+                              reason=decision.reason)
+                self._publish(inc, EntryKind.RESULT, state=RunState.SUCCEEDED)
+                return AgentExit(status=EXIT_OK)
+            case LeaveToSlurm():
+                self._record_preempted(inc)
+                self._append(inc, EntryKind.NOTE, event="requeue_left_to_slurm",
+                             detail=decision.reason)
+                self.requeuer.outlive()
+                return AgentExit(status=EXIT_OK)
+            case RestartInAllocation():
+                self._publish(inc, EntryKind.STATE, state=RunState.RECOVERING,
+                              reason=decision.reason)
+                return AgentExit(next_attempt=decision.attempt)
+            case Fail():
+                if decision.preempted:
+                    self._record_preempted(inc)
+                self._publish(inc, EntryKind.STATE, state=RunState.FAILED, reason=decision.reason)
+                self._publish(inc, EntryKind.RESULT, state=RunState.FAILED,
+                              reason=decision.reason)
+                return AgentExit(status=EXIT_USER_ERROR)
+            case Requeue():
+                if decision.preempted:
+                    self._record_preempted(inc)
+                else:
+                    self._publish(inc, EntryKind.STATE, state=RunState.RECOVERING,
+                                  reason=decision.reason)
+                return AgentExit(status=self._requeue(inc, decision))
 
-def _unexplained(exits: dict[str, str]) -> list[dict[str, Any]]:
-    """A node failed but no rank recorded a cause (every failure was a peer-loss echo)."""
-    failed = sorted(n for n, s in exits.items() if s == "failed")
-    if not failed:
-        return []
-    return [{"fault": "process_crash", "node": None, "rank": None, "step": None,
-             "signature": "gang:peer_lost",
-             "detail": f"ranks on {', '.join(failed)} lost their peers; no rank recorded a "
-                       "cause (see the ranks' logs)"}]
+    def _record_preempted(self, inc: Incarnation) -> None:
+        """The checkpoint reaches tier 1 *before* the job ends; then PREEMPTED and its fault."""
+        self._await_tier1(inc)
+        self._publish(inc, EntryKind.STATE, state=RunState.PREEMPTED,
+                      reason=preemption.PREEMPTED_REASON)
+        self._append(inc, EntryKind.FAULT, **preemption.PREEMPTION_FAULT.to_payload())
 
+    def _requeue(self, inc: Incarnation, decision: Requeue) -> int:
+        op_id = f"{inc.run_id}.g{inc.generation}.requeue"
+        for node in decision.exclude:
+            self._append(inc, EntryKind.QUARANTINE, node=node, reason=decision.reason)
+        self._append(inc, EntryKind.OP, op_id=op_id, action="requeue", delay_s=decision.delay_s,
+                     exclude=list(decision.exclude), reason=decision.reason)
+        self._publish(inc, EntryKind.STATE, state=RunState.REQUEUED, reason=decision.reason,
+                      op_id=op_id, delay_s=decision.delay_s)
+        done = self.requeuer.requeue(delay_s=decision.delay_s, exclude=decision.exclude)
+        self._append(inc, EntryKind.NOTE, event="requeue_sent", op_id=op_id, detail=done)
+        if self.requeuer.slurm_requeues:
+            # Stay until Slurm ends the job: one that exits during its preemption's grace
+            # time completes, and Slurm never requeues it.
+            self.requeuer.outlive()
+        return preemption.requeued_exit(self.node.backend)
 
-def _on_fault(agent: Agent, inc: Incarnation, fault: dict[str, Any], *,
-              preempted: bool = False) -> tuple[int, int | None]:
-    from hpcrun.control.record import read_record
-    from hpcrun.control.retry import RetryAction, decide_retry
-
-    record = read_record(agent.run_dir)
-    # A lost node cannot host a restart unless the allocation has spare nodes.
-    spares = fault.get("fault") != "node_failure" or agent.spec.resources.spare_nodes > 0
-    decision = decide_retry(record, _fault_record(record, fault, agent.clock.now()),
-                            agent.spec.retry, max_requeues=agent.spec.budgets.max_requeues,
-                            spares_available=spares,
-                            rng=_RNG if agent.spec.retry.jitter else None, now=agent.clock.now())
-    if decision.action == RetryAction.RESTART and not preempted:
-        _publish(agent, inc, EntryKind.STATE, state="RECOVERING", reason=decision.reason)
-        return EXIT_OK, inc.attempt + 1
-    if decision.action == RetryAction.FAIL:
-        _publish(agent, inc, EntryKind.STATE, state="FAILED", reason=decision.reason)
-        _publish(agent, inc, EntryKind.RESULT, state="FAILED", reason=decision.reason)
-        return EXIT_USER_ERROR, None
-    if not preempted:
-        _publish(agent, inc, EntryKind.STATE, state="RECOVERING", reason=decision.reason)
-    return _requeue(agent, inc, decision), None
-
-
-def _fault_record(record: Any, fault: dict[str, Any], now: float) -> Any:
-    from hpcrun.control.record import FaultRecord
-    from hpcrun.control.retry import FaultClass
-
-    for known in reversed(record.faults):
-        if (known.signature, known.node, known.rank) == (
-                fault.get("signature"), fault.get("node"), fault.get("rank")):
-            return known
-    return FaultRecord(fault=FaultClass(str(fault["fault"])), node=fault.get("node"),
-                       rank=fault.get("rank"), step=fault.get("step"),
-                       signature=str(fault.get("signature", "")),
-                       detail=str(fault.get("detail", "")), ts=now, slot=-1, generation=-1)
-
-
-def _requeue(agent: Agent, inc: Incarnation, decision: Any) -> int:
-    op_id = f"{inc.run_id}.g{inc.generation}.requeue"
-    for node in decision.exclude:
-        _publish_any(agent, inc, EntryKind.QUARANTINE, node=node, reason=decision.reason)
-    agent.log.append(EntryKind.OP, generation=inc.generation, holder=inc.holder,
-                     payload={"op_id": op_id, "action": "requeue", "delay_s": decision.delay_s,
-                              "exclude": list(decision.exclude), "reason": decision.reason})
-    _publish(agent, inc, EntryKind.STATE, state="REQUEUED", reason=decision.reason,
-             op_id=op_id, delay_s=decision.delay_s)
-    done = agent.requeuer.requeue(delay_s=decision.delay_s, exclude=decision.exclude)
-    agent.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
-                     payload={"event": "requeue_sent", "op_id": op_id, "detail": done})
-    if getattr(agent.requeuer, "slurm_requeues", False):
-        _outlive_allocation(agent)
-    return _requeued_exit(agent)
-
-
-def _outlive_allocation(agent: Agent) -> None:
-    """Stay until Slurm ends the job: one that exits during its preemption's grace time
-    completes, and Slurm never requeues it."""
-    outlive = getattr(agent.requeuer, "outlive", None)
-    if outlive is not None:
-        outlive()
-
-
-def _requeued_exit(agent: Agent) -> int:
-    return EXIT_PREEMPTED if agent.node.backend == "local" else EXIT_OK
-
-
-def _await_tier1(agent: Agent, inc: Incarnation) -> None:
-    """Drain until the newest tier-0 commit is committed on tier 1 (bounded wait)."""
-    from hpcrun.runtime.drainer import drain_round_safely
-
-    if agent.node.node_local_root is None:
-        return
-    deadline = agent.clock.monotonic() + TIER1_WAIT_S
-    while agent.clock.monotonic() < deadline:
-        drain_round_safely(agent._drain_target(inc), agent.log, last=True)
-        agent.view.refresh()
-        commits = [e for e in agent.view.valid if e.kind == EntryKind.COMMIT]
-        local = [e.payload.get("ckpt_id") for e in commits if e.payload.get("tier") == "node_local"]
-        shared = {e.payload.get("ckpt_id") for e in commits if e.payload.get("tier") == "shared"}
-        if not local or local[-1] in shared:
+    def _await_tier1(self, inc: Incarnation) -> None:
+        """Drain until the newest tier-0 commit is committed on tier 1 (bounded wait)."""
+        if self.node.node_local_root is None:
             return
-        agent.clock.sleep(0.5)
+        target = drain_target(self.run_dir, self.node, inc)
+        deadline = self.clock.monotonic() + TIER1_WAIT_S
+        while self.clock.monotonic() < deadline:
+            drain_round_safely(target, self.log, last=True)
+            self.view.refresh()
+            commits = [e for e in self.view.valid if e.kind == EntryKind.COMMIT]
+            local = [e.payload.get("ckpt_id") for e in commits
+                     if e.payload.get("tier") == "node_local"]
+            shared = {e.payload.get("ckpt_id") for e in commits
+                      if e.payload.get("tier") == "shared"}
+            if not local or local[-1] in shared:
+                return
+            self.clock.sleep(0.5)
 
+    # -- a job start after Slurm requeued the job ---------------------------------------------
+    def record_slurm_requeue(self, generation: int, holder: str) -> None:
+        """Record why Slurm requeued the job when the last incarnation could not say.
 
-def _publish(agent: Agent, inc: Incarnation, kind: str, **payload: Any) -> None:
-    agent.log.publish(kind, generation=inc.generation, holder=inc.holder, payload=payload)
+        A lost node (NODE_FAIL) or a job Slurm preempted before any agent saw the signal is
+        requeued by Slurm itself, and the gang that was running never logged a decision: the
+        fault and the REQUEUED state are recorded here, from Slurm's account of that run.
+        """
+        self.view.refresh()
+        if not requeue_unrecorded(self.view.state()):
+            return
+        account = account_for_requeue(
+            self.requeuer.previous_run(), job_id=self.node.job_id,
+            restart_count=self.node.restart_count, last_step=self.view.last_step())
+        if account is None:
+            return  # no account of it (local backend, no accounting): the record infers it
+        # Unfenced, like the login node's record of what Slurm did: under this generation it
+        # would read as a fault of the gang now starting, and stop it.
+        self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="",
+                        payload=account.fault.to_payload())
+        self.log.publish(EntryKind.STATE, generation=generation, holder=holder, payload={
+            "state": RunState.REQUEUED, "reason": account.reason,
+            "decided_at": account.decided_at})
 
+    # -- other nodes ----------------------------------------------------------------------------
+    def follow(self, inc: Incarnation) -> AgentExit:
+        """Wait for the supervisor's decision about ``inc`` and follow it."""
+        deadline = self.clock.monotonic() + FOLLOW_WAIT_S
+        while self.clock.monotonic() < deadline:
+            self.view.refresh()
+            if self.view.fence.generation != inc.generation:
+                return rejoin(self.view, self.node, inc)
+            states = self.view.valid_of(inc.generation, inc.holder, EntryKind.STATE)
+            last = str(states[-1].payload.get("state")) if states else ""
+            if last in TERMINAL_STATES:
+                return AgentExit(status=EXIT_OK if last == RunState.SUCCEEDED
+                                 else EXIT_USER_ERROR)
+            if last == RunState.REQUEUED:
+                return AgentExit(status=preemption.requeued_exit(self.node.backend))
+            self.clock.sleep(POLL_S)
+        return AgentExit(status=EXIT_USER_ERROR)
 
-def _publish_any(agent: Agent, inc: Incarnation, kind: str, **payload: Any) -> None:
-    agent.log.append(kind, generation=inc.generation, holder=inc.holder, payload=payload)
+    # -- log ------------------------------------------------------------------------------------
+    def _publish(self, inc: Incarnation, kind: str, **payload: Any) -> None:
+        self.log.publish(kind, generation=inc.generation, holder=inc.holder, payload=payload)
+
+    def _append(self, inc: Incarnation, kind: str, **payload: Any) -> None:
+        self.log.append(kind, generation=inc.generation, holder=inc.holder, payload=payload)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import (
     DataError,
@@ -26,13 +25,11 @@ from hpcrun.errors import (
     StaleGenerationError,
     StorageError,
 )
-from hpcrun.runtime.incarnation import (
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    EXIT_STALE,
-    EXIT_USER_ERROR,
-    Incarnation,
-)
+from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Incarnation
+
+if TYPE_CHECKING:
+    from hpcrun.launch.signals import StopFlag
+    from hpcrun.runtime.context import Context
 
 _FAULT_OF = (
     (StaleGenerationError, "stale"),
@@ -117,9 +114,9 @@ def cadence_factory(run_dir: Path, policy: Any, log: Any) -> Callable[[int], Any
     return build
 
 
-def build_context(environ: Mapping[str, str], stop: Any) -> Any:
+def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     """Wire a Context from the environment around the process's stop flag."""
-    from hpcrun.checkpoint import Checkpointer, Layout
+    from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.control.log import RunLog
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.dist import device_for, init_process_group
@@ -144,11 +141,13 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
     policy = spec.checkpoint
     injections = faults.from_environ(environ)
     built: list[Any] = []  # the context, once built: the checkpoint fault hook reads its step
-    ckpt = Checkpointer(
-        run_dir=inc.run_dir, node_local_root=inc.node_local_root, layout=layout, log=log,
-        generation=inc.generation, holder=inc.holder, fence_slot=inc.fence_slot,
+    identity = CheckpointIdentity(
         run_id=inc.run_id, spec_id=spec.spec_id, dataset_id=spec.data.dataset_id or "",
-        contract=str(spec.data.contract), keep_last=policy.keep_last,
+        contract=str(spec.data.contract), generation=inc.generation, holder=inc.holder)
+    ckpt = Checkpointer(
+        identity=identity,
+        tiers=TierLayout(run_dir=inc.run_dir, node_local_root=inc.node_local_root),
+        layout=layout, log=log, fence_slot=inc.fence_slot, keep_last=policy.keep_last,
         async_policy=str(policy.async_policy),
         fault_hook=faults.checkpoint_hook(
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
@@ -171,7 +170,8 @@ def build_context(environ: Mapping[str, str], stop: Any) -> Any:
 def run(environ: Mapping[str, str]) -> int:
     """Run one rank to completion; return its exit status."""
     from hpcrun.launch.dist import destroy_process_group
-    from hpcrun.launch.signals import StopFlag, signal_number, stop_on
+    from hpcrun.launch.signals import StopFlag, signal_number
+    from hpcrun.runtime import preemption
 
     inc = Incarnation.from_environ(environ)
     rank = int(environ.get("HPCRUN_RANK", "0"))
@@ -180,23 +180,19 @@ def run(environ: Mapping[str, str]) -> int:
     ctx = None
     stop = StopFlag()
     try:
-        # The handler is in place before anything slow happens (process group, restore), and
-        # after the stop commit the signal is ignored: Slurm may deliver it to every process of
-        # the step and the agent relays it again, and neither must kill a rank that is exiting.
-        with stop_on([preempt, signal.SIGTERM], stop):
+        with preemption.rank_stop_signals(preempt, stop):
             ctx = build_context(environ, stop)
             fn = resolve_entrypoint(ctx.spec.entrypoint, environ.get("HPCRUN_CODE_PATH"))
             fn(ctx)
             ctx.close()
-            signal.signal(preempt, signal.SIG_IGN)
-        status = EXIT_PREEMPTED if ctx.stopped else EXIT_OK
-        write_exit_report(report_path, {"rank": rank, "status": "preempted" if ctx.stopped
-                                        else "succeeded", "step": ctx.step})
+            preemption.ignore_late_signals(preempt)
+        status, ending = preemption.rank_ending(ctx.stopped)
+        write_exit_report(report_path, {"rank": rank, "status": ending, "step": ctx.step})
         return status
     except BaseException as exc:  # every way out leaves a report for the agent
         fault = classify(exc)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        write_exit_report(report_path, {"rank": rank, "status": "failed", "fault": fault,
+        write_exit_report(report_path, {"rank": rank, "status": Ending.FAILED, "fault": fault,
                                         "detail": detail[-2000:],
                                         "step": ctx.step if ctx is not None else None})
         traceback.print_exc()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hpcrun.checkpoint import Checkpointer, Layout
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 
 SINGLE = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="node0")
@@ -35,10 +35,11 @@ def incarnation(run_dir: Path, log: RunLog) -> Callable[..., Checkpointer]:
     def make(**kw: Any) -> Checkpointer:
         holder = new_holder()
         fence = log.claim(holder)
-        kw.setdefault("node_local_root", None)
-        ck = Checkpointer(run_dir=run_dir, layout=kw.pop("layout", SINGLE), log=log,
-                          generation=fence.generation, holder=holder, fence_slot=fence.slot,
-                          run_id="run1", spec_id="spec1", dataset_id="ds1", **kw)
+        tiers = TierLayout(run_dir=run_dir, node_local_root=kw.pop("node_local_root", None))
+        ident = CheckpointIdentity(run_id="run1", spec_id="spec1", dataset_id="ds1",
+                                   generation=fence.generation, holder=holder)
+        ck = Checkpointer(identity=ident, tiers=tiers, layout=kw.pop("layout", SINGLE), log=log,
+                          fence_slot=fence.slot, **kw)
         made.append(ck)
         return ck
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hpcrun.checkpoint import Checkpointer
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 
 from .conftest import SINGLE, trained
@@ -31,9 +31,11 @@ def main(run_dir: str, local_root: str, stage: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     armed = False
-    ck = Checkpointer(run_dir=Path(run_dir), node_local_root=None if local_root == "-" else
-                      Path(local_root), layout=SINGLE, log=log, generation=fence.generation,
-                      holder=holder, fence_slot=fence.slot, run_id="run1", spec_id="spec1",
+    tiers = TierLayout(run_dir=Path(run_dir),
+                       node_local_root=None if local_root == "-" else Path(local_root))
+    ident = CheckpointIdentity(run_id="run1", spec_id="spec1", generation=fence.generation,
+                               holder=holder)
+    ck = Checkpointer(identity=ident, tiers=tiers, layout=SINGLE, log=log, fence_slot=fence.slot,
                       fault_hook=hook)
     for step, seed in ((1, 1), (2, 2)):
         armed = step == 2

@@ -18,7 +18,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpcrun.checkpoint import Checkpointer, Layout, RowShard, drain_pending, finalize_tier1
+from hpcrun.checkpoint import (
+    Checkpointer,
+    CheckpointIdentity,
+    Layout,
+    RowShard,
+    TierLayout,
+    drain_pending,
+    finalize_tier1,
+)
 from hpcrun.control.log import RunLog, new_holder
 
 from .conftest import trained
@@ -57,9 +65,11 @@ def claim(log: RunLog, group, rank: int) -> tuple[int, str, int]:
 
 def checkpointer(run_dir: Path, tier0: Path, layout: Layout, group, log: RunLog) -> Checkpointer:
     gen, holder, slot = claim(log, group, layout.rank)
-    return Checkpointer(run_dir=run_dir, node_local_root=tier0 / layout.node, layout=layout,
-                        log=log, generation=gen, holder=holder, fence_slot=slot, run_id="run1",
-                        spec_id="spec1", group=group)
+    return Checkpointer(
+        identity=CheckpointIdentity(run_id="run1", spec_id="spec1", generation=gen,
+                                    holder=holder),
+        tiers=TierLayout(run_dir=run_dir, node_local_root=tier0 / layout.node), layout=layout,
+        log=log, fence_slot=slot, group=group)
 
 
 def report(out: Path, rank: int, phase: str, res, model, sharded: Sharded, seed: int,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.commit import CheckpointInfo, Outcome, ShardReport, build_manifest
+from hpcrun.checkpoint.identity import CheckpointIdentity
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord, encode_manifest
 from hpcrun.checkpoint.tiers import Tier, fold_checkpoints
 from hpcrun.control.log import RunLog
@@ -36,10 +37,10 @@ def _gang(ranks: int, per_node: int, keys: int = 3) -> tuple[tuple[str, ...], li
 
 
 def _info(nodes: tuple[str, ...], holder: str = "h", generation: int = 1) -> CheckpointInfo:
-    return CheckpointInfo(ckpt_id="g000001-s0000000007-h", run_id="r", spec_id="s",
-                          dataset_id="d", contract="exact-order", generation=generation,
-                          holder=holder, step=7, parent=None, nodes=nodes, checksum="xxh3",
-                          created=1.0)
+    ident = CheckpointIdentity(run_id="r", spec_id="s", dataset_id="d", contract="exact-order",
+                               generation=generation, holder=holder)
+    return CheckpointInfo(ckpt_id="g000001-s0000000007-h", identity=ident, step=7, parent=None,
+                          nodes=nodes, checksum="xxh3", created=1.0)
 
 
 def _summaries(nodes: tuple[str, ...], shards: list[ShardRecord],

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcrun.checkpoint import Checkpointer, Layout
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 from hpcrun.drill.restore import layouts, restore_drill
 from hpcrun.drill.states import diff_states, find_committed, load_state
@@ -31,11 +31,13 @@ def _commit(run_dir: Path, steps: list[int], seed: int = 0) -> None:
     (run_dir / "log").mkdir(parents=True, exist_ok=True)
     log = RunLog(run_dir)
     fence = log.claim(new_holder("test."))
-    ckpt = Checkpointer(run_dir=run_dir, node_local_root=None, log=log,
+    ckpt = Checkpointer(identity=CheckpointIdentity(run_id=run_dir.name, spec_id="s",
+                                                    generation=fence.generation,
+                                                    holder=fence.holder),
+                        tiers=TierLayout(run_dir=run_dir), log=log,
                         layout=Layout(rank=0, world_size=1, node_rank=0, local_rank=0,
                                       num_nodes=1, node="n0"),
-                        generation=fence.generation, holder=fence.holder,
-                        fence_slot=fence.slot, run_id=run_dir.name, spec_id="s", keep_last=3)
+                        fence_slot=fence.slot, keep_last=3)
     torch.manual_seed(seed)
     model = torch.nn.Linear(8, 4)
     for step in steps:

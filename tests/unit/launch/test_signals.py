@@ -1,4 +1,5 @@
-"""Preemption signals: the handler only sets a flag, handlers are restored, ranks agree."""
+"""Preemption signals: the handler only sets a flag, handlers are restored, ranks agree
+(the agreement lives in :mod:`hpcrun.runtime.preemption`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 from hpcrun.errors import ConfigError
-from hpcrun.launch.signals import StopFlag, agree_to_stop, signal_number, stop_on
+from hpcrun.launch.signals import StopFlag, signal_number, stop_on
+from hpcrun.runtime.preemption import agree_to_stop
 from tests.unit.launch.test_dist import gang, spawn
 
 
@@ -98,7 +100,8 @@ AGREE = """
     import json, os, signal, sys, time
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.dist import init_process_group, destroy_process_group
-    from hpcrun.launch.signals import StopFlag, agree_to_stop, stop_on
+    from hpcrun.launch.signals import StopFlag, stop_on
+    from hpcrun.runtime.preemption import agree_to_stop
     env = DistEnv.from_environ(dict(os.environ))
     init_process_group(env, timeout_s=60)
     flag = StopFlag()

@@ -1,0 +1,174 @@
+"""The supervisor's decision core (pure): what the supervising agent saw → one typed decision.
+
+``decide(observations, record, policy, now=..., rng=...)`` is the whole rule set for the end of
+an incarnation:
+
+- a node that never reported within the wait is a lost node (``node_failure``), even before
+  Slurm flags it;
+- a node whose ranks failed with no recorded cause (every failure an echo of a lost peer) is a
+  ``process_crash`` of the gang;
+- a gang fault with no stop pending goes through the control plane's retry rules: restart in
+  the allocation, requeue with backoff and quarantine, or fail (:func:`root_cause` picks the
+  fault to act on);
+- every rank succeeded → succeed, even when a preemption signal arrived after the last step;
+- anything else is a stopped gang: :func:`hpcrun.runtime.preemption.decide_after_stop`.
+
+:func:`account_for_requeue` is the one decision at an incarnation's start: recording why Slurm
+requeued the job by itself when the last gang could not say.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hpcrun.control.retry import FaultClass, classify_exit
+from hpcrun.control.states import RunState
+from hpcrun.runtime import preemption
+from hpcrun.runtime.decisions import (
+    Decision,
+    DecisionPolicy,
+    Fail,
+    GangFault,
+    LeaveToSlurm,
+    Observations,
+    Requeue,
+    RestartInAllocation,
+    Succeed,
+    retry_decision,
+)
+from hpcrun.runtime.incarnation import Ending
+
+if TYPE_CHECKING:
+    from hpcrun.control.record import RunRecord
+    from hpcrun.scheduler.slurm import PastRun
+
+__all__ = [
+    "Decision",
+    "DecisionPolicy",
+    "Fail",
+    "GangFault",
+    "LeaveToSlurm",
+    "Observations",
+    "Requeue",
+    "RestartInAllocation",
+    "SlurmRequeued",
+    "Succeed",
+    "account_for_requeue",
+    "decide",
+    "enough_to_decide",
+    "requeue_unrecorded",
+    "root_cause",
+]
+
+
+def decide(obs: Observations, record: RunRecord, policy: DecisionPolicy, *, now: float,
+           rng: random.Random | None = None) -> Decision:
+    """What to do now that the incarnation of ``obs`` ended (pure but for ``rng``'s state).
+
+    Args:
+        obs: what the supervising agent gathered (node exits, gang faults, its stop flag).
+        record: the run record (its faults, restarts and requeues are the retry history).
+        policy: retry rules and budgets from the spec.
+        now: wall-clock time (fault times, the quarantine window).
+        rng: random source for backoff jitter (None: no jitter).
+    """
+    faults = _faults(obs)
+    if faults and not obs.stop_requested:
+        return retry_decision(obs, record, root_cause(faults), policy, now=now, rng=rng)
+    if not faults and obs.exits and all(s is Ending.SUCCEEDED for s in obs.exits.values()):
+        return Succeed()
+    return preemption.decide_after_stop(obs, record, policy, now=now, rng=rng)
+
+
+def _faults(obs: Observations) -> tuple[GangFault, ...]:
+    """The faults to act on: a silent node after the wait replaces what was seen; failed nodes
+    with no recorded cause make one (unless a stop explains them)."""
+    missing = sorted(set(obs.nodes) - set(obs.exits))
+    if obs.timed_out and missing:
+        return (silent_node_fault(missing, obs.waited_s),)
+    if obs.faults or obs.stop_requested:
+        return obs.faults
+    return unexplained(obs.exits)
+
+
+def silent_node_fault(missing: Iterable[str], waited_s: float) -> GangFault:
+    """A node that left no exit note within the wait is lost (before Slurm may say so)."""
+    nodes = list(missing)
+    return GangFault(fault=FaultClass.NODE_FAILURE, node=nodes[0],
+                     signature=f"node_failure:{nodes[0]}",
+                     detail=f"no exit report from {', '.join(nodes)} within {waited_s:.0f} s")
+
+
+def unexplained(exits: Mapping[str, Ending]) -> tuple[GangFault, ...]:
+    """A node failed but no rank recorded a cause (every failure was a peer-loss echo)."""
+    failed = sorted(n for n, s in exits.items() if s is Ending.FAILED)
+    if not failed:
+        return ()
+    return (GangFault(fault=FaultClass.PROCESS_CRASH, signature="gang:peer_lost",
+                      detail=f"ranks on {', '.join(failed)} lost their peers; no rank recorded "
+                             "a cause (see the ranks' logs)"),)
+
+
+def root_cause(faults: Iterable[GangFault]) -> GangFault:
+    """The fault to act on: a lost node explains its peers' collective errors, so it comes
+    first; then a rank that crashed, hung or failed otherwise, whose peers' collective errors
+    surface as user errors (on another node, possibly logged first); otherwise the first
+    recorded fault (the rest are its echoes)."""
+    seen = list(faults)
+    lost = [f for f in seen if f.fault == FaultClass.NODE_FAILURE]
+    causes = [f for f in seen if f.fault != FaultClass.USER_ERROR]
+    return (lost or causes or seen)[0]
+
+
+def enough_to_decide(obs: Observations, *, settled: bool) -> bool:
+    """Whether the supervisor may stop waiting: every node reported, or a fault was logged and
+    either the others had ``settled`` time to report or it is a lost node (the cause)."""
+    if set(obs.nodes) <= set(obs.exits):
+        return True
+    lost = any(f.fault == FaultClass.NODE_FAILURE for f in obs.faults)
+    return bool(obs.faults) and (settled or lost)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmRequeued:
+    """Slurm requeued the job by itself (NODE_FAIL, a preemption no agent saw) and the last
+    gang logged no decision: record the fault (unfenced) and REQUEUED."""
+
+    fault: GangFault
+    """What Slurm's account says ended the previous run."""
+    reason: str
+    """The REQUEUED state's reason."""
+    decided_at: float | None
+    """Slurm's end time of that run (when the requeue happened)."""
+
+
+def requeue_unrecorded(last_state: str | None) -> bool:
+    """Whether the last incarnation ended without recording a decision: a job start after a
+    requeue then asks Slurm why (None: there was no incarnation yet)."""
+    return last_state not in (RunState.REQUEUED, RunState.PREEMPTED, None)
+
+
+def account_for_requeue(past: PastRun | None, *, job_id: str, restart_count: int,
+                        last_step: int | None) -> SlurmRequeued | None:
+    """How to record a requeue Slurm did by itself, from its account of the previous run
+    (``sacct --duplicates``); None when there is no account (the record infers it). Pure.
+
+    Args:
+        past: Slurm's account of the job's previous run, if any.
+        job_id: the job.
+        restart_count: ``SLURM_RESTART_COUNT`` of this start.
+        last_step: the newest step the log reported, for the fault.
+    """
+    if past is None:
+        return None
+    fault = classify_exit(slurm_state=str(past.state), exit_code=past.exit_code,
+                          signal=past.signal)
+    detail = (f"Slurm requeued job {job_id} (restart {restart_count}) after its previous run "
+              f"ended {past.state}" + (f" on {','.join(past.nodes)}" if past.nodes else ""))
+    return SlurmRequeued(
+        fault=GangFault(fault=fault, step=last_step, signature=f"slurm:{past.state}",
+                        detail=detail),
+        reason=detail, decided_at=past.ended_at)

@@ -1,0 +1,190 @@
+"""What the supervisor sees and what it can decide: the typed inputs and outputs of
+:func:`hpcrun.runtime.decide.decide` (all values, no effects).
+
+A :class:`Decision` is one of a closed set of frozen dataclasses; the supervising agent
+(:mod:`hpcrun.runtime.supervisor`) carries it out. A new way to end an incarnation (swap a spare
+node in, shrink the gang) is a new variant here, a branch in ``decide`` and a case in the shell.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hpcrun.control.record import FaultRecord, RunRecord
+from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
+from hpcrun.runtime.incarnation import Ending
+
+if TYPE_CHECKING:
+    from hpcrun.control.spec import RetryPolicy, RunSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GangFault:
+    """A fault that ends the gang, as a FAULT entry's payload carries it."""
+
+    fault: str
+    """Fault class (a :class:`~hpcrun.control.retry.FaultClass` value; a rank may report
+    another word, such as ``stale``, which the record keeps as ``unknown``)."""
+    node: str | None = None
+    """Node it happened on, when known."""
+    rank: int | None = None
+    """Rank it happened on, when known."""
+    step: int | None = None
+    """Step it happened at, when known."""
+    signature: str = ""
+    """Stable fingerprint for repeat detection."""
+    detail: str = ""
+    """One line for people."""
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> GangFault:
+        """Read a FAULT payload (untrusted: missing or odd fields become None or empty)."""
+        node, rank, step = payload.get("node"), payload.get("rank"), payload.get("step")
+        return cls(fault=str(payload.get("fault", FaultClass.UNKNOWN)),
+                   node=str(node) if node is not None else None,
+                   rank=rank if isinstance(rank, int) else None,
+                   step=step if isinstance(step, int) else None,
+                   signature=str(payload.get("signature", "")),
+                   detail=str(payload.get("detail", "")))
+
+    def to_payload(self) -> dict[str, Any]:
+        """The FAULT payload this fault is logged as."""
+        return {"fault": self.fault, "node": self.node, "rank": self.rank, "step": self.step,
+                "signature": self.signature, "detail": self.detail}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observations:
+    """What the supervising agent saw when its incarnation ended."""
+
+    generation: int
+    """Generation of the incarnation that ended."""
+    attempt: int
+    """Its in-allocation attempt (0 for the allocation's first gang start)."""
+    nodes: tuple[str, ...]
+    """Every node of the gang."""
+    exits: Mapping[str, Ending] = field(default_factory=dict)
+    """node → how its ranks ended (from ``node_exit`` notes)."""
+    faults: tuple[GangFault, ...] = ()
+    """Gang faults logged under this incarnation, in log order."""
+    timed_out: bool = False
+    """Whether the wait for node exits ran out with nodes still silent."""
+    waited_s: float = 0.0
+    """How long the supervisor waited for node exits (for the silent-node fault's detail)."""
+    stop_requested: bool = False
+    """Whether this agent got a preemption or termination signal."""
+    stop_signum: int | None = None
+    """The first signal that asked it to stop."""
+    preempt_signal: int = 10
+    """The site's preemption signal."""
+    backend: str = "slurm"
+    """``slurm`` or ``local``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionPolicy:
+    """The parts of the spec the supervisor's decisions read."""
+
+    retry: RetryPolicy
+    """Per-class budgets, backoff, quarantine."""
+    max_requeues: int | None = None
+    """The run's requeue budget; None for no limit."""
+    spare_nodes: int = 0
+    """Spare nodes in the allocation (a lost node can be replaced only with one)."""
+
+    @classmethod
+    def of(cls, spec: RunSpec) -> DecisionPolicy:
+        return cls(retry=spec.retry, max_requeues=spec.budgets.max_requeues,
+                   spare_nodes=spec.resources.spare_nodes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Succeed:
+    """Every rank finished: the last checkpoint reaches tier 1 and the run is SUCCEEDED."""
+
+    reason: str = "all ranks finished"
+    """The SUCCEEDED state's reason."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestartInAllocation:
+    """Restart the gang in this allocation under a new generation (RECOVERING, then STARTING)."""
+
+    attempt: int
+    """The next in-allocation attempt."""
+    reason: str
+    """Why (the retry rule that allowed it)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Requeue:
+    """Give the allocation back and queue again after ``delay_s`` (REQUEUED)."""
+
+    delay_s: float
+    """Backoff before the requeued job may start."""
+    exclude: tuple[str, ...]
+    """Quarantined nodes the next allocation must avoid."""
+    reason: str
+    """Why (the retry rule that chose it)."""
+    preempted: bool
+    """Whether the gang stopped for a preemption (PREEMPTED is recorded first, after the
+    checkpoint reached tier 1) rather than for a fault (RECOVERING)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fail:
+    """End the run FAILED."""
+
+    reason: str
+    """Why (a spent budget, a deterministic repeat)."""
+    preempted: bool = False
+    """Whether the gang stopped for a preemption (PREEMPTED is recorded first)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LeaveToSlurm:
+    """The gang stopped on SIGTERM: Slurm is ending the job (scancel, a preemption's grace
+    period, the time limit). Record PREEMPTED and stay until Slurm ends the job; requeueing here
+    would undo a user's scancel, and Slurm requeues a preempted job by itself."""
+
+    reason: str = "stopped on SIGTERM: Slurm is ending the job"
+    """The note's detail."""
+
+
+Decision = Succeed | RestartInAllocation | Requeue | Fail | LeaveToSlurm
+"""Everything the supervisor can decide when an incarnation ends."""
+
+
+def fault_record(obs: Observations, record: RunRecord, fault: GangFault,
+                 now: float) -> FaultRecord:
+    """The record's copy of ``fault`` when this incarnation logged it, else a new one (pure)."""
+    for known in reversed(record.faults):
+        if known.generation == obs.generation and (known.signature, known.node, known.rank) == (
+                fault.signature, fault.node, fault.rank):
+            return known
+    cls = FaultClass(fault.fault) if fault.fault in set(FaultClass) else FaultClass.UNKNOWN
+    return FaultRecord(fault=cls, node=fault.node, rank=fault.rank, step=fault.step,
+                       signature=fault.signature, detail=fault.detail, ts=now)
+
+
+def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
+                   policy: DecisionPolicy, *, now: float, rng: random.Random | None,
+                   preempted: bool = False) -> Requeue | Fail | RestartInAllocation:
+    """The control plane's retry rules applied to ``fault`` (pure but for ``rng``'s state).
+
+    A lost node cannot host a restart unless the allocation has spare nodes; a preempted gang is
+    never restarted in its allocation (the allocation is ending).
+    """
+    spares = fault.fault != FaultClass.NODE_FAILURE or policy.spare_nodes > 0
+    rd = decide_retry(record, fault_record(obs, record, fault, now), policy.retry,
+                      max_requeues=policy.max_requeues, spares_available=spares,
+                      rng=rng if policy.retry.jitter else None, now=now)
+    if rd.action == RetryAction.RESTART and not preempted:
+        return RestartInAllocation(attempt=obs.attempt + 1, reason=rd.reason)
+    if rd.action == RetryAction.FAIL:
+        return Fail(reason=rd.reason, preempted=preempted)
+    return Requeue(delay_s=rd.delay_s, exclude=rd.exclude, reason=rd.reason,
+                   preempted=preempted)

@@ -1,0 +1,215 @@
+"""The supervisor's decision core: every branch of ``decide``, with injected time."""
+
+from __future__ import annotations
+
+import random
+import signal
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from hpcrun.control.record import FaultRecord, RunRecord
+from hpcrun.control.retry import FaultClass
+from hpcrun.control.spec import RetryPolicy
+from hpcrun.runtime.decide import (
+    DecisionPolicy,
+    Fail,
+    GangFault,
+    LeaveToSlurm,
+    Observations,
+    Requeue,
+    RestartInAllocation,
+    Succeed,
+    account_for_requeue,
+    decide,
+    enough_to_decide,
+    requeue_unrecorded,
+    root_cause,
+)
+from hpcrun.runtime.incarnation import Ending
+from hpcrun.scheduler.slurm import PastRun, SlurmJobState
+from hpcrun.testing import FakeClock
+
+NODES = ("n0", "n1")
+POLICY = DecisionPolicy(retry=RetryPolicy(jitter=False, backoff_base_s=10, backoff_cap_s=60),
+                        max_requeues=5, spare_nodes=0)
+RECORD = RunRecord(run_id="r", spec_id="s", generation=4, holder="h")
+CRASH = GangFault(fault=FaultClass.PROCESS_CRASH, node="n1", rank=3, step=7,
+                  signature="process_crash:rank3:-9", detail="killed by signal 9")
+
+
+def obs(**over: Any) -> Observations:
+    base: dict[str, Any] = dict(generation=4, attempt=0, nodes=NODES, waited_s=60.0,
+                                preempt_signal=int(signal.SIGUSR1), backend="slurm")
+    base.update(over)
+    return Observations(**base)
+
+
+def exits(*statuses: Ending) -> dict[str, Ending]:
+    return dict(zip(NODES, statuses, strict=True))
+
+
+def stopped(signum: int = signal.SIGUSR1, **over: Any) -> Observations:
+    return obs(exits=exits(Ending.PREEMPTED, Ending.PREEMPTED), stop_requested=True,
+               stop_signum=int(signum), **over)
+
+
+def test_every_rank_succeeded_is_success() -> None:
+    d = decide(obs(exits=exits(Ending.SUCCEEDED, Ending.SUCCEEDED)), RECORD, POLICY,
+               now=FakeClock().now())
+    assert d == Succeed(reason="all ranks finished")
+
+
+def test_a_late_preemption_signal_after_every_rank_succeeded_is_still_success() -> None:
+    late = obs(exits=exits(Ending.SUCCEEDED, Ending.SUCCEEDED), stop_requested=True,
+               stop_signum=int(signal.SIGUSR1))
+    assert isinstance(decide(late, RECORD, POLICY, now=FakeClock().now()), Succeed)
+
+
+def test_a_crashed_rank_restarts_the_gang_in_the_allocation() -> None:
+    d = decide(obs(exits=exits(Ending.SUCCEEDED, Ending.FAILED), faults=(CRASH,), attempt=1),
+               RECORD, POLICY, now=FakeClock().now())
+    assert d == RestartInAllocation(attempt=2,
+                                    reason="process_crash: restart in allocation (1 of 2)")
+
+
+def test_a_crash_after_the_in_allocation_restarts_requeues_with_backoff() -> None:
+    record = replace(RECORD, restarts=2)
+    d = decide(obs(faults=(CRASH,)), record, POLICY, now=FakeClock().now())
+    assert d == Requeue(delay_s=10.0, exclude=(), preempted=False,
+                        reason="process_crash: requeue after 10 s (attempt 1 of 3)")
+
+
+def test_backoff_jitter_comes_from_the_injected_rng() -> None:
+    jittery = replace(POLICY, retry=RetryPolicy(jitter=True, backoff_base_s=10))
+    record = replace(RECORD, restarts=2)
+    first = decide(obs(faults=(CRASH,)), record, jittery, now=0.0, rng=random.Random(7))
+    again = decide(obs(faults=(CRASH,)), record, jittery, now=0.0, rng=random.Random(7))
+    assert isinstance(first, Requeue) and first == again
+    assert 0 <= first.delay_s <= 10 and first.delay_s != 10
+
+
+def test_a_spent_retry_budget_fails_with_the_reason() -> None:
+    clock = FakeClock()
+    earlier = tuple(FaultRecord(fault=FaultClass.PROCESS_CRASH, ts=clock.now(), slot=s,
+                                generation=g) for s, g in ((10, 1), (20, 2), (30, 3)))
+    d = decide(obs(faults=(CRASH,)), replace(RECORD, faults=earlier), POLICY, now=clock.now())
+    assert isinstance(d, Fail) and not d.preempted
+    assert "process_crash retry budget spent (3 of 3 retries used)" in d.reason
+    assert "retry.max_attempts.process_crash" in d.reason
+
+
+def test_a_spent_requeue_budget_fails() -> None:
+    record = replace(RECORD, restarts=2, requeues=5)
+    d = decide(obs(faults=(CRASH,)), record, POLICY, now=0.0)
+    assert isinstance(d, Fail) and "requeue budget spent (5 of 5)" in d.reason
+
+
+def test_the_same_fault_at_the_same_step_again_and_again_is_deterministic() -> None:
+    again = tuple(FaultRecord(fault=FaultClass.PROCESS_CRASH, ts=0.0, slot=s, generation=g,
+                              signature=CRASH.signature, step=CRASH.step)
+                  for s, g in ((10, 1), (20, 2)))
+    d = decide(obs(faults=(CRASH,)), replace(RECORD, faults=again), POLICY, now=0.0)
+    assert isinstance(d, Fail) and "deterministic failure" in d.reason
+
+
+def test_a_fault_this_incarnation_logged_counts_once() -> None:
+    logged = FaultRecord(fault=FaultClass.PROCESS_CRASH, ts=0.0, slot=40, generation=4,
+                         node="n1", rank=3, step=7, signature=CRASH.signature)
+    policy = replace(POLICY, retry=RetryPolicy(jitter=False, max_attempts={"process_crash": 1}))
+    d = decide(obs(faults=(CRASH,)), replace(RECORD, faults=(logged,)), policy, now=0.0)
+    assert isinstance(d, RestartInAllocation)
+
+
+def test_a_node_silent_after_the_wait_is_a_lost_node_before_slurm_says_so() -> None:
+    seen = obs(exits={"n0": Ending.FAILED}, faults=(CRASH,), timed_out=True)
+    d = decide(seen, RECORD, POLICY, now=0.0)
+    # no spare nodes: a lost node cannot host a restart, so the run requeues
+    assert isinstance(d, Requeue) and d.reason.startswith("node_failure: requeue")
+
+
+def test_a_silent_node_with_a_spare_restarts_in_the_allocation() -> None:
+    seen = obs(exits={"n0": Ending.SUCCEEDED}, timed_out=True)
+    d = decide(seen, RECORD, replace(POLICY, spare_nodes=1), now=0.0)
+    assert isinstance(d, RestartInAllocation) and d.reason.startswith("node_failure")
+
+
+def test_failed_nodes_with_only_peer_loss_echoes_are_a_gang_crash() -> None:
+    d = decide(obs(exits=exits(Ending.FAILED, Ending.FAILED)), RECORD, POLICY, now=0.0)
+    assert d == RestartInAllocation(attempt=1,
+                                    reason="process_crash: restart in allocation (1 of 2)")
+
+
+def test_a_preempted_gang_requeues_once_without_delay() -> None:
+    d = decide(stopped(), replace(RECORD, restarts=0), POLICY, now=0.0)
+    assert d == Requeue(delay_s=0.0, exclude=(), preempted=True,
+                        reason="preemption: requeue after 0 s (attempt 1 of 100)")
+
+
+def test_a_pending_stop_wins_over_a_fault() -> None:
+    d = decide(stopped(faults=(CRASH,)), RECORD, POLICY, now=0.0)
+    assert isinstance(d, Requeue) and d.preempted
+
+
+def test_sigterm_on_slurm_is_left_to_slurm() -> None:
+    assert isinstance(decide(stopped(signal.SIGTERM), RECORD, POLICY, now=0.0), LeaveToSlurm)
+
+
+@pytest.mark.parametrize("over", [{"backend": "local"},
+                                  {"preempt_signal": int(signal.SIGTERM)}])
+def test_sigterm_as_the_preemption_signal_or_locally_requeues(over: dict[str, Any]) -> None:
+    d = decide(stopped(signal.SIGTERM, **over), RECORD, POLICY, now=0.0)
+    assert isinstance(d, Requeue) and d.preempted
+
+
+def test_a_spent_preemption_budget_fails_after_recording_the_preemption() -> None:
+    policy = replace(POLICY, retry=RetryPolicy(max_attempts={"preemption": 1}))
+    earlier = (FaultRecord(fault=FaultClass.PREEMPTION, ts=0.0, slot=9, generation=3,
+                           signature="preemption"),)
+    d = decide(stopped(), replace(RECORD, faults=earlier), policy, now=0.0)
+    assert isinstance(d, Fail) and d.preempted and "preemption retry budget spent" in d.reason
+
+
+def test_a_node_seen_failing_twice_within_the_window_is_excluded() -> None:
+    clock = FakeClock()
+    earlier = (FaultRecord(fault=FaultClass.PROCESS_CRASH, ts=clock.now(), slot=10,
+                           generation=2, node="n1"),)
+    record = replace(RECORD, restarts=2, faults=earlier)
+    clock.advance(600)
+    d = decide(obs(faults=(CRASH,)), record, POLICY, now=clock.now())
+    assert isinstance(d, Requeue) and d.exclude == ("n1",)
+    clock.advance(3600)  # the first failure left the quarantine window
+    d = decide(obs(faults=(CRASH,)), record, POLICY, now=clock.now())
+    assert isinstance(d, Requeue) and d.exclude == ()
+
+
+def test_root_cause_prefers_a_lost_node_then_a_real_cause_then_the_first() -> None:
+    echo = GangFault(fault=FaultClass.USER_ERROR, node="n0", rank=0, signature="e")
+    lost = GangFault(fault=FaultClass.NODE_FAILURE, node="n1", signature="l")
+    assert root_cause([echo, CRASH, lost]) == lost
+    assert root_cause([echo, CRASH]) == CRASH
+    assert root_cause([echo]) == echo
+
+
+def test_enough_to_decide_waits_for_every_node_or_a_settled_fault() -> None:
+    assert enough_to_decide(obs(exits=exits(Ending.SUCCEEDED, Ending.SUCCEEDED)), settled=False)
+    assert not enough_to_decide(obs(exits={"n0": Ending.SUCCEEDED}), settled=True)
+    assert not enough_to_decide(obs(faults=(CRASH,)), settled=False)
+    assert enough_to_decide(obs(faults=(CRASH,)), settled=True)
+    lost = GangFault(fault=FaultClass.NODE_FAILURE, node="n1")
+    assert enough_to_decide(obs(faults=(lost,)), settled=False)
+
+
+def test_a_requeue_slurm_did_by_itself_is_recorded_from_its_account() -> None:
+    assert requeue_unrecorded("RUNNING") and requeue_unrecorded("STARTING")
+    assert not any(requeue_unrecorded(s) for s in ("REQUEUED", "PREEMPTED", None))
+    past = PastRun(state=SlurmJobState.NODE_FAIL, exit_code=0, signal=None,
+                   nodes=("n0", "n1"), ended_at=1234.5)
+    account = account_for_requeue(past, job_id="77", restart_count=1, last_step=12)
+    assert account is not None
+    assert account.fault.fault == FaultClass.NODE_FAILURE and account.fault.step == 12
+    assert account.fault.signature == "slurm:NODE_FAIL" and account.decided_at == 1234.5
+    assert account.reason == ("Slurm requeued job 77 (restart 1) after its previous run ended "
+                              "NODE_FAIL on n0,n1")
+    assert account_for_requeue(None, job_id="77", restart_count=1, last_step=12) is None

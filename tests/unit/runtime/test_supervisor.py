@@ -1,0 +1,142 @@
+"""The supervisor's shell on a real run log with a fake clock: what it waits for, what it logs."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.record import create_run, read_record
+from hpcrun.control.spec import RunSpec
+from hpcrun.errors import StaleGenerationError
+from hpcrun.launch.signals import StopFlag
+from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incarnation
+from hpcrun.runtime.logview import LogView
+from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, Supervisor
+from hpcrun.testing import FakeClock
+
+SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:main",
+                          "resources": {"nodes": 2},
+                          "retry": {"jitter": False, "backoff_base_s": 10}})
+
+
+class RecordingRequeuer:
+    """A local-backend requeuer that remembers what it was asked."""
+
+    slurm_requeues = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, tuple[str, ...]]] = []
+
+    def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
+        self.calls.append((delay_s, tuple(exclude)))
+        return "recorded"
+
+    def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> None:
+        return None
+
+    def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
+        return False
+
+
+class Setup:
+    def __init__(self, tmp_path: Path) -> None:
+        self.run_dir = create_run(tmp_path, SPEC, run_id="r1")
+        self.log = RunLog(self.run_dir)
+        self.clock = FakeClock()
+        self.stop = StopFlag()
+        self.requeuer = RecordingRequeuer()
+        node = NodeInfo(node="n0", node_rank=0, nodes=("n0", "n1"), job_id="local-1",
+                        restart_count=0, node_local_root=None, backend="local")
+        fence = self.log.claim("joblocal-1.r0.a0.x")
+        self.inc = Incarnation(run_dir=self.run_dir, run_id="r1", generation=fence.generation,
+                               holder=fence.holder, fence_slot=fence.slot, job_id="local-1",
+                               restart_count=0, attempt=0, node="n0", node_local_root=None)
+        self.sup = Supervisor(run_dir=self.run_dir, node=node, spec=SPEC, log=self.log,
+                              view=LogView(self.log), requeuer=self.requeuer, stop=self.stop,
+                              preempt_signal=int(signal.SIGUSR1), clock=self.clock)
+
+    def note(self, node: str, status: str) -> None:
+        self.log.append(EntryKind.NOTE, generation=self.inc.generation, holder=self.inc.holder,
+                        payload={"event": "node_exit", "node": node, "status": status,
+                                 "attempt": 0})
+
+    def fault(self, **payload: Any) -> None:
+        self.log.append(EntryKind.FAULT, generation=self.inc.generation,
+                        holder=self.inc.holder, payload=payload)
+
+    def states(self) -> list[str]:
+        return [str(e.payload["state"]) for e in self.log.read() if e.kind == EntryKind.STATE]
+
+
+@pytest.fixture
+def s(tmp_path: Path) -> Setup:
+    return Setup(tmp_path)
+
+
+def test_all_nodes_succeeded_ends_the_run_succeeded(s: Setup) -> None:
+    s.note("n0", "succeeded")
+    s.note("n1", "succeeded")
+    assert s.sup.conclude(s.inc) == AgentExit(status=EXIT_OK)
+    assert s.states() == ["SUCCEEDED"] and s.clock.sleeps == []
+    assert read_record(s.run_dir).result == {"state": "SUCCEEDED"}
+
+
+def test_a_silent_node_is_waited_for_then_counted_lost(s: Setup) -> None:
+    s.note("n0", "failed")
+    ended = s.sup.conclude(s.inc)
+    assert NODE_EXIT_WAIT_S <= s.clock.monotonic() < NODE_EXIT_WAIT_S + 1
+    # a lost node without spares: RECOVERING, then one requeue without quarantine
+    assert s.states() == ["RECOVERING", "REQUEUED"]
+    assert "node_failure" in read_record(s.run_dir).state_info["reason"]  # type: ignore[index]
+    assert s.requeuer.calls == [(10.0, ())] and ended == AgentExit(status=EXIT_PREEMPTED)
+
+
+def test_after_a_fault_silent_nodes_get_a_short_settle_time(s: Setup) -> None:
+    s.fault(fault="process_crash", node="n0", rank=0, step=3, signature="process_crash:rank0:-9",
+            detail="killed")
+    assert s.sup.conclude(s.inc) == AgentExit(next_attempt=1)
+    assert FAULT_SETTLE_S <= s.clock.monotonic() < FAULT_SETTLE_S + 1
+    assert s.states() == ["RECOVERING"]
+
+
+def test_a_stopped_gang_records_preempted_and_its_fault_then_requeues(s: Setup) -> None:
+    s.stop.set(int(signal.SIGUSR1))
+    s.note("n0", "preempted")
+    s.note("n1", "preempted")
+    assert s.sup.conclude(s.inc) == AgentExit(status=EXIT_PREEMPTED)
+    assert s.states() == ["PREEMPTED", "REQUEUED"]
+    faults = read_record(s.run_dir).faults
+    assert [f.fault for f in faults] == ["preemption"] and s.requeuer.calls == [(0.0, ())]
+
+
+def test_a_newer_fence_stops_the_gather(s: Setup) -> None:
+    s.log.claim("joblocal-1.r0.a1.y")
+    with pytest.raises(StaleGenerationError, match="fenced out"):
+        s.sup.gather(s.inc)
+
+
+def test_followers_exit_on_requeued_and_join_a_restart(s: Setup) -> None:
+    s.log.publish(EntryKind.STATE, generation=s.inc.generation, holder=s.inc.holder,
+                  payload={"state": "REQUEUED", "reason": "x"})
+    assert s.sup.follow(s.inc) == AgentExit(status=EXIT_PREEMPTED)
+    s.log.claim("joblocal-1.r0.a1.z")
+    assert s.sup.follow(s.inc) == AgentExit(next_attempt=1)
+
+
+def test_the_relay_repeats_a_pending_stop_every_two_seconds() -> None:
+    from hpcrun.runtime.preemption import RELAY_EVERY_S, Relay
+
+    clock, flag, sent = FakeClock(), StopFlag(), []
+    relay = Relay(flag, int(signal.SIGUSR1), clock=clock)
+    assert not relay.tick(sent.append)  # nothing to relay yet
+    flag.set(int(signal.SIGUSR1))
+    assert relay.tick(sent.append) and not relay.tick(sent.append)
+    clock.advance(RELAY_EVERY_S + 0.1)
+    assert relay.tick(sent.append)
+    assert sent == [signal.SIGUSR1, signal.SIGUSR1]
