@@ -40,7 +40,7 @@ from hpcrun.control.entries import (
     decode_as,
 )
 from hpcrun.control.log import RunLog
-from hpcrun.runtime.incarnation import EXIT_PREEMPTED
+from hpcrun.exits import EXIT_PREEMPTED
 from hpcrun.vocab import FaultClass
 
 LAUNCHER_FILE = "local/launcher.json"

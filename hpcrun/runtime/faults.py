@@ -61,12 +61,14 @@ class Injection:
 
     def __post_init__(self) -> None:
         if (self.kind == FaultKind.CKPTCRASH) != (self.stage in CKPT_STAGES):
-            raise ValueError(f"stage={self.stage!r}: ckptcrash needs a stage among "
-                             f"{', '.join(CKPT_STAGES)}, and only ckptcrash takes one")
+            raise SpecError(f"fault injection {self.kind}: stage={self.stage!r}, but ckptcrash "
+                            f"needs a stage among {', '.join(CKPT_STAGES)} and the other "
+                            "faults take none; set stage= on ckptcrash only")
         if self.step < 0 or self.rank < 0 or self.restart < 0 or self.seconds < 0:
-            raise ValueError(f"step, rank, restart and seconds must be >= 0, found step="
-                             f"{self.step} rank={self.rank} restart={self.restart} "
-                             f"seconds={self.seconds}")
+            raise SpecError(f"fault injection {self.kind}: step, rank, restart and seconds must "
+                            f"be >= 0, found step={self.step} rank={self.rank} "
+                            f"restart={self.restart} seconds={self.seconds}; give non-negative "
+                            "values")
 
 
 def parse_injections(text: str) -> tuple[Injection, ...]:

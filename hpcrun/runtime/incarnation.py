@@ -14,12 +14,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from hpcrun.errors import EnvError
+from hpcrun.exits import EXIT_OK, EXIT_PREEMPTED, EXIT_STALE, EXIT_USER_ERROR
 
-EXIT_OK = 0
-EXIT_USER_ERROR = 1
-EXIT_STALE = 3
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped at a step boundary after committing; run again later
-"""Exit statuses of ranks and agents."""
+__all__ = ["EXIT_OK", "EXIT_PREEMPTED", "EXIT_STALE", "EXIT_USER_ERROR"]
+
 
 
 class Ending(StrEnum):
