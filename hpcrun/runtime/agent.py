@@ -20,6 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import (
+    JobPayload,
+    NodeExitNote,
+    NodeStatus,
+    PeerLostNote,
+    StatePayload,
+)
 from hpcrun.control.log import EntryKind, RunLog, new_holder
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, StaleGenerationError
@@ -36,7 +43,7 @@ from hpcrun.runtime.incarnation import (
     Ending,
     Incarnation,
 )
-from hpcrun.runtime.logview import LogView, is_gang_fault
+from hpcrun.runtime.logview import LogView, decoded, is_gang_fault
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 
@@ -140,22 +147,22 @@ class Agent:
     def _start_of(self, fence: LogEntry) -> int | None:
         """Slot of the STARTING entry under ``fence``: the incarnation's restore point."""
         for e in self.view.valid_of(fence.generation, fence.holder, EntryKind.STATE):
-            if e.payload.get("state") == RunState.STARTING:
+            if any(p.state == RunState.STARTING for p in decoded([e], StatePayload)):
                 return e.slot
         return None
 
     def _publish_start(self, generation: int, holder: str, attempt: int) -> int:
         """Publish the job and the STARTING state; return STARTING's slot (the restore point)."""
         if attempt == 0:
-            self.log.publish(EntryKind.JOB, generation=generation, holder=holder,
-                             payload={"job_id": self.node.job_id, "backend": self.node.backend,
-                                      "restart_count": self.node.restart_count,
-                                      "nodes": list(self.node.nodes)})
-        return self.log.publish(EntryKind.STATE, generation=generation, holder=holder,
-                                payload={"state": RunState.STARTING, "attempt": attempt,
-                                         "reason": f"job {self.node.job_id} restart "
-                                                   f"{self.node.restart_count} attempt {attempt}"},
-                                ).slot
+            self.log.publish_entry(
+                JobPayload(job_id=self.node.job_id, backend=self.node.backend,
+                           restart_count=self.node.restart_count, nodes=tuple(self.node.nodes)),
+                generation=generation, holder=holder)
+        return self.log.publish_entry(
+            StatePayload(state=RunState.STARTING, attempt=attempt,
+                         reason=f"job {self.node.job_id} restart {self.node.restart_count} "
+                                f"attempt {attempt}"),
+            generation=generation, holder=holder).slot
 
     def _incarnation(self, generation: int, holder: str, slot: int, attempt: int) -> Incarnation:
         return Incarnation(
@@ -268,9 +275,9 @@ class Agent:
         if not causes:
             # Every failure here is an echo of a peer lost elsewhere: say so, but leave the
             # fault (and its retry budget) to the node where the cause happened.
-            self.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
-                            payload={"event": "peer_lost", "node": self.node.node,
-                                     "ranks": [ex.rank for ex in failed]})
+            self.log.append_entry(PeerLostNote(node=self.node.node,
+                                               ranks=tuple(ex.rank for ex in failed)),
+                                  generation=inc.generation, holder=inc.holder)
             return
         # One failure is the cause, the rest are its echoes. A rank killed by a signal is the
         # cause: its peers then raise from a collective that lost it, and one poll may find
@@ -303,9 +310,9 @@ class Agent:
         return Ending.FAILED
 
     def _report_node_exit(self, inc: Incarnation, status: Ending) -> None:
-        self.log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
-                        payload={"event": "node_exit", "node": self.node.node,
-                                 "status": status, "attempt": inc.attempt})
+        self.log.append_entry(NodeExitNote(node=self.node.node, status=NodeStatus(status),
+                                           attempt=inc.attempt),
+                              generation=inc.generation, holder=inc.holder)
 
     # -- processes ---------------------------------------------------------------------------
     def _gang(self, inc: Incarnation) -> Gang:

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.entries import CursorPayload, ProgressPayload, StatePayload
+from hpcrun.control.log import RunLog
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
 from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
     import torch
@@ -240,14 +242,12 @@ class Context:
                           write_s=getattr(result, "write_s", None),
                           bytes=getattr(result, "bytes", None))
         if self.rank == 0:
-            self._log.publish(EntryKind.PROGRESS, generation=self.generation,
-                              holder=self.inc.holder,
-                              payload={"step": int(result.step), "tokens": self._p.tokens})
+            self._log.publish_entry(ProgressPayload(step=int(result.step), tokens=self._p.tokens),
+                                    generation=self.generation, holder=self.inc.holder)
             cursor = self._cursors.pop(int(result.step), None)
             if cursor is not None:
-                self._log.publish(EntryKind.CURSOR, generation=self.generation,
-                                  holder=self.inc.holder,
-                                  payload={"step": int(result.step), "cursor": cursor})
+                self._log.publish_entry(CursorPayload(step=int(result.step), cursor=cursor),
+                                        generation=self.generation, holder=self.inc.holder)
 
     def _data_cursor(self) -> Any:
         """The data cursor among the registered state (an hpcrun cursor envelope), if any.
@@ -290,11 +290,12 @@ class Context:
             self._p.validated = True
             return
         self._p.validated = True
-        self._log.publish(EntryKind.STATE, generation=self.generation, holder=self.inc.holder,
-                          payload={"state": RunState.RUNNING,
-                                   "reason": f"step {self._p.step} validated",
-                                   "restored_step": self._p.restored_step,
-                                   "restored_tier": self._p.restored_tier})
+        tier = self._p.restored_tier
+        self._log.publish_entry(
+            StatePayload(state=RunState.RUNNING, reason=f"step {self._p.step} validated",
+                         restored_step=self._p.restored_step,
+                         restored_tier=Tier(tier) if tier is not None else None),
+            generation=self.generation, holder=self.inc.holder)
 
     def _fire_injections(self, *, slow: bool) -> None:
         for inj in faults.due(self._injections, rank=self.rank, step=self._p.step,

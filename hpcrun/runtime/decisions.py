@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hpcrun.control.entries import FaultPayload
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
 from hpcrun.runtime.incarnation import Ending
@@ -50,10 +51,16 @@ class GangFault:
                    signature=str(payload.get("signature", "")),
                    detail=str(payload.get("detail", "")))
 
-    def to_payload(self) -> dict[str, Any]:
-        """The FAULT payload this fault is logged as."""
-        return {"fault": self.fault, "node": self.node, "rank": self.rank, "step": self.step,
-                "signature": self.signature, "detail": self.detail}
+    def to_entry(self) -> FaultPayload:
+        """The FAULT payload this fault is logged as.
+
+        Raises:
+            ValueError: ``fault`` is not a :class:`~hpcrun.control.retry.FaultClass` value (a
+                word only a rank's exit report carries, such as ``stale``, is never logged
+                from a ``GangFault``).
+        """
+        return FaultPayload(fault=FaultClass(self.fault), node=self.node, rank=self.rank,
+                            step=self.step, signature=self.signature, detail=self.detail)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.entries import DrainErrorNote
+from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError, StaleGenerationError, StorageError
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.node import NodeInfo
@@ -93,9 +94,10 @@ def drain_round_safely(target: DrainTarget, log: RunLog, *, last: bool = False) 
     except StaleGenerationError:
         raise
     except (HpcrunError, OSError) as exc:
-        log.append(EntryKind.NOTE, generation=target.generation, holder=target.holder,
-                   payload={"event": "drain_error", "node": target.node,
-                            "detail": f"drain to the shared tier failed, will retry: {exc}"})
+        log.append_entry(DrainErrorNote(node=target.node,
+                                        detail=f"drain to the shared tier failed, will retry: "
+                                               f"{exc}"),
+                         generation=target.generation, holder=target.holder)
         return []
 
 

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
+from hpcrun.control.entries import (
+    EntryPayload,
+    NodeExitNote,
+    PayloadError,
+    ProgressPayload,
+    StatePayload,
+    decode,
+)
 from hpcrun.control.fencing import Fence, fold_fences
 from hpcrun.control.log import EntryKind, LogEntry, RunLog
 from hpcrun.control.states import TERMINAL as TERMINAL_STATES
+
+P = TypeVar("P", bound=EntryPayload)
 
 
 class LogView:
@@ -36,13 +47,13 @@ class LogView:
 
     def state(self) -> str | None:
         """The last state that counts."""
-        states = [e.payload.get("state") for e in self.valid if e.kind == EntryKind.STATE]
-        return str(states[-1]) if states else None
+        states = decoded(self.valid, StatePayload)
+        return states[-1].state.value if states else None
 
     def last_step(self) -> int | None:
         """The newest step a PROGRESS entry that counts reported."""
-        steps = [e.payload.get("step") for e in self.valid if e.kind == EntryKind.PROGRESS]
-        return int(steps[-1]) if steps and isinstance(steps[-1], int) else None
+        steps = decoded(self.valid, ProgressPayload)
+        return steps[-1].step if steps else None
 
     def terminal(self) -> str | None:
         st = self.state()
@@ -54,10 +65,25 @@ class LogView:
         return found[-1] if found else None
 
 
+def decoded(entries: Iterable[LogEntry], cls: type[P]) -> list[P]:
+    """The payloads of ``entries`` that are a ``cls``, in order; malformed ones are left out
+    (as the record fold leaves them out)."""
+    out = []
+    for e in entries:
+        if e.kind != cls.KIND:
+            continue
+        try:
+            payload = decode(e)
+        except PayloadError:
+            continue
+        if isinstance(payload, cls):
+            out.append(payload)
+    return out
+
+
 def node_exits(entries: Iterable[LogEntry]) -> dict[str, str]:
     """node → status from ``node_exit`` notes."""
-    return {str(e.payload.get("node")): str(e.payload.get("status")) for e in entries
-            if e.kind == EntryKind.NOTE and e.payload.get("event") == "node_exit"}
+    return {n.node: n.status.value for n in decoded(entries, NodeExitNote)}
 
 
 GANG_FAULTS = frozenset({"hang", "node_failure"})

@@ -13,9 +13,20 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import (
+    ActionKind,
+    CommitPayload,
+    EntryPayload,
+    OpPayload,
+    QuarantinePayload,
+    RequeueLeftToSlurmNote,
+    RequeueSentNote,
+    ResultPayload,
+    StatePayload,
+)
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.record import read_record
@@ -42,8 +53,9 @@ from hpcrun.runtime.decisions import (
 )
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
-from hpcrun.runtime.logview import TERMINAL_STATES, LogView, is_gang_fault, node_exits
+from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, is_gang_fault, node_exits
 from hpcrun.runtime.node import NodeInfo
+from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -140,52 +152,51 @@ class Supervisor:
         match decision:
             case Succeed():
                 self._await_tier1(inc)
-                self._publish(inc, EntryKind.STATE, state=RunState.SUCCEEDED,
-                              reason=decision.reason)
-                self._publish(inc, EntryKind.RESULT, state=RunState.SUCCEEDED)
+                self._publish(inc, StatePayload(state=RunState.SUCCEEDED,
+                                                reason=decision.reason))
+                self._publish(inc, ResultPayload(state=RunState.SUCCEEDED))
                 return AgentExit(status=EXIT_OK)
             case LeaveToSlurm():
                 self._record_preempted(inc)
-                self._append(inc, EntryKind.NOTE, event="requeue_left_to_slurm",
-                             detail=decision.reason)
+                self._append(inc, RequeueLeftToSlurmNote(detail=decision.reason))
                 self.requeuer.outlive()
                 return AgentExit(status=EXIT_OK)
             case RestartInAllocation():
-                self._publish(inc, EntryKind.STATE, state=RunState.RECOVERING,
-                              reason=decision.reason)
+                self._publish(inc, StatePayload(state=RunState.RECOVERING,
+                                                reason=decision.reason))
                 return AgentExit(next_attempt=decision.attempt)
             case Fail():
                 if decision.preempted:
                     self._record_preempted(inc)
-                self._publish(inc, EntryKind.STATE, state=RunState.FAILED, reason=decision.reason)
-                self._publish(inc, EntryKind.RESULT, state=RunState.FAILED,
-                              reason=decision.reason)
+                self._publish(inc, StatePayload(state=RunState.FAILED, reason=decision.reason))
+                self._publish(inc, ResultPayload(state=RunState.FAILED, reason=decision.reason))
                 return AgentExit(status=EXIT_USER_ERROR)
             case Requeue():
                 if decision.preempted:
                     self._record_preempted(inc)
                 else:
-                    self._publish(inc, EntryKind.STATE, state=RunState.RECOVERING,
-                                  reason=decision.reason)
+                    self._publish(inc, StatePayload(state=RunState.RECOVERING,
+                                                    reason=decision.reason))
                 return AgentExit(status=self._requeue(inc, decision))
 
     def _record_preempted(self, inc: Incarnation) -> None:
         """The checkpoint reaches tier 1 *before* the job ends; then PREEMPTED and its fault."""
         self._await_tier1(inc)
-        self._publish(inc, EntryKind.STATE, state=RunState.PREEMPTED,
-                      reason=preemption.PREEMPTED_REASON)
-        self._append(inc, EntryKind.FAULT, **preemption.PREEMPTION_FAULT.to_payload())
+        self._publish(inc, StatePayload(state=RunState.PREEMPTED,
+                                        reason=preemption.PREEMPTED_REASON))
+        self._append(inc, preemption.PREEMPTION_FAULT.to_entry())
 
     def _requeue(self, inc: Incarnation, decision: Requeue) -> int:
         op_id = f"{inc.run_id}.g{inc.generation}.requeue"
         for node in decision.exclude:
-            self._append(inc, EntryKind.QUARANTINE, node=node, reason=decision.reason)
-        self._append(inc, EntryKind.OP, op_id=op_id, action="requeue", delay_s=decision.delay_s,
-                     exclude=list(decision.exclude), reason=decision.reason)
-        self._publish(inc, EntryKind.STATE, state=RunState.REQUEUED, reason=decision.reason,
-                      op_id=op_id, delay_s=decision.delay_s)
+            self._append(inc, QuarantinePayload(node=node, reason=decision.reason))
+        self._append(inc, OpPayload(op_id=op_id, action=ActionKind.REQUEUE,
+                                    delay_s=decision.delay_s, exclude=tuple(decision.exclude),
+                                    reason=decision.reason))
+        self._publish(inc, StatePayload(state=RunState.REQUEUED, reason=decision.reason,
+                                        op_id=op_id, delay_s=decision.delay_s))
         done = self.requeuer.requeue(delay_s=decision.delay_s, exclude=decision.exclude)
-        self._append(inc, EntryKind.NOTE, event="requeue_sent", op_id=op_id, detail=done)
+        self._append(inc, RequeueSentNote(op_id=op_id, detail=done))
         if self.requeuer.slurm_requeues:
             # Stay until Slurm ends the job: one that exits during its preemption's grace
             # time completes, and Slurm never requeues it.
@@ -201,11 +212,9 @@ class Supervisor:
         while self.clock.monotonic() < deadline:
             drain_round_safely(target, self.log, last=True)
             self.view.refresh()
-            commits = [e for e in self.view.valid if e.kind == EntryKind.COMMIT]
-            local = [e.payload.get("ckpt_id") for e in commits
-                     if e.payload.get("tier") == "node_local"]
-            shared = {e.payload.get("ckpt_id") for e in commits
-                      if e.payload.get("tier") == "shared"}
+            commits = decoded(self.view.valid, CommitPayload)
+            local = [c.ckpt_id for c in commits if c.tier == Tier.NODE_LOCAL]
+            shared = {c.ckpt_id for c in commits if c.tier == Tier.SHARED}
             if not local or local[-1] in shared:
                 return
             self.clock.sleep(0.5)
@@ -228,11 +237,10 @@ class Supervisor:
             return  # no account of it (local backend, no accounting): the record infers it
         # Unfenced, like the login node's record of what Slurm did: under this generation it
         # would read as a fault of the gang now starting, and stop it.
-        self.log.append(EntryKind.FAULT, generation=UNFENCED, holder="",
-                        payload=account.fault.to_payload())
-        self.log.publish(EntryKind.STATE, generation=generation, holder=holder, payload={
-            "state": RunState.REQUEUED, "reason": account.reason,
-            "decided_at": account.decided_at})
+        self.log.append_entry(account.fault.to_entry(), generation=UNFENCED, holder="")
+        self.log.publish_entry(StatePayload(state=RunState.REQUEUED, reason=account.reason,
+                                            decided_at=account.decided_at),
+                               generation=generation, holder=holder)
 
     # -- other nodes ----------------------------------------------------------------------------
     def follow(self, inc: Incarnation) -> AgentExit:
@@ -243,7 +251,7 @@ class Supervisor:
             if self.view.fence.generation != inc.generation:
                 return rejoin(self.view, self.node, inc)
             states = self.view.valid_of(inc.generation, inc.holder, EntryKind.STATE)
-            last = str(states[-1].payload.get("state")) if states else ""
+            last = next((p.state.value for p in decoded(states[-1:], StatePayload)), "")
             if last in TERMINAL_STATES:
                 return AgentExit(status=EXIT_OK if last == RunState.SUCCEEDED
                                  else EXIT_USER_ERROR)
@@ -253,8 +261,8 @@ class Supervisor:
         return AgentExit(status=EXIT_USER_ERROR)
 
     # -- log ------------------------------------------------------------------------------------
-    def _publish(self, inc: Incarnation, kind: str, **payload: Any) -> None:
-        self.log.publish(kind, generation=inc.generation, holder=inc.holder, payload=payload)
+    def _publish(self, inc: Incarnation, payload: EntryPayload) -> None:
+        self.log.publish_entry(payload, generation=inc.generation, holder=inc.holder)
 
-    def _append(self, inc: Incarnation, kind: str, **payload: Any) -> None:
-        self.log.append(kind, generation=inc.generation, holder=inc.holder, payload=payload)
+    def _append(self, inc: Incarnation, payload: EntryPayload) -> None:
+        self.log.append_entry(payload, generation=inc.generation, holder=inc.holder)
