@@ -20,13 +20,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.entries import (
+    EntryKind,
+    FaultPayload,
+    LogEntry,
+    PayloadError,
+    StatePayload,
+    decode_as,
+)
 from hpcrun.errors import ArgumentError, ConfigError
-from hpcrun.vocab import CadenceKind
+from hpcrun.vocab import CadenceKind, FaultClass, RunState
 
 DEFAULT_MTBF_PRIOR_H = 24.0
 """A site's prior mean time between interruptions, in hours, when its config names none."""
@@ -173,7 +181,7 @@ class InterruptionHistory:
                               f"{self.interruptions}, {self.exposure_s}")
 
 
-def interruption_history(entries: Sequence[Any]) -> InterruptionHistory:
+def interruption_history(entries: Sequence[LogEntry]) -> InterruptionHistory:
     """Interruptions and exposure from the run log's valid (fenced) entries (pure).
 
     Each generation is exposed from its ``STARTING`` state entry (its fence when it has none)
@@ -183,13 +191,12 @@ def interruption_history(entries: Sequence[Any]) -> InterruptionHistory:
     spans: dict[int, list[float]] = {}
     interruptions = 0
     for e in entries:
-        payload = e.payload if isinstance(e.payload, Mapping) else {}
-        if e.kind == "fault" and str(payload.get("fault")) not in NOT_INTERRUPTIONS:
+        if e.kind == EntryKind.FAULT and _fault_class(e) not in NOT_INTERRUPTIONS:
             interruptions += 1
         if e.generation < 1:
             continue
         span = spans.get(e.generation)
-        starts = e.kind == "fence" or (e.kind == "state" and payload.get("state") == "STARTING")
+        starts = e.kind == EntryKind.FENCE or (e.kind == EntryKind.STATE and _starts(e))
         if span is None:
             spans[e.generation] = [e.ts, e.ts] if starts else [math.inf, e.ts]
         else:
@@ -348,3 +355,19 @@ class CadenceTimer:
     def interrupted(self) -> None:
         """Record one observed interruption (preemption, node loss, crash, hang)."""
         self._interruptions += 1
+
+
+def _fault_class(entry: LogEntry) -> str:
+    """A FAULT entry's class; ``unknown`` for a word outside the classes or a malformed one."""
+    try:
+        return decode_as(entry, FaultPayload).fault.value
+    except PayloadError:
+        return FaultClass.UNKNOWN.value
+
+
+def _starts(entry: LogEntry) -> bool:
+    """Whether a STATE entry is an incarnation's ``STARTING`` (a malformed one is not)."""
+    try:
+        return decode_as(entry, StatePayload).state == RunState.STARTING
+    except PayloadError:
+        return False

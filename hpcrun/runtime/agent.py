@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
+    FaultPayload,
     JobPayload,
     NodeExitNote,
     NodeStatus,
+    PayloadError,
     PeerLostNote,
     StatePayload,
 )
@@ -43,7 +45,7 @@ from hpcrun.runtime.incarnation import (
     Ending,
     Incarnation,
 )
-from hpcrun.runtime.logview import LogView, decoded, is_gang_fault
+from hpcrun.runtime.logview import LogView, decoded, gang_faults
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 
@@ -232,8 +234,8 @@ class Agent:
         if self.view.terminal():
             return AgentExit(status=EXIT_OK)
         if self.node.is_supervisor and any(
-                e.payload.get("node") != self.node.node and is_gang_fault(dict(e.payload))
-                for e in self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)):
+                f.node != self.node.node for f in gang_faults(
+                    self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT))):
             return Watched.PEER_FAILED
         return None
 
@@ -295,8 +297,18 @@ class Agent:
                 "detail": str(ex.report.get("detail") or how)[-2000:]})
 
     def _append_fault(self, inc: Incarnation, payload: Mapping[str, Any]) -> None:
-        self.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
-                        payload=dict(payload))
+        """Log a FAULT through :class:`FaultPayload`; a payload it cannot hold is logged as is.
+
+        A rank's exit report may name a word outside the fault classes (``stale``): it is
+        logged as the rank wrote it, and readers take it as ``unknown``.
+        """
+        try:
+            fault = FaultPayload.from_payload(payload)
+        except PayloadError:
+            self.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
+                            payload=dict(payload))
+            return
+        self.log.append_entry(fault, generation=inc.generation, holder=inc.holder)
 
     @staticmethod
     def _node_status(gang: Gang, outcome: Watched) -> Ending:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpcrun.control.entries import FaultPayload
 from hpcrun.control.record import FaultRecord, RunRecord
@@ -27,8 +27,9 @@ class GangFault:
     """A fault that ends the gang, as a FAULT entry's payload carries it."""
 
     fault: str
-    """Fault class (a :class:`~hpcrun.control.retry.FaultClass` value; a rank may report
-    another word, such as ``stale``, which the record keeps as ``unknown``)."""
+    """Fault class (a :class:`~hpcrun.control.retry.FaultClass` value; a word a rank reports
+    outside it, such as ``stale``, is read back from the log as ``unknown``, as the record
+    keeps it)."""
     node: str | None = None
     """Node it happened on, when known."""
     rank: int | None = None
@@ -41,15 +42,10 @@ class GangFault:
     """One line for people."""
 
     @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> GangFault:
-        """Read a FAULT payload (untrusted: missing or odd fields become None or empty)."""
-        node, rank, step = payload.get("node"), payload.get("rank"), payload.get("step")
-        return cls(fault=str(payload.get("fault", FaultClass.UNKNOWN)),
-                   node=str(node) if node is not None else None,
-                   rank=rank if isinstance(rank, int) else None,
-                   step=step if isinstance(step, int) else None,
-                   signature=str(payload.get("signature", "")),
-                   detail=str(payload.get("detail", "")))
+    def from_entry(cls, fault: FaultPayload) -> GangFault:
+        """The gang fault a FAULT entry's payload records."""
+        return cls(fault=fault.fault, node=fault.node, rank=fault.rank, step=fault.step,
+                   signature=fault.signature, detail=fault.detail)
 
     def to_entry(self) -> FaultPayload:
         """The FAULT payload this fault is logged as.

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TypeVar
 
 from hpcrun.control.entries import (
     EntryPayload,
+    FaultPayload,
     NodeExitNote,
     PayloadError,
     ProgressPayload,
     StatePayload,
     decode,
+    decode_as,
 )
 from hpcrun.control.fencing import Fence, fold_fences
 from hpcrun.control.log import EntryKind, LogEntry, RunLog
 from hpcrun.control.states import TERMINAL as TERMINAL_STATES
+from hpcrun.vocab import FaultClass
 
 P = TypeVar("P", bound=EntryPayload)
 
@@ -86,16 +90,39 @@ def node_exits(entries: Iterable[LogEntry]) -> dict[str, str]:
     return {n.node: n.status.value for n in decoded(entries, NodeExitNote)}
 
 
-GANG_FAULTS = frozenset({"hang", "node_failure"})
+GANG_FAULTS = frozenset({FaultClass.HANG, FaultClass.NODE_FAILURE})
 
 
-def is_gang_fault(payload: object) -> bool:
-    """Whether a FAULT payload ends the gang: a rank's failure, a hang or a lost node.
+def fault_of(entry: LogEntry) -> FaultPayload | None:
+    """The payload of a FAULT entry, or None when it is malformed.
+
+    A class this version does not know (a word only a rank's exit report carries, such as
+    ``stale``, or a newer writer's class) reads as ``unknown``, as the record fold reads it.
+    """
+    try:
+        return decode_as(entry, FaultPayload)
+    except PayloadError:
+        if entry.payload.get("fault") in set(FaultClass):
+            return None  # a known class, malformed elsewhere
+        unknown = replace(entry, payload={**entry.payload, "fault": FaultClass.UNKNOWN.value})
+        try:
+            return decode_as(unknown, FaultPayload)
+        except PayloadError:
+            return None
+
+
+def is_gang_fault(fault: FaultPayload) -> bool:
+    """Whether a fault ends the gang: a rank's failure, a hang or a lost node.
 
     Background faults (a drain to the shared tier that failed and will be retried, a checkpoint
     that failed verification at restore, marked ``background``) do not: training goes on.
     """
-    if not isinstance(payload, dict) or payload.get("background") is True:
+    if fault.background:
         return False  # an incident the run survives (a restore that fell back)
-    rank = payload.get("rank")
-    return payload.get("fault") in GANG_FAULTS or (isinstance(rank, int) and rank >= 0)
+    return fault.fault in GANG_FAULTS or (fault.rank is not None and fault.rank >= 0)
+
+
+def gang_faults(entries: Iterable[LogEntry]) -> list[FaultPayload]:
+    """The faults among ``entries`` that end the gang, in order (malformed ones left out)."""
+    faults = (fault_of(e) for e in entries if e.kind == EntryKind.FAULT)
+    return [f for f in faults if f is not None and is_gang_fault(f)]

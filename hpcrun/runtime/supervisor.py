@@ -53,7 +53,7 @@ from hpcrun.runtime.decisions import (
 )
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
-from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, is_gang_fault, node_exits
+from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.vocab import Tier
 
@@ -137,9 +137,8 @@ class Supervisor:
                 f"{self.view.fence.generation} while its supervisor gathered node exits; "
                 "this incarnation stops")
         exits = node_exits(self.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
-        faults = tuple(GangFault.from_payload(e.payload)
-                       for e in self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)
-                       if is_gang_fault(dict(e.payload)))
+        faults = tuple(GangFault.from_entry(f) for f in gang_faults(
+            self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)))
         return Observations(
             generation=inc.generation, attempt=inc.attempt, nodes=self.node.nodes,
             exits={n: Ending.read(s) for n, s in exits.items()}, faults=faults,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +17,9 @@ from hpcrun.errors import ConfigError
 DAY = 86400.0
 
 
-def _entry(kind: str, gen: int, ts: float, **payload: object) -> SimpleNamespace:
-    return SimpleNamespace(kind=kind, generation=gen, ts=ts, payload=payload)
+def _entry(kind: str, gen: int, ts: float, **payload: object) -> LogEntry:
+    return LogEntry(slot=0, kind=kind, generation=gen, holder="", ts=ts, writer="",
+                    payload=payload)
 
 
 def test_without_observations_the_estimate_is_the_sites_prior() -> None:
