@@ -12,6 +12,7 @@ from hpcrun.checkpoint.cadence import (
     interruption_history,
     posterior_mtbf,
 )
+from hpcrun.control.entries import LogEntry
 from hpcrun.errors import ConfigError
 
 DAY = 86400.0

@@ -32,3 +32,11 @@ def test_fires_only_at_its_step_rank_and_first_incarnation() -> None:
 def test_slow_fires_every_step_from_its_start() -> None:
     inj = parse_injections("slow@step=3,rank=0,seconds=0.1,every=1")
     assert [s for s in range(6) if due(inj, rank=0, step=s, first_incarnation=False)] == [3, 4, 5]
+
+
+@pytest.mark.parametrize(("text", "says"), [("crash@step=2,stage=staging", "on ckptcrash only"),
+                                           ("crash@step=-1", ">= 0")])
+def test_an_impossible_injection_is_a_spec_error_saying_what_is_expected(text: str,
+                                                                        says: str) -> None:
+    with pytest.raises(SpecError, match=says):
+        parse_injections(text)

@@ -140,3 +140,27 @@ def test_the_relay_repeats_a_pending_stop_every_two_seconds() -> None:
     clock.advance(RELAY_EVERY_S + 0.1)
     assert relay.tick(sent.append)
     assert sent == [signal.SIGUSR1, signal.SIGUSR1]
+
+
+def test_a_rank_fault_outside_the_classes_still_ends_the_gang_read_as_unknown(s: Setup) -> None:
+    s.fault(fault="stale", node="n1", rank=1, step=4, signature="stale:rank1:3", detail="fenced")
+    s.fault(fault="storage_error", node="n0", rank=None, step=None, signature="drain",
+            detail="retried", background=True)
+    obs = s.sup.gather(s.inc)
+    assert [(f.fault, f.node, f.rank, f.signature) for f in obs.faults] == [
+        ("unknown", "n1", 1, "stale:rank1:3")]
+
+
+def test_a_requeue_logs_the_same_bytes_as_before(s: Setup) -> None:
+    s.note("n0", "failed")
+    s.sup.conclude(s.inc)
+    payloads = {e.kind: dict(e.payload) for e in s.log.read()
+                if e.kind in (EntryKind.OP, EntryKind.FAULT)}
+    op_id = f"r1.g{s.inc.generation}.requeue"
+    assert payloads[EntryKind.OP] == {"op_id": op_id, "action": "requeue", "delay_s": 10.0,
+                                      "exclude": [], "reason": payloads[EntryKind.OP]["reason"]}
+    states = [dict(e.payload) for e in s.log.read() if e.kind == EntryKind.STATE]
+    assert states[-1] == {"state": "REQUEUED", "reason": states[-1]["reason"], "op_id": op_id,
+                          "delay_s": 10.0}
+    notes = [dict(e.payload) for e in s.log.read() if e.kind == EntryKind.NOTE]
+    assert notes[-1] == {"event": "requeue_sent", "op_id": op_id, "detail": "recorded"}
