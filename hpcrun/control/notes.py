@@ -45,11 +45,17 @@ class DebrisKind(StrEnum):
 
 
 class NodeStatus(StrEnum):
-    """How one node's gang ended (``node_exit`` notes)."""
+    """How a rank ended (its exit report's ``status``) or a node's ranks ended (``node_exit``
+    notes)."""
 
-    SUCCEEDED = "succeeded"
-    PREEMPTED = "preempted"
-    FAILED = "failed"
+    SUCCEEDED = "succeeded"  # finished every step
+    PREEMPTED = "preempted"  # stopped at an agreed step boundary after committing
+    FAILED = "failed"        # crashed, hung, or lost a peer
+
+    @classmethod
+    def read(cls, value: object) -> NodeStatus:
+        """Parse a logged status (untrusted): anything unknown counts as a failure."""
+        return cls(value) if isinstance(value, str) and value in set(cls) else cls.FAILED
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -24,7 +24,6 @@ from hpcrun.control.entries import (
     FaultPayload,
     JobPayload,
     NodeExitNote,
-    NodeStatus,
     PayloadError,
     PeerLostNote,
     StatePayload,
@@ -322,7 +321,7 @@ class Agent:
         return Ending.FAILED
 
     def _report_node_exit(self, inc: Incarnation, status: Ending) -> None:
-        self.log.append_entry(NodeExitNote(node=self.node.node, status=NodeStatus(status),
+        self.log.append_entry(NodeExitNote(node=self.node.node, status=status,
                                            attempt=inc.attempt),
                               generation=inc.generation, holder=inc.holder)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
+from hpcrun.control.notes import NodeStatus
 from hpcrun.errors import EnvError
 from hpcrun.exits import EXIT_OK, EXIT_PREEMPTED, EXIT_STALE, EXIT_USER_ERROR
 
@@ -20,17 +20,9 @@ __all__ = ["EXIT_OK", "EXIT_PREEMPTED", "EXIT_STALE", "EXIT_USER_ERROR"]
 
 
 
-class Ending(StrEnum):
-    """How a rank ended (its exit report's ``status``) or a node's ranks ended (``node_exit``)."""
-
-    SUCCEEDED = "succeeded"  # finished every step
-    PREEMPTED = "preempted"  # stopped at an agreed step boundary after committing
-    FAILED = "failed"        # crashed, hung, or lost a peer
-
-    @classmethod
-    def read(cls, value: object) -> Ending:
-        """Parse a logged status (untrusted): anything unknown counts as a failure."""
-        return cls(value) if isinstance(value, str) and value in set(cls) else cls.FAILED
+Ending = NodeStatus
+"""How a rank or a node's ranks ended: the ``node_exit`` notes' status, defined once in
+:mod:`hpcrun.control.notes`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,11 +32,6 @@ PROTOCOL_RAISES = {
                                        "AttributeError from __getattr__",
 }
 """(enclosing function, builtin) → why that bare raise is the protocol, not an error."""
-
-NOT_YET_CONVERTED: dict[str, Counter[str]] = {}
-"""Bare raises still to convert to the taxonomy. This list only shrinks: when a module's
-raises are converted, its entry must go (the test says so)."""
-
 
 def bare_raises(source: str) -> Iterator[tuple[int, str, str]]:
     """(line, enclosing function, builtin name) of each ``raise <Builtin>(...)`` in ``source``."""
@@ -91,23 +85,11 @@ def test_the_checkers_find_what_they_look_for() -> None:
 def test_no_bare_builtin_raise_outside_the_protocol_signals() -> None:
     found: list[str] = []
     for rel, text in sources():
-        if rel in NOT_YET_CONVERTED:
-            continue
         found += [f"{rel}:{line}: raise {name} in {func}()" for line, func, name
                   in bare_raises(text) if (func, name) not in PROTOCOL_RAISES]
     assert not found, (
         "raise an hpcrun.errors class (it also derives from the builtin, so `except ValueError` "
         "callers keep working; add a subclass to errors.py if none fits):\n" + "\n".join(found))
-
-
-@pytest.mark.parametrize("rel", sorted(NOT_YET_CONVERTED))
-def test_not_yet_converted_list_is_exact(rel: str) -> None:
-    text = (ROOT / rel).read_text()
-    now = Counter(name for _, func, name in bare_raises(text)
-                  if (func, name) not in PROTOCOL_RAISES)
-    assert now == NOT_YET_CONVERTED[rel], (
-        f"{rel} now has bare raises {dict(now)}, the list says {dict(NOT_YET_CONVERTED[rel])}: "
-        "remove or shrink its NOT_YET_CONVERTED entry, never grow it")
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
