@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "FaultClass", "ResumeContract", "RunState",
-           "Tier"]
+__all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "DistBackend", "FaultClass", "ResumeContract",
+           "RunState", "Tier"]
 
 
 class RunState(StrEnum):
@@ -90,3 +90,11 @@ class AsyncPolicy(StrEnum):
 
     BLOCK = "block"
     SKIP = "skip"
+
+
+class DistBackend(StrEnum):
+    """The process group backend a run asks for (the spec's ``dist.backend``, a site default)."""
+
+    AUTO = "auto"    # NCCL when the run has GPUs, else gloo
+    NCCL = "nccl"    # GPU collectives; hpcrun's own small collectives still use a gloo group
+    GLOO = "gloo"    # CPU collectives

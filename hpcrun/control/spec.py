@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from hpcrun.errors import SpecError
-from hpcrun.vocab import AsyncPolicy, CadenceKind, FaultClass, ResumeContract, Tier
+from hpcrun.vocab import AsyncPolicy, CadenceKind, DistBackend, FaultClass, ResumeContract, Tier
 
 SPEC_SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -195,6 +195,24 @@ class DataSpec:
         _check(self.seed >= 0, "seed", "an integer >= 0", self.seed, "use a non-negative seed")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DistSpec:
+    """The process group: backend and collective timeouts (None: the site config's value)."""
+
+    backend: DistBackend | None = None
+    """``auto`` (NCCL when the run has GPUs), ``nccl`` or ``gloo``; None: the site default."""
+    init_timeout_s: float | None = None
+    """Seconds the rendezvous and process-group init may wait for every rank."""
+    step_timeout_s: float | None = None
+    """Seconds one training or step-agreement collective may wait before it is a hang."""
+    checkpoint_timeout_s: float | None = None
+    """Seconds one checkpoint collective (save agreement, restore exchange) may wait."""
+
+    def __post_init__(self) -> None:
+        for key in ("init_timeout_s", "step_timeout_s", "checkpoint_timeout_s"):
+            _positive(getattr(self, key), key)
+
+
 def default_max_attempts() -> dict[str, int]:
     """Retries allowed per fault class before the run fails."""
     return {
@@ -317,6 +335,8 @@ class RunSpec:
     """Limits on the whole run."""
     cancel_authority: tuple[str, ...] = ()
     """User names allowed to cancel besides the owner."""
+    dist: DistSpec = field(default_factory=DistSpec)
+    """Process group backend and collective timeouts (omitted from the digest when default)."""
     config: Mapping[str, Any] = field(default_factory=dict)
     """Free-form user config handed to ``main(ctx)`` (JSON values only)."""
     code: CodeVersion | None = None
@@ -340,8 +360,16 @@ class RunSpec:
                    f"<= resources.nodes ({nodes})", m.min_nodes, "lower min_nodes")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with every default filled and a ``schema_version``."""
-        return {"schema_version": SPEC_SCHEMA_VERSION, **_to_plain(self)}
+        """JSON-ready dict with every default filled and a ``schema_version``.
+
+        Sections added after schema 1 (``dist``) are written only when they differ from their
+        defaults, so the ``spec_id`` of a spec that does not use them stays what it was.
+        """
+        plain = _to_plain(self)
+        for key, default in _LATER_SECTIONS.items():
+            if getattr(self, key) == default:
+                plain.pop(key)
+        return {"schema_version": SPEC_SCHEMA_VERSION, **plain}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, source: str = "run.yaml") -> RunSpec:
@@ -368,6 +396,10 @@ class RunSpec:
     def spec_id(self) -> str:
         """``sha256:<hex>`` of :meth:`canonical_json`."""
         return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+_LATER_SECTIONS: dict[str, Any] = {"dist": DistSpec()}
+"""Sections added after schema 1, with the default that leaves them out of the digest."""
 
 
 def _check_json_value(value: Any, key: str) -> None:

@@ -1,8 +1,13 @@
-"""Forming the process group from a :class:`~hpcrun.launch.env.DistEnv`.
+"""Forming the process groups from a :class:`~hpcrun.launch.env.DistEnv`.
 
-NCCL when CUDA is available (each rank on ``cuda:<local_rank>``), gloo otherwise; the rendezvous
-is a TCP store on ``master_addr:master_port``, both derived without talking (see
-:func:`hpcrun.launch.env.derive_master_port`). When the program was launched by ``mpirun`` and
+The rendezvous is a TCP store on ``master_addr:master_port``, both derived without talking (see
+:func:`hpcrun.launch.env.derive_master_port`); it waits at most the init timeout, and the
+groups' collectives at most their own timeouts (:class:`~hpcrun.launch.gpu.CollectiveTimeouts`).
+:func:`form_groups` is what a rank of a run does: the default group on the run's backend (NCCL
+with ``device_id`` on ``cuda:<local_rank>``, after ``torch.cuda.set_device``; gloo on CPU), a
+gloo *host* group beside NCCL for hpcrun's own small collectives (the step agreement), and a gloo
+checkpoint group with the checkpoint timeout, so host-side collectives never allocate GPU
+memory, never share NCCL's streams, and a slow save is not mistaken for a hung step. When the program was launched by ``mpirun`` and
 no ``MASTER_ADDR`` is set, rank 0's host and port travel over ``MPI.COMM_WORLD`` instead; mpi4py
 is imported only on that path.
 """
@@ -10,12 +15,13 @@ is imported only on that path.
 from __future__ import annotations
 
 import socket
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from hpcrun.errors import DistInitError, EnvError
 from hpcrun.launch.env import DistEnv, Launcher
+from hpcrun.launch.gpu import GpuSettings
 
 _BACKENDS = ("nccl", "gloo", "mpi")
 
@@ -47,13 +53,49 @@ def device_for(env: DistEnv) -> Any:
     return torch.device("cuda", env.local_rank)
 
 
-def init_process_group(env: DistEnv, *, timeout_s: float = 300, backend: str | None = None) -> str:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessGroups:
+    """The groups one rank of a run uses."""
+
+    backend: str
+    """Backend of the default (training) group: ``nccl`` or ``gloo``."""
+    device: Any
+    """The ``torch.device`` this rank computes on (``cuda:<local_rank>`` or ``cpu``)."""
+    host_group: Any
+    """gloo group for hpcrun's step agreement (None: the default group, already gloo)."""
+    checkpoint_group: Any
+    """gloo group for the checkpoint plane's collectives, with the checkpoint timeout."""
+
+
+def form_groups(env: DistEnv, settings: GpuSettings) -> ProcessGroups:
+    """Form the default group on ``settings.backend`` and the gloo groups beside it.
+
+    Raises:
+        DistInitError: the rendezvous failed or timed out.
+        EnvError: NCCL was asked for without a GPU for this rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    t = settings.timeouts
+    backend = init_process_group(env, timeout_s=t.step_s, init_timeout_s=t.init_s,
+                                 backend=str(settings.backend))
+    nccl = backend == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    host = dist.new_group(backend="gloo", timeout=timedelta(seconds=t.step_s)) if nccl else None
+    ckpt = dist.new_group(backend="gloo", timeout=timedelta(seconds=t.checkpoint_s))
+    return ProcessGroups(backend=backend, device=device, host_group=host, checkpoint_group=ckpt)
+
+
+def init_process_group(env: DistEnv, *, timeout_s: float = 300, backend: str | None = None,
+                       init_timeout_s: float | None = None) -> str:
     """Join (or form) the gang's default process group; return the backend used.
 
     Args:
         env: this rank's place in the gang.
-        timeout_s: how long the rendezvous and later collectives may wait for peers.
+        timeout_s: how long one collective of the group may wait for peers.
         backend: ``nccl``, ``gloo`` or ``mpi``; default :func:`default_backend`.
+        init_timeout_s: how long the rendezvous may wait for every rank; default ``timeout_s``.
 
     Raises:
         DistInitError: the rendezvous failed or timed out, or a group with another layout is
@@ -67,38 +109,49 @@ def init_process_group(env: DistEnv, *, timeout_s: float = 300, backend: str | N
         raise DistInitError(f"unknown backend {backend!r}: expected one of {', '.join(_BACKENDS)}")
     if dist.is_initialized():
         return _check_existing(env, chosen)
-    if chosen == "nccl":
-        _select_cuda_device(env)
+    device = select_cuda_device(env) if chosen == "nccl" else None
     if env.launcher is Launcher.MPI and not env.master_addr:
         env = rendezvous_over_mpi(env)
-    _init(env, chosen, timeout_s)
+    _init(env, chosen, timeout_s, init_timeout_s or timeout_s, device)
     return chosen
 
 
-def _select_cuda_device(env: DistEnv) -> None:
+def select_cuda_device(env: DistEnv) -> Any:
+    """``torch.cuda.set_device(cuda:<local_rank>)`` and return that device.
+
+    Raises:
+        EnvError: CUDA is not available, or this node has fewer GPUs than ranks.
+    """
     import torch
 
     if not torch.cuda.is_available():
         raise EnvError("backend 'nccl' needs CUDA, which is not available in this process; "
                        "use backend='gloo' (the default without CUDA) or run on a GPU node")
-    torch.cuda.set_device(device_for(env))
+    device = device_for(env)
+    torch.cuda.set_device(device)
+    return device
 
 
-def _init(env: DistEnv, backend: str, timeout_s: float) -> None:
+def _init(env: DistEnv, backend: str, timeout_s: float, init_timeout_s: float,
+          device: Any) -> None:
     import torch.distributed as dist
 
-    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
+    # device_id binds the NCCL communicator to this rank's GPU and creates it eagerly, so a
+    # broken GPU or fabric fails here, within the init timeout, not in the first all-reduce.
+    extra = {"device_id": device} if device is not None else {}
     try:
-        dist.init_process_group(
-            backend, init_method=f"tcp://{host}:{env.master_port}", rank=env.rank,
-            world_size=env.world_size, timeout=timedelta(seconds=timeout_s),
-        )
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                              is_master=env.rank == 0,
+                              timeout=timedelta(seconds=init_timeout_s))
+        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=timeout_s), **extra)
     except (RuntimeError, ValueError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DistInitError(
             f"rank {env.rank}/{env.world_size} could not join the {backend} process group at "
-            f"{env.master_addr}:{env.master_port} within {timeout_s:g} s ({first}); check that "
-            "every rank started, that the port is free and reachable, or raise the timeout"
+            f"{env.master_addr}:{env.master_port} within {init_timeout_s:g} s ({first}); check "
+            "that every rank started, that the port is free and reachable, or raise the init "
+            "timeout (dist.init_timeout_s in the spec, pg_init_timeout_s in the site config)"
         ) from exc
 
 

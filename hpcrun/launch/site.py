@@ -30,6 +30,7 @@ from hpcrun.errors import ConfigError
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import DistBackend
 
 SITE_SCHEMA_VERSION = 1
 SITE_CONFIGS_ENV = "HPCRUN_SITE_CONFIGS"
@@ -103,6 +104,18 @@ class SiteConfig:
     (:func:`hpcrun.checkpoint.cadence.posterior_mtbf`)."""
     requeue_allowed: bool = True
     """Whether jobs may be requeued on this site (``--requeue``, ``scontrol requeue``)."""
+    dist_backend: DistBackend = DistBackend.AUTO
+    """Default process group backend of this site's runs (a spec's ``dist.backend`` wins)."""
+    pg_init_timeout_s: float = 300.0
+    """Seconds the rendezvous and process-group init may wait for every rank."""
+    step_timeout_s: float = 120.0
+    """Seconds one training or step-agreement collective may wait before it counts as a hang."""
+    checkpoint_timeout_s: float = 600.0
+    """Seconds one checkpoint collective may wait (a save agreement waits for the slowest
+    rank's staging; a restore exchange moves shard bytes)."""
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    """Overrides of the NCCL variables the agent sets for GPU ranks (an empty value unsets
+    one); see :data:`hpcrun.launch.gpu.DEFAULT_NCCL_ENV`."""
 
     def __post_init__(self) -> None:
         _check(bool(_NAME_RE.match(self.name)), "name", "letters, digits, '_', '.', '-'",
@@ -114,6 +127,8 @@ class SiteConfig:
         _check(0 <= self.preempt_lead_s <= _MAX_SIGNAL_LEAD_S, "preempt_lead_s",
                f"0..{_MAX_SIGNAL_LEAD_S} seconds", self.preempt_lead_s)
         _check(self.mtbf_prior_h > 0, "mtbf_prior_h", "hours > 0", self.mtbf_prior_h)
+        for key in ("pg_init_timeout_s", "step_timeout_s", "checkpoint_timeout_s"):
+            _check(getattr(self, key) > 0, key, "seconds > 0", getattr(self, key))
         if self.gres is not None:
             _check("{n}" in self.gres, "gres", "a template holding '{n}' (gpu:{n})", self.gres)
         try:
@@ -121,6 +136,7 @@ class SiteConfig:
         except ConfigError as exc:
             raise ConfigError(f"site {self.name!r}: preempt_signal: {exc}") from None
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "nccl_env", MappingProxyType(dict(self.nccl_env)))
 
     def signal_name(self) -> str:
         """The preemption signal as Slurm spells it in ``--signal`` (``USR1``)."""
@@ -161,13 +177,17 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "partition": (str,), "high_partition": (str,), "account": (str,), "qos": (str,),
     "constraint": (str,), "gpus_per_node": (int,), "gres": (str,), "preempt_signal": (str, int),
     "preempt_lead_s": (int,), "preempt_mode": (str,), "python": (str,),
-    "mtbf_prior_h": (int, float), "requeue_allowed": (bool,),
+    "mtbf_prior_h": (int, float), "requeue_allowed": (bool,), "dist_backend": (str,),
+    "pg_init_timeout_s": (int, float), "step_timeout_s": (int, float),
+    "checkpoint_timeout_s": (int, float),
 }
 _LIST_KEYS = frozenset({"modules", "srun_extra_flags"})
 _NULLABLE = frozenset({"partition", "high_partition", "account", "qos", "constraint", "gres",
                        "python"})
 _REQUIRED = ("name", "node_local_path", "shared_path")
-_ENUMS: dict[str, type[StrEnum]] = {"backend": Backend, "preempt_mode": PreemptMode}
+_ENUMS: dict[str, type[StrEnum]] = {"backend": Backend, "preempt_mode": PreemptMode,
+                                     "dist_backend": DistBackend}
+_ENV_KEYS = frozenset({"env", "nccl_env"})
 
 
 def site_from_dict(raw: object, *, source: str = "<site config>") -> SiteConfig:
@@ -196,7 +216,7 @@ def _check_schema_version(version: object, source: str) -> None:
 
 
 def _check_keys(body: Mapping[Any, Any], source: str) -> None:
-    known = set(_SCALAR_TYPES) | _LIST_KEYS | {"env"}
+    known = set(_SCALAR_TYPES) | _LIST_KEYS | _ENV_KEYS
     for key in body:
         if key not in known:
             raise ConfigError(f"{source}: unknown key {key!r}; expected one of "
@@ -210,8 +230,8 @@ def _check_keys(body: Mapping[Any, Any], source: str) -> None:
 def _convert(key: str, value: object, source: str) -> object:
     if key in _LIST_KEYS:
         return _as_str_tuple(key, value, source)
-    if key == "env":
-        return _as_env(value, source)
+    if key in _ENV_KEYS:
+        return _as_env(value, source, key=key)
     if value is None and key in _NULLABLE:
         return None
     types = _SCALAR_TYPES[key]
@@ -246,17 +266,18 @@ def _as_str_tuple(key: str, value: object, source: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _as_env(value: object, source: str) -> dict[str, str]:
+def _as_env(value: object, source: str, *, key: str = "env") -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{source}: key 'env': expected a mapping NAME: value, found {value!r}")
+        raise ConfigError(f"{source}: key {key!r}: expected a mapping NAME: value, "
+                          f"found {value!r}")
     out: dict[str, str] = {}
     for name, val in value.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise ConfigError(f"{source}: key 'env.{name}': expected a shell variable name")
+            raise ConfigError(f"{source}: key '{key}.{name}': expected a shell variable name")
         if isinstance(val, bool) or not isinstance(val, str | int | float):
-            raise ConfigError(f"{source}: key 'env.{name}': expected a string or number, "
+            raise ConfigError(f"{source}: key '{key}.{name}': expected a string or number, "
                               f"found {val!r}")
         out[name] = str(val)
     return out

@@ -35,6 +35,7 @@ from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.gang import Gang, RankExit
+from hpcrun.runtime.gpus import NodeGpus
 from hpcrun.runtime.incarnation import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -86,6 +87,7 @@ class Agent:
         self.python = python
         self.preempt_signal = signal_number(site.preempt_signal)
         self.stop = StopFlag()
+        self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock)
@@ -174,13 +176,15 @@ class Agent:
     # -- one incarnation ---------------------------------------------------------------------
     def _run_incarnation(self, inc: Incarnation) -> AgentExit:
         gang = self._gang(inc)
-        gang.start()
+        short = self.gpus.shortfall(self.node.node)
+        if short is None:
+            gang.start()
         drainer = self._start_drainer(inc)
         # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
         # pay the checkpoint plane's import (torch, h5py) now, while the ranks start.
         import hpcrun.checkpoint.drain  # noqa: F401
         try:
-            outcome = self._watch(inc, gang)
+            outcome = self._watch(inc, gang) if short is None else self._gpu_fault(inc, short)
         finally:
             gang.kill(grace_s=float(self.environ.get("HPCRUN_KILL_GRACE_S", "5")))
             self._stop_drainer(drainer)
@@ -295,6 +299,14 @@ class Agent:
                 "signature": f"{ex.fault}:rank{ex.rank}:{ex.returncode}",
                 "detail": str(ex.report.get("detail") or how)[-2000:]})
 
+    def _gpu_fault(self, inc: Incarnation, detail: str) -> Watched:
+        """This node sees too few GPUs: a node failure, logged before any rank started."""
+        print(f"hpcrun agent: error: {detail}", file=sys.stderr)
+        self._append_fault(inc, {"fault": "node_failure", "node": self.node.node, "rank": None,
+                                 "step": None, "signature": f"gpus:{self.node.node}",
+                                 "detail": detail})
+        return Watched.FAILED
+
     def _append_fault(self, inc: Incarnation, payload: Mapping[str, Any]) -> None:
         """Log a FAULT through :class:`FaultPayload`; a payload it cannot hold is logged as is.
 
@@ -336,6 +348,7 @@ class Agent:
 
     def _rank_env(self, inc: Incarnation, rank: int) -> dict[str, str]:
         from hpcrun.launch.env import DistEnv, derive_master_port
+        from hpcrun.observe.hang import stacks_path
 
         k = self.spec.resources.tasks_per_node
         dist = DistEnv(
@@ -351,6 +364,9 @@ class Agent:
         env.update(dist.to_environ())
         env.update(inc.to_environ())
         env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
+        env.update(self.gpus.rank_environ(
+            rank % k, diagnostics_dir=stacks_path(self.run_dir, generation=inc.generation,
+                                                  rank=rank).parent))
         if self.node.backend == "local":
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env

@@ -57,6 +57,10 @@ def resolve_entrypoint(entrypoint: str, code_path: str | None = None) -> Callabl
     return fn  # type: ignore[no-any-return]
 
 
+HANG = "hang"
+"""A collective ran past its timeout: some rank did not arrive."""
+_TIMEOUT_MARKS = ("Timed out waiting", "Watchdog caught collective operation timeout",
+                  "collective operation timeout")
 PEER_LOST = "peer_lost"
 """Not a fault class: the rank failed because a peer in a collective went away (an echo)."""
 _PEER_LOST_MARKS = ("Connection closed by peer", "Connection reset by peer",
@@ -70,7 +74,13 @@ def classify(exc: BaseException) -> str:
             return fault
     if _is_peer_loss(exc):
         return PEER_LOST
+    if _is_collective_timeout(exc):
+        return HANG
     return "user_error"
+
+
+def _is_collective_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _TIMEOUT_MARKS)
 
 
 def _is_peer_loss(exc: BaseException) -> bool:
@@ -119,8 +129,9 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.control.log import RunLog
     from hpcrun.control.record import load_run_spec
-    from hpcrun.launch.dist import device_for, init_process_group
+    from hpcrun.launch.dist import form_groups
     from hpcrun.launch.env import DistEnv
+    from hpcrun.launch.gpu import GpuSettings
     from hpcrun.launch.signals import signal_number
     from hpcrun.observe.events import EventWriter
     from hpcrun.observe.hang import install_stack_dump, stacks_path
@@ -134,7 +145,9 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     preempt = signal_number(environ.get("HPCRUN_PREEMPT_SIGNAL", "USR1"))
     # The agent asks a hung rank for its stacks with DUMP_SIGNAL, whose default action kills.
     install_stack_dump(stacks_path(inc.run_dir, generation=inc.generation, rank=env.rank))
-    init_process_group(env, timeout_s=float(environ.get("HPCRUN_PG_TIMEOUT_S", "120")))
+    settings = GpuSettings.from_environ(environ)
+    bound = bind_cpus(settings.cpus)
+    groups = form_groups(env, settings)
     log = RunLog(inc.run_dir)
     layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
                     local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
@@ -148,7 +161,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
         identity=identity,
         tiers=TierLayout(run_dir=inc.run_dir, node_local_root=inc.node_local_root),
         layout=layout, log=log, fence_slot=inc.fence_slot, keep_last=policy.keep_last,
-        async_policy=str(policy.async_policy),
+        async_policy=str(policy.async_policy), group=groups.checkpoint_group,
         fault_hook=faults.checkpoint_hook(
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
             step=lambda: built[0].step if built else 0),
@@ -156,15 +169,37 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     events = EventWriter(inc.events_path(env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
                          dataset_id=spec.data.dataset_id or "")
+    events.emit("rank_start", 0, backend=groups.backend, device=str(groups.device),
+                 cpus=bound, pg_init_timeout_s=settings.timeouts.init_s,
+                 step_timeout_s=settings.timeouts.step_s,
+                 checkpoint_timeout_s=settings.timeouts.checkpoint_s)
     beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
         cadence=cadence_factory(inc.run_dir, policy, log), events=events, stop=stop,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
-        device=device_for(env), preempt_signal=preempt, injections=injections,
+        device=groups.device, group=groups.host_group, preempt_signal=preempt,
+        injections=injections,
     )
     built.append(ctx)
     return ctx
+
+
+def bind_cpus(cpus: tuple[int, ...]) -> str | None:
+    """Bind this process to ``cpus`` (its GPU's NUMA node); return them as a CPU list.
+
+    None when there is nothing to bind to (no GPU, topology unreadable) or the kernel refuses
+    (cores outside this job's cpuset): the rank then runs where the scheduler put it.
+    """
+    from hpcrun.launch.gpu import format_cpulist
+
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return None
+    return format_cpulist(cpus)
 
 
 def run(environ: Mapping[str, str]) -> int:

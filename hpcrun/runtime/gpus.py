@@ -1,0 +1,92 @@
+"""The agent's side of the GPU path: check the node's GPUs, bind and configure each rank.
+
+At agent start, :meth:`NodeGpus.shortfall` compares the GPUs this node sees with what the run
+needs; a short node is a ``node_failure`` (so the retry policy quarantines it) found before any
+rank starts, never a hang in the first collective. For each rank, :meth:`NodeGpus.rank_environ`
+gives the variables of :func:`hpcrun.launch.gpu.rank_environ` (backend, timeouts, NCCL settings)
+plus the cores of the rank's GPU's NUMA node (:mod:`hpcrun.launch.topology`), read once per
+agent and only on runs that have GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpcrun.launch.gpu import (
+    gpu_shortfall,
+    needed_gpus,
+    physical_gpu,
+    rank_environ,
+    run_gpus,
+    visible_gpu_count,
+)
+from hpcrun.launch.topology import GpuPlacement, gpu_cpus
+from hpcrun.runner import CommandRunner, SubprocessRunner
+
+if TYPE_CHECKING:
+    from hpcrun.control.spec import RunSpec
+    from hpcrun.launch.site import SiteConfig
+
+DRIVER_GPUS_DIR = "/proc/driver/nvidia/gpus"
+
+
+def _driver_gpus() -> list[str]:
+    try:
+        return sorted(os.listdir(DRIVER_GPUS_DIR))
+    except OSError:
+        return []
+
+
+def _read_text(path: str) -> str:
+    return Path(path).read_text()
+
+
+def _allowed_cpus() -> Sequence[int] | None:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return None
+
+
+class NodeGpus:
+    """This node's GPUs as the run sees them; reads the topology once, on GPU runs only."""
+
+    def __init__(self, *, spec: RunSpec, site: SiteConfig, environ: Mapping[str, str],
+                 runner: CommandRunner | None = None,
+                 driver_gpus: Callable[[], list[str]] = _driver_gpus,
+                 read_text: Callable[[str], str] = _read_text) -> None:
+        self._spec = spec
+        self._site = site
+        self._environ = environ
+        self._runner = runner or SubprocessRunner()
+        self._driver_gpus = driver_gpus
+        self._read_text = read_text
+        self._placements: dict[int, GpuPlacement] = {}
+
+    def shortfall(self, node: str) -> str | None:
+        """Why this node cannot run its ranks (too few GPUs), or None."""
+        needed = needed_gpus(self._spec, self._site)
+        if needed == 0:
+            return None
+        seen = visible_gpu_count(self._environ, self._driver_gpus())
+        return gpu_shortfall(node, needed=needed, seen=seen)
+
+    def placement(self, local_rank: int) -> GpuPlacement | None:
+        """Where the GPU of ``local_rank`` sits; None on a run without GPUs."""
+        if run_gpus(self._spec, self._site) == 0:
+            return None
+        gpu = physical_gpu(self._environ, local_rank)
+        if gpu not in self._placements:
+            self._placements[gpu] = gpu_cpus(gpu, runner=self._runner,
+                                             read_text=self._read_text,
+                                             allowed=_allowed_cpus())
+        return self._placements[gpu]
+
+    def rank_environ(self, local_rank: int, *, diagnostics_dir: Path) -> dict[str, str]:
+        """Backend, timeouts, NCCL settings and CPU binding of one rank."""
+        found = self.placement(local_rank)
+        return rank_environ(self._spec, self._site, diagnostics_dir=diagnostics_dir,
+                            cpus=found.cpus if found is not None else ())
