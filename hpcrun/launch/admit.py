@@ -135,6 +135,8 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
     else:
         findings.append(Skipped(check=CheckKind.ENTRYPOINT, what="entrypoint and data not "
                                 "checked: the spec did not load (see its problem)"))
+    if spec is not None and site is not None:
+        findings += backend_findings(spec, site)
     if site is not None:
         findings += _storage_findings(site, backend, runs_root, environ, storage)
     if spec is not None and site is not None and backend == "slurm":
@@ -288,6 +290,19 @@ def _storage_findings(site: SiteConfig, backend: str, runs_root: Path | None,
                               what=f"node-local tier {site.node_local_path}: {shown}; it lives "
                                    "on the compute nodes (`hpcrun preflight` checks it there)")]
     return [*out, probe_writable(f"node-local tier (under {prefix})", prefix, storage=storage)]
+
+
+# -- process group backend ---------------------------------------------------------------------
+
+def backend_findings(spec: RunSpec, site: SiteConfig) -> list[Finding]:
+    """The run's process group backend fits the site: NCCL only where the run has GPUs."""
+    from hpcrun.launch.gpu import backend_problem, requested_backend, resolve_backend, run_gpus
+
+    problem = backend_problem(spec, site)
+    if problem is not None:
+        return [Problem(check=CheckKind.SITE, what=problem)]
+    chosen = resolve_backend(requested_backend(spec, site), gpus=run_gpus(spec, site))
+    return [Passed(check=CheckKind.SITE, what=f"process group backend {chosen}")]
 
 
 # -- scheduler ----------------------------------------------------------------------------------

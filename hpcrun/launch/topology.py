@@ -48,13 +48,14 @@ def parse_topo_matrix(text: str) -> dict[int, GpuPlacement]:
     cell per device column, then the affinity cells (``N/A`` when unknown).
     """
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    header = next((ln.split() for ln in lines if ln.split()[:1] == ["GPU0"]
-                   or "Affinity" in ln), None)
+    header = next((ln.split() for ln in lines if "Affinity" in ln), None)
     if header is None:
         return {}
-    devices = header.index("CPU") if "CPU" in header else len(header)
+    devices = header.index("CPU")
     out: dict[int, GpuPlacement] = {}
     for line in lines:
+        if "Affinity" in line:
+            continue
         cells = line.split()
         match = _GPU_ROW.match(cells[0]) if cells else None
         if match is None or len(cells) < devices + 2:

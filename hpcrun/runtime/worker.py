@@ -133,7 +133,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.gpu import GpuSettings
     from hpcrun.launch.signals import signal_number
-    from hpcrun.observe.events import EventWriter
+    from hpcrun.observe.events import EventKind, EventWriter
     from hpcrun.observe.hang import install_stack_dump, stacks_path
     from hpcrun.observe.heartbeat import RankHeartbeat
     from hpcrun.runtime import faults
@@ -169,7 +169,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     events = EventWriter(inc.events_path(env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
                          dataset_id=spec.data.dataset_id or "")
-    events.emit("rank_start", 0, backend=groups.backend, device=str(groups.device),
+    events.emit(EventKind.RANK_START, 0, backend=groups.backend, device=str(groups.device),
                  cpus=bound, pg_init_timeout_s=settings.timeouts.init_s,
                  step_timeout_s=settings.timeouts.step_s,
                  checkpoint_timeout_s=settings.timeouts.checkpoint_s)

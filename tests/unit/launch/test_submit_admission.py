@@ -51,6 +51,9 @@ CASES = {
                         "entrypoint: entrypoint module 'examples.tiny_lm.trian' is not importable"),
     "unknown-site": ({"site": "no-such-site"}, "site: unknown site 'no-such-site'"),
     "spec-key-typo": ({"checkpoint": {"evry_steps": 5}}, "spec: "),
+    "nccl-without-gpus": ({"dist": {"backend": "nccl"}},
+                          "site: dist.backend is nccl but site 'local' has no GPUs "
+                          "(gpus_per_node: 0); NCCL needs a GPU per rank; set dist.backend: gloo"),
 }
 
 
