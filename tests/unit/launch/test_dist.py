@@ -187,3 +187,45 @@ def _has_mpi4py() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("mpi4py") is not None
+
+
+GROUPS = """
+    import json, os, time
+    import torch
+    import torch.distributed as dist
+    from hpcrun.launch.env import DistEnv
+    from hpcrun.launch.dist import form_groups
+    from hpcrun.launch.gpu import GpuSettings
+    from hpcrun.runtime.worker import classify
+
+    env = DistEnv.from_environ(dict(os.environ))
+    groups = form_groups(env, GpuSettings.from_environ(dict(os.environ)))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=groups.checkpoint_group)
+    out = {"backend": groups.backend, "device": str(groups.device),
+           "host_is_default": groups.host_group is None, "ckpt_sum": t.item()}
+    # rank 1 skips the next step collective: rank 0's wait runs into the step timeout
+    if env.rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1))
+        except RuntimeError as exc:
+            out["fault"] = classify(exc)
+            out["waited_s"] = time.monotonic() - t0
+    else:
+        time.sleep(8)
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+"""
+
+
+def test_step_collective_timeout_is_its_own_and_reads_as_a_hang() -> None:
+    settings = {"HPCRUN_DIST_BACKEND": "gloo", "HPCRUN_PG_INIT_TIMEOUT_S": "60",
+                "HPCRUN_STEP_TIMEOUT_S": "2", "HPCRUN_CKPT_TIMEOUT_S": "60"}
+    procs = [spawn(GROUPS, env, **settings) for env in gang(2)]
+    first, second = results(procs)
+    for r in (first, second):
+        assert r["backend"] == "gloo" and r["device"] == "cpu" and r["ckpt_sum"] == 2.0
+        assert r["host_is_default"], "on CPU the step agreement uses the (gloo) default group"
+    assert first["fault"] == "hang"
+    assert 1.5 <= first["waited_s"] < 7, "the 2 s step timeout, not the 60 s init timeout"
