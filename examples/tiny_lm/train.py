@@ -1,7 +1,10 @@
 """The tiny example's training main: a small GPT trained with DDP, driven by hpcrun.
 
 Everything operational (signals, checkpoint cadence and commits, the stop agreement, requeue)
-is hpcrun's; this file only builds the model, the optimizer and the data, and trains.
+is hpcrun's; this file only builds the model, the optimizer and the data, and trains. Model,
+optimizer state and batches live on ``ctx.device`` (``cuda:<local_rank>`` on a GPU node, else the
+CPU); ``config.deterministic`` asks torch for deterministic kernels, which a bitwise resume on a
+GPU needs.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipelin
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if cfg.get("deterministic"):
+        torch.use_deterministic_algorithms(True)
     model = TinyGPT(GPTConfig(vocab=cfg["vocab"], seq_len=cfg["seq_len"],
                               d_model=cfg["d_model"], n_layers=cfg["n_layers"],
-                              n_heads=cfg["n_heads"]))
+                              n_heads=cfg["n_heads"])).to(ctx.device)
+    # AdamW creates its state next to each parameter, so it lives on ctx.device too.
     optim = torch.optim.AdamW(model.parameters(), lr=float(cfg["lr"]), weight_decay=0.01)
     delay = float(cfg.get("read_delay_s", 0.0))
     data = DataPipeline(ctx.spec.data.manifest, seed=ctx.spec.data.seed,
@@ -60,11 +66,11 @@ class SlowRead:
 def main(ctx: Any) -> None:
     model, optim, data = build(ctx)
     ctx.restore(model=model, optim=optim, data=data)
-    net = DistributedDataParallel(model) if ctx.world_size > 1 else model
+    net = _wrap(model, ctx)
     ledger = _ledger(ctx, data)
     for step in ctx.steps(int(ctx.config["steps"])):
         batch = next(data)
-        tokens = batch["tokens"].long()
+        tokens = batch["tokens"].to(ctx.device, non_blocking=True).long()
         logits = net(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         optim.zero_grad(set_to_none=True)
@@ -73,6 +79,16 @@ def main(ctx: Any) -> None:
         ledger(step, int(batch["batch"]))
         ctx.step_done(tokens=int(tokens[:, 1:].numel()), loss=float(loss.item()))
     data.close()
+
+
+def _wrap(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
+    """DDP over the gang (on the rank's GPU when it has one); the bare model for one rank."""
+    if ctx.world_size == 1:
+        return model
+    device = torch.device(ctx.device)
+    if device.type == "cuda":
+        return DistributedDataParallel(model, device_ids=[device.index])
+    return DistributedDataParallel(model)
 
 
 def _ledger(ctx: Any, data: DataPipeline) -> Any:

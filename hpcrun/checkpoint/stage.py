@@ -5,6 +5,10 @@ Replicated tensors are written once in total: their rows are split across ranks 
 copies only that share. Staging copies into one page-aligned buffer that is allocated and faulted
 in once and reused by every later save (fresh allocations fault in several times slower than a
 copy into warm memory). One checkpoint is in flight at a time, so one buffer bounds host memory.
+
+Device (CUDA) tensors are staged into a pinned buffer, on a side stream, awaited through one
+event per device (:mod:`hpcrun.checkpoint.device`): the exposed pause is the device-to-host copy.
+CPU tensors are copied as before.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hpcrun.checkpoint.device import DeviceCopies, is_pinned, on_device, pinned_bytes
 from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
 from hpcrun.checkpoint.state import META_KEY, FlatState, Placement, TensorLeaf
 from hpcrun.errors import CheckpointError
@@ -161,6 +166,7 @@ class StagingBuffer:
     def __init__(self, *, max_bytes: int | None = None) -> None:
         self._buf = aligned_buffer(0)
         self._max = max_bytes
+        self._pinned = False
 
     @property
     def capacity(self) -> int:
@@ -170,15 +176,26 @@ class StagingBuffer:
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self._buf[offset:offset + nbytes]
 
-    def reserve(self, nbytes: int) -> None:
-        """Make room for ``nbytes``; allocates and faults in a new buffer only when growing."""
-        if nbytes <= self.capacity:
+    @property
+    def pinned(self) -> bool:
+        """Whether the buffer is page-locked (device tensors were staged into it)."""
+        return self._pinned
+
+    def reserve(self, nbytes: int, *, pinned: bool = False) -> None:
+        """Make room for ``nbytes``; allocates and faults in a new buffer only when growing,
+        or when device tensors first need it pinned (it then stays pinned)."""
+        if nbytes <= self.capacity and (self._pinned or not pinned):
             return
         if self._max is not None and nbytes > self._max:
             raise CheckpointError(
                 f"staging needs {nbytes} bytes of host memory but the limit is {self._max}; "
                 "raise the staging limit or add ranks so each holds a smaller share")
-        self._buf = aligned_buffer(align_up(nbytes))
+        size = max(align_up(nbytes), self.capacity)
+        if pinned or self._pinned:
+            self._buf = pinned_bytes(size, align=ALIGN)
+            self._pinned = is_pinned(self._buf)
+        else:
+            self._buf = aligned_buffer(size)
 
 
 def layout(pieces: Sequence[Piece]) -> tuple[list[StagedPiece], int]:
@@ -205,10 +222,18 @@ def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
     meta = Piece(key=META_KEY, placement=Placement.LOCAL, dtype="uint8",
                  global_shape=(len(meta_json),), row_start=0, row_stop=len(meta_json))
     staged, total = layout([*pieces, meta])
-    buffer.reserve(total)
+    device = any(on_device(flat.leaves[p.key].tensor) for p in pieces)
+    buffer.reserve(total, pinned=device)
+    copies = DeviceCopies()
     for sp in staged[:-1]:
         src = _rows(flat.leaves[sp.piece.key], sp.piece)
-        tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece).copy_(src)
+        dst = tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
+        if on_device(src):
+            copies.copy(dst, src)
+        else:
+            dst.copy_(src)
+    if device:
+        copies.wait()
     buffer.view(staged[-1].offset, len(meta_json))[:] = np.frombuffer(meta_json, dtype=np.uint8)
     return staged
 
