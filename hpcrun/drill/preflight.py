@@ -5,7 +5,9 @@ node of the target allocation): a process group forms and an all-reduce complete
 tiers are writable (measured bandwidth, cold reads), a checkpoint commits and restores bit for
 bit, telemetry is written; first, the same admission checks as ``hpcrun submit``
 (:mod:`hpcrun.launch.admit`: spec, site, entrypoint importable, data manifest with every object
-hashed, Slurm partition/account/QoS), one row per finding. The canary runs the
+hashed, Slurm partition/account/QoS), one row per finding. On a GPU site, the node's GPUs are
+checked too (:mod:`hpcrun.drill.gpu_health`: nvidia-smi health fields, Xids, a known-answer
+matmul per GPU, an NCCL all-reduce's bus bandwidth). The canary runs the
 spec itself for a few steps with one committed checkpoint, a stop and a restore, and checks the
 sample and mixture accounting.
 """
@@ -210,7 +212,94 @@ def preflight(spec_path: Path, *, backend: str = "local") -> list[Check]:
                                                                      spec_id=spec.spec_id)),
             _guard("telemetry", lambda: telemetry_check(scratch)),
         ]
+    if site.gpus_per_node > 0:
+        rows += gpu_checks()
     return rows
+
+
+_NCCL_SCRIPT = """
+import os, time, torch, torch.distributed as dist
+rank, world = int(os.environ["PF_RANK"]), int(os.environ["PF_WORLD"])
+dev = torch.device("cuda", rank)
+torch.cuda.set_device(dev)
+dist.init_process_group("nccl", init_method=os.environ["PF_INIT"], rank=rank, world_size=world,
+                        device_id=dev)
+t = torch.ones(int(os.environ["PF_ELEMS"]), device=dev)
+for _ in range(3):
+    dist.all_reduce(t)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(10):
+    dist.all_reduce(t)
+torch.cuda.synchronize()
+if rank == 0:
+    print((time.perf_counter() - t0) / 10)
+dist.destroy_process_group()
+"""
+
+
+def gpu_checks(runner: Any = None) -> list[Check]:
+    """This node's GPUs: nvidia-smi health and Xids, a known-answer matmul per GPU, an NCCL
+    all-reduce across them (rows skipped, not failed, on a node without GPUs)."""
+    import torch
+
+    from hpcrun.drill.gpu_health import node_verdict, query_node
+    from hpcrun.runner import SubprocessRunner
+
+    node = socket.gethostname().split(".")[0]
+    gpus, xids, note = query_node(runner or SubprocessRunner())
+    if not gpus and not torch.cuda.is_available():
+        return [Check(name="gpu health", ok=None, detail=f"no GPU visible on {node}: run "
+                      "`hpcrun preflight` on a compute node of the site (srun -N1 --gpus ...)")]
+    ok, line = node_verdict(node, gpus, xids)
+    rows = [Check(name="gpu health", ok=ok, detail=f"{line}{'; ' + note if note else ''}")]
+    rows.append(_guard("gpu matmul", lambda: matmul_rows(node)))
+    rows.append(_guard("nccl all-reduce", lambda: nccl_bandwidth_check(node)))
+    return rows
+
+
+def matmul_rows(node: str) -> Check:
+    """A known-answer matmul on every visible GPU; a wrong answer names the GPU and node."""
+    import torch
+
+    from hpcrun.drill.gpu_health import matmul_check
+
+    count = torch.cuda.device_count()
+    wrong = {i: n for i in range(count) if (n := matmul_check(torch.device("cuda", i)))}
+    if wrong:
+        listed = ", ".join(f"GPU{i}: {n} wrong entries" for i, n in sorted(wrong.items()))
+        return Check(name="gpu matmul", ok=False, detail=f"node {node}: {listed}; quarantine "
+                     f"it (add {node} to resources.exclude)")
+    return Check(name="gpu matmul", ok=True, detail=f"node {node}: {count} GPU(s) computed the "
+                 "known answer exactly")
+
+
+def nccl_bandwidth_check(node: str, *, nbytes: int = 256 << 20,
+                         timeout_s: float = 300.0) -> Check:
+    """One NCCL all-reduce group over this node's GPUs; report its bus bandwidth."""
+    import torch
+
+    from hpcrun.drill.gpu_health import bus_bandwidth_gbs
+
+    world = torch.cuda.device_count()
+    if world < 2:
+        return Check(name="nccl all-reduce", ok=None, detail=f"node {node} has {world} GPU; "
+                     "an all-reduce needs 2 or more")
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-c", _NCCL_SCRIPT], env={
+        **os.environ, "PF_INIT": init, "PF_RANK": str(r), "PF_WORLD": str(world),
+        "PF_ELEMS": str(nbytes // 4)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for r in range(world)]
+    outs = [p.communicate(timeout=timeout_s)[0].decode(errors="replace") for p in procs]
+    failed = [r for r, p in enumerate(procs) if p.returncode]
+    if failed:
+        last = outs[failed[0]].strip().splitlines()[-1:] or [""]
+        return Check(name="nccl all-reduce", ok=False, detail=f"node {node}: rank {failed[0]} "
+                     f"failed ({last[0][:120]}); quarantine it (add {node} to resources.exclude)")
+    seconds = float(outs[0].strip().splitlines()[-1])
+    return Check(name="nccl all-reduce", ok=True, detail=f"node {node}: {world} GPUs, "
+                 f"{bus_bandwidth_gbs(nbytes, seconds, world):.1f} GB/s bus bandwidth "
+                 f"({nbytes >> 20} MiB)")
 
 
 def mixture_error(meta: Any) -> float | None:

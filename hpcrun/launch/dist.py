@@ -7,9 +7,10 @@ groups' collectives at most their own timeouts (:class:`~hpcrun.launch.gpu.Colle
 with ``device_id`` on ``cuda:<local_rank>``, after ``torch.cuda.set_device``; gloo on CPU), a
 gloo *host* group beside NCCL for hpcrun's own small collectives (the step agreement), and a gloo
 checkpoint group with the checkpoint timeout, so host-side collectives never allocate GPU
-memory, never share NCCL's streams, and a slow save is not mistaken for a hung step. When the program was launched by ``mpirun`` and
-no ``MASTER_ADDR`` is set, rank 0's host and port travel over ``MPI.COMM_WORLD`` instead; mpi4py
-is imported only on that path.
+memory, never share NCCL's streams, and a slow save is not mistaken for a hung step.
+
+When the program was launched by ``mpirun`` and no ``MASTER_ADDR`` is set, rank 0's host and port
+travel over ``MPI.COMM_WORLD`` instead; mpi4py is imported only on that path.
 """
 
 from __future__ import annotations
