@@ -8,7 +8,7 @@ TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 BACKEND ?= local
 
-.PHONY: venv lint test test-unit test-full chromium demo bench testbed-up testbed-down clean
+.PHONY: venv lint test test-unit test-full chromium demo bench gpu-check testbed-up testbed-down clean
 
 # The venv is rebuilt only when the package metadata changes.
 $(STAMP): setup.cfg pyproject.toml
@@ -60,6 +60,11 @@ demo: venv
 
 bench: venv
 	$(PY) -m benchmarks
+
+# The device check on a GPU machine (about 8 minutes on one GPU); exits 0 with
+# "skipped: no CUDA" elsewhere. Figures go to benchmarks/results/gpu/.
+gpu-check: venv
+	$(PY) -m benchmarks.gpu $(GPU_CHECK_ARGS)
 
 testbed-up: venv
 	$(VENV)/bin/hpcrun testbed up

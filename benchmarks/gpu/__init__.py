@@ -1,0 +1,1 @@
+"""The GPU device check (``make gpu-check``): see :mod:`benchmarks.gpu.check`."""
