@@ -44,6 +44,8 @@ DEFAULT_NCCL_ENV: Mapping[str, str] = {
 
 FLIGHT_RECORDER_VAR = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 """Prefix of the flight recorder's per-rank dump file (torch appends the rank)."""
+FLIGHT_RECORDER_FILE = "nccl-trace-rank-"
+"""File name prefix of the dumps in the run's hang diagnostics directory."""
 
 _VARS = {"backend": "HPCRUN_DIST_BACKEND", "init_timeout_s": "HPCRUN_PG_INIT_TIMEOUT_S",
          "step_timeout_s": "HPCRUN_STEP_TIMEOUT_S",
@@ -169,7 +171,7 @@ def nccl_environ(overrides: Mapping[str, str], *, diagnostics_dir: Path) -> dict
     default, or the node's environment).
     """
     env = dict(DEFAULT_NCCL_ENV)
-    env[FLIGHT_RECORDER_VAR] = str(Path(diagnostics_dir) / "nccl-trace-rank-")
+    env[FLIGHT_RECORDER_VAR] = str(Path(diagnostics_dir) / FLIGHT_RECORDER_FILE)
     env.update(overrides)
     return {k: v for k, v in env.items() if v != ""}
 

@@ -35,7 +35,7 @@ from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.gang import Gang, RankExit
-from hpcrun.runtime.gpus import NodeGpus
+from hpcrun.runtime.gpus import NodeGpus, diagnostics_dir, exit_fault
 from hpcrun.runtime.incarnation import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -295,8 +295,9 @@ class Agent:
             if step is None and ex.rank in beats:
                 step = beats[ex.rank].step
             self._append_fault(inc, {
-                "fault": ex.fault, "node": self.node.node, "rank": ex.rank, "step": step,
-                "signature": f"{ex.fault}:rank{ex.rank}:{ex.returncode}",
+                "fault": (fault := exit_fault(ex, inc)), "node": self.node.node,
+                "rank": ex.rank, "step": step,
+                "signature": f"{fault}:rank{ex.rank}:{ex.returncode}",
                 "detail": str(ex.report.get("detail") or how)[-2000:]})
 
     def _gpu_fault(self, inc: Incarnation, detail: str) -> Watched:
@@ -348,7 +349,6 @@ class Agent:
 
     def _rank_env(self, inc: Incarnation, rank: int) -> dict[str, str]:
         from hpcrun.launch.env import DistEnv, derive_master_port
-        from hpcrun.observe.hang import stacks_path
 
         k = self.spec.resources.tasks_per_node
         dist = DistEnv(
@@ -364,9 +364,7 @@ class Agent:
         env.update(dist.to_environ())
         env.update(inc.to_environ())
         env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
-        env.update(self.gpus.rank_environ(
-            rank % k, diagnostics_dir=stacks_path(self.run_dir, generation=inc.generation,
-                                                  rank=rank).parent))
+        env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
         if self.node.backend == "local":
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env

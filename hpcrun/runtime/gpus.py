@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.launch.gpu import (
+    FLIGHT_RECORDER_FILE,
     gpu_shortfall,
     needed_gpus,
     physical_gpu,
@@ -29,6 +30,8 @@ from hpcrun.runner import CommandRunner, SubprocessRunner
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
+    from hpcrun.runtime.gang import RankExit
+    from hpcrun.runtime.incarnation import Incarnation
 
 DRIVER_GPUS_DIR = "/proc/driver/nvidia/gpus"
 
@@ -57,13 +60,15 @@ class NodeGpus:
     def __init__(self, *, spec: RunSpec, site: SiteConfig, environ: Mapping[str, str],
                  runner: CommandRunner | None = None,
                  driver_gpus: Callable[[], list[str]] = _driver_gpus,
-                 read_text: Callable[[str], str] = _read_text) -> None:
+                 read_text: Callable[[str], str] = _read_text,
+                 allowed_cpus: Callable[[], Sequence[int] | None] = _allowed_cpus) -> None:
         self._spec = spec
         self._site = site
         self._environ = environ
         self._runner = runner or SubprocessRunner()
         self._driver_gpus = driver_gpus
         self._read_text = read_text
+        self._allowed_cpus = allowed_cpus
         self._placements: dict[int, GpuPlacement] = {}
 
     def shortfall(self, node: str) -> str | None:
@@ -82,7 +87,7 @@ class NodeGpus:
         if gpu not in self._placements:
             self._placements[gpu] = gpu_cpus(gpu, runner=self._runner,
                                              read_text=self._read_text,
-                                             allowed=_allowed_cpus())
+                                             allowed=self._allowed_cpus())
         return self._placements[gpu]
 
     def rank_environ(self, local_rank: int, *, diagnostics_dir: Path) -> dict[str, str]:
@@ -90,3 +95,26 @@ class NodeGpus:
         found = self.placement(local_rank)
         return rank_environ(self._spec, self._site, diagnostics_dir=diagnostics_dir,
                             cpus=found.cpus if found is not None else ())
+
+
+def diagnostics_dir(inc: Incarnation) -> Path:
+    """The incarnation's hang diagnostics directory (stacks, NCCL flight recorder dumps)."""
+    from hpcrun.observe.hang import stacks_path
+
+    return stacks_path(inc.run_dir, generation=inc.generation, rank=0).parent
+
+
+def timeout_fault(fault: str, *, returncode: int, dumped: bool) -> str:
+    """A rank killed by a signal after its NCCL flight recorder dumped is a collective
+    timeout, so a ``hang``; anything else keeps its class (pure)."""
+    return "hang" if returncode < 0 and dumped else fault
+
+
+def exit_fault(ex: RankExit, inc: Incarnation) -> str:
+    """The fault class of a rank's exit, reading a flight recorder dump as a hang.
+
+    With ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` NCCL's watchdog aborts the process when a
+    collective times out (no exit report); the flight recorder writes its dump just before.
+    """
+    dump = diagnostics_dir(inc) / f"{FLIGHT_RECORDER_FILE}{ex.rank}"
+    return timeout_fault(ex.fault, returncode=ex.returncode, dumped=dump.exists())
