@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcrun.errors import HpcrunError
 from hpcrun.launch.gpu import (
     FLIGHT_RECORDER_FILE,
     gpu_shortfall,
@@ -34,13 +35,19 @@ if TYPE_CHECKING:
     from hpcrun.runtime.incarnation import Incarnation
 
 DRIVER_GPUS_DIR = "/proc/driver/nvidia/gpus"
+LIST_ARGV = ("nvidia-smi", "-L")
 
 
-def _driver_gpus() -> list[str]:
+def _driver_dir() -> list[str] | None:
     try:
         return sorted(os.listdir(DRIVER_GPUS_DIR))
     except OSError:
-        return []
+        return None
+
+
+def listed_gpus(text: str) -> list[str]:
+    """GPU lines of ``nvidia-smi -L`` (``GPU 0: NVIDIA H100 ... (UUID: GPU-...)``)."""
+    return [ln for ln in text.splitlines() if ln.startswith("GPU ")]
 
 
 def _read_text(path: str) -> str:
@@ -59,7 +66,7 @@ class NodeGpus:
 
     def __init__(self, *, spec: RunSpec, site: SiteConfig, environ: Mapping[str, str],
                  runner: CommandRunner | None = None,
-                 driver_gpus: Callable[[], list[str]] = _driver_gpus,
+                 driver_gpus: Callable[[], list[str] | None] = _driver_dir,
                  read_text: Callable[[str], str] = _read_text,
                  allowed_cpus: Callable[[], Sequence[int] | None] = _allowed_cpus) -> None:
         self._spec = spec
@@ -76,8 +83,20 @@ class NodeGpus:
         needed = needed_gpus(self._spec, self._site)
         if needed == 0:
             return None
-        seen = visible_gpu_count(self._environ, self._driver_gpus())
+        seen = visible_gpu_count(self._environ, self._node_gpus())
         return gpu_shortfall(node, needed=needed, seen=seen)
+
+    def _node_gpus(self) -> list[str]:
+        """The driver's GPUs: ``/proc/driver/nvidia/gpus``, else ``nvidia-smi -L`` (containers
+        often lack the former)."""
+        found = self._driver_gpus()
+        if found:
+            return found
+        try:
+            result = self._runner.run(list(LIST_ARGV), timeout=60)
+        except (HpcrunError, OSError):
+            return []
+        return listed_gpus(result.stdout) if result.returncode == 0 else []
 
     def placement(self, local_rank: int) -> GpuPlacement | None:
         """Where the GPU of ``local_rank`` sits; None on a run without GPUs."""

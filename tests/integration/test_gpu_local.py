@@ -36,3 +36,19 @@ def test_a_node_without_its_gpus_is_a_node_failure_not_a_hang(tmp_path: Path) ->
     assert faults[0]["detail"].startswith("node local0 sees 0 GPU(s) but the run needs 2 per "
                                           "node"), faults[0]
     assert not list((run / "logs").rglob("rank-*.out")), "no rank was started"
+
+
+def test_ranks_start_with_the_specs_backend_and_timeouts(tmp_path: Path) -> None:
+    """The spec's dist section reaches every rank through its agent; rank_start records it."""
+    from hpcrun.observe.events import read_events
+
+    spec = local_spec(steps=4, every_steps=2, nodes=2,
+                      dist={"backend": "gloo", "step_timeout_s": 45})
+    run = submit(tmp_path, spec)
+    assert str(read_record(run).state) == "SUCCEEDED", read_record(run).state_info
+    starts = [e for e in read_events(run) if e.kind == "rank_start"]
+    assert sorted(e.rank for e in starts) == [0, 1]
+    for e in starts:
+        assert (e.data["backend"], e.data["device"], e.data["cpus"]) == ("gloo", "cpu", None)
+        assert (e.data["step_timeout_s"], e.data["pg_init_timeout_s"],
+                e.data["checkpoint_timeout_s"]) == (45, 300, 600)

@@ -36,6 +36,18 @@ def test_shortfall_counts_what_the_node_sees() -> None:
     assert _gpus({}, [], spec=cpu_spec).shortfall("n1") is None, "a CPU run needs no GPU"
 
 
+def test_without_the_driver_directory_nvidia_smi_lists_the_gpus() -> None:
+    listing = ("GPU 0: NVIDIA H200 (UUID: GPU-8a1f0c2e-1d2b-4c3a-9e8f-0a1b2c3d4e5f)\n"
+               "GPU 1: NVIDIA H200 (UUID: GPU-1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b)\n")
+    gpus = NodeGpus(spec=SPEC, site=SITE, environ={}, driver_gpus=lambda: None,
+                    runner=FakeRunner({"nvidia-smi -L": listing}), read_text=lambda p: "")
+    short = gpus.shortfall("n1")
+    assert short is not None and "sees 2 GPU(s) but the run needs 4" in short
+    alone = NodeGpus(spec=SPEC, site=SITE, environ={}, driver_gpus=lambda: None,
+                     runner=FakeRunner(), read_text=lambda p: "")
+    assert "sees 0 GPU(s)" in (alone.shortfall("n1") or "")
+
+
 def test_each_rank_is_bound_to_its_gpus_numa_node(tmp_path: Path) -> None:
     runner = FakeRunner({"nvidia-smi topo -m": TOPO.read_text()})
     gpus = _gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, [], runner)
