@@ -4,7 +4,10 @@
 - :mod:`hpcrun.launch.sbatch`: ``sbatch_args`` (the job's flags) and ``render_sbatch``.
 - :mod:`hpcrun.launch.submit`: ``submit_submitit`` and ``submit_sbatch``.
 - :mod:`hpcrun.launch.env`: ``DistEnv.from_environ`` and ``derive_master_port``.
-- :mod:`hpcrun.launch.dist`: ``init_process_group``, ``destroy_process_group``, ``device_for``.
+- :mod:`hpcrun.launch.dist`: ``form_groups``, ``init_process_group``, ``destroy_process_group``,
+  ``device_for``.
+- :mod:`hpcrun.launch.gpu`: backend choice, collective timeouts, NCCL environment, GPU count.
+- :mod:`hpcrun.launch.topology`: which CPU cores sit next to each GPU.
 - :mod:`hpcrun.launch.signals`: ``StopFlag``, ``stop_on``, ``signal_number``.
 - :mod:`hpcrun.launch.local`: the embedded local backend.
 

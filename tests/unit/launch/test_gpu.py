@@ -205,3 +205,10 @@ def test_topology_from_nvidia_smi_first() -> None:
     nothing = gpu_cpus(2, runner=FakeRunner(), read_text=lambda p: (_ for _ in ()).throw(
         OSError(p)))
     assert nothing == GpuPlacement(gpu=2, cpus=(), numa_node=None)
+
+
+def test_gpu_site_settings_survive_the_run_directory_snapshot() -> None:
+    site = load_site("generic-gpu")
+    again = site_from_dict(site.to_dict())
+    assert again == site and dict(again.nccl_env) == {"NCCL_IB_HCA": "mlx5",
+                                                      "NCCL_SOCKET_IFNAME": "ib0"}
