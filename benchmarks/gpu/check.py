@@ -221,6 +221,7 @@ def measure_nccl_init() -> dict[str, Any]:
     from hpcrun.launch.gpu import GpuSettings
     from hpcrun.vocab import DistBackend
 
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the gloo groups beside NCCL: one host
     env = DistEnv.single(job_id=f"gpu-check-{os.getpid()}")
     t0 = time.perf_counter()
     groups = form_groups(env, GpuSettings(backend=DistBackend.NCCL))
