@@ -8,6 +8,7 @@ cache keyed by their content digest and re-verified on load.
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcrun.data.formats import ObjectFormat, ObjectReader, digest_file
+from hpcrun.data.formats import ObjectFormat, ObjectReader, TokenMap, digest_file
 from hpcrun.data.manifest import DatasetManifest, ObjectEntry, SourceEntry, digest_arrays
 from hpcrun.errors import DataError, OutOfRangeError
 from hpcrun.storage import LOCAL_STORAGE, Storage
@@ -29,6 +30,8 @@ __all__ = ["Dataset", "SourceView", "Verify", "audit_objects", "index_path", "lo
            "load_manifest", "write_index"]
 
 _INDEX_KEYS = ("lengths", "offsets", "records")
+_MAX_MAPS = 4096
+"""Token maps kept open at once (each is one mapping; the kernel caps mappings per process)."""
 
 
 class Verify(StrEnum):
@@ -174,7 +177,11 @@ class Dataset:
                              zip(manifest.sources, self._indexes, strict=True))
         self._starts = [np.asarray([o.start for o in s.objects], dtype=np.int64)
                         for s in manifest.sources]
+        self._physical = [np.concatenate([i["records"] for i in idx]) if idx
+                          else np.empty(0, dtype=np.int64) for idx in self._indexes]
         self._readers: dict[tuple[int, int], ObjectReader] = {}
+        self._maps: collections.OrderedDict[tuple[int, int], TokenMap | None] = \
+            collections.OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
@@ -198,6 +205,38 @@ class Dataset:
         physical = int(self._indexes[source][obj]["records"][record - entry.start])
         return self._reader(source, obj).read(physical)
 
+    def locate(self, source: int, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Objects and physical record numbers of logical ``records`` of ``source`` (vectorized).
+
+        Raises:
+            OutOfRangeError: a record is outside the source.
+        """
+        view = self.sources[source]
+        if records.size and (int(records.min()) < 0 or int(records.max()) >= view.size):
+            raise OutOfRangeError(f"records {int(records.min())}..{int(records.max())} are "
+                                  f"outside source {view.name!r}, which holds records "
+                                  f"0..{view.size - 1}")
+        objects = np.searchsorted(self._starts[source], records, side="right") - 1
+        return objects, self._physical[source][records]
+
+    def token_map(self, source: int, obj: int) -> TokenMap | None:
+        """Object ``obj`` of ``source`` as a flat token map (``None``: read by record)."""
+        key = (source, obj)
+        with self._lock:
+            if key in self._maps:
+                self._maps.move_to_end(key)
+                return self._maps[key]
+        found = self._reader(source, obj).token_map()
+        with self._lock:
+            self._maps[key] = found
+            while len(self._maps) > _MAX_MAPS:
+                self._maps.popitem(last=False)
+        return found
+
+    def read_physical(self, source: int, obj: int, physical: int) -> np.ndarray:
+        """Tokens of physical record ``physical`` of object ``obj`` (record-by-record path)."""
+        return self._reader(source, obj).read(physical)
+
     def read_sample(self, sample_id: int) -> np.ndarray:
         """Tokens of global sample ``sample_id``."""
         bases = [s.base for s in self.sources]
@@ -212,6 +251,7 @@ class Dataset:
             for reader in self._readers.values():
                 reader.close()
             self._readers.clear()
+            self._maps.clear()
 
     def _reader(self, source: int, obj: int) -> ObjectReader:
         key = (source, obj)

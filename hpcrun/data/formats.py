@@ -17,6 +17,7 @@ Everything here is per object and side-effect free apart from reading the object
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ import xxhash
 
 from hpcrun.errors import DataError
 
-__all__ = ["ObjectFormat", "ObjectReader", "ObjectScan", "detect_format", "digest_file",
-           "scan_object"]
+__all__ = ["ObjectFormat", "ObjectReader", "ObjectScan", "TokenMap", "detect_format",
+           "digest_file", "scan_object"]
 
 DIGEST_ALGO = "xxh3-128"
 _READ_BLOCK = 8 << 20
@@ -137,6 +138,16 @@ class ObjectReader:
         assert self._h5 is not None
         return _h5_record(self._h5, record)
 
+    def token_map(self) -> TokenMap | None:
+        """Every token of the object as one flat read-only memory map, or ``None`` when the
+        records are not plain contiguous integers on disk (JSON Lines, chunked or compressed
+        HDF5, an empty object); those are read record by record with :meth:`read`."""
+        if self._npy is not None:
+            return self._npy.token_map(self.path)
+        if self._h5 is not None:
+            return _h5_token_map(self._h5, self.path)
+        return None
+
     def close(self) -> None:
         """Release the file handle or mapping."""
         if self._fd is not None:
@@ -168,6 +179,64 @@ class _NpyLayout:
             raise DataError(f"{path}: record {record} is truncated ({len(raw)} bytes); the "
                             "object changed since the manifest was built")
         return np.frombuffer(raw, dtype=self.dtype).astype(np.int64)
+
+
+    def token_map(self, path: str) -> TokenMap | None:
+        total = int(np.prod(self.shape))
+        if total == 0:
+            return None
+        flat = _map_tokens(path, self.dtype, self.offset, total)
+        return TokenMap(tokens=flat, per_record=self.shape[1] if len(self.shape) == 2 else 0)
+
+
+def _map_tokens(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
+    """``count`` items of ``dtype`` at byte ``offset`` of ``path``, mapped read-only.
+
+    A plain array over :class:`mmap.mmap` (not ``np.memmap``, whose Python-level
+    ``__getitem__`` costs more than the copy for a short document); the mapping lives as long
+    as the array and holds no file descriptor.
+    """
+    with open(path, "rb") as fh:
+        region = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return np.frombuffer(region, dtype=dtype, count=count, offset=offset)
+    except ValueError as exc:
+        region.close()
+        raise DataError(f"{path}: holds fewer than {count} tokens after byte {offset}; the "
+                        "object changed since the manifest was built, rebuild it") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class TokenMap:
+    """One object's tokens as a flat memory map, and where each physical record starts in it.
+
+    Holding a map costs no file descriptor; the dataset bounds how many it keeps.
+    """
+
+    tokens: np.ndarray
+    """Every token of the object, in record order (read-only ``np.memmap``)."""
+    per_record: int
+    """Tokens per record for fixed-length rows (0 for a single-record object)."""
+    bounds: np.ndarray | None = None
+    """Record boundaries (``records + 1``) for variable-length records, else ``None``."""
+
+    def starts(self, physical: np.ndarray) -> np.ndarray:
+        """Flat index of the first token of each physical record in ``physical``."""
+        if self.bounds is not None:
+            return self.bounds[physical]
+        return physical * self.per_record
+
+
+def _h5_token_map(f: h5py.File, path: str) -> TokenMap | None:
+    """Map an uncompressed, contiguous ``tokens`` dataset straight from the file."""
+    tokens = f["tokens"]
+    offset = tokens.id.get_offset() if tokens.chunks is None else None
+    if offset is None or tokens.size == 0:
+        return None
+    flat = _map_tokens(path, tokens.dtype, offset, tokens.size)
+    if tokens.ndim == 2:
+        return TokenMap(tokens=flat, per_record=int(tokens.shape[1]))
+    return TokenMap(tokens=flat, per_record=0, bounds=_h5_offsets(f, path))
 
 
 _NPY_HEADER = re.compile(r"^\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "

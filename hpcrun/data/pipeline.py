@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.data.batches import BatchPlan, DocStream, GlobalOrder, replica_rows
+from hpcrun.data.assemble import assemble, slice_segments
+from hpcrun.data.batches import DocStream, GlobalOrder, replica_rows
 from hpcrun.data.cursor import DataCursor
 from hpcrun.data.dataset import Dataset, Verify
 from hpcrun.data.loader import LoaderMetrics, OrderedReader
@@ -80,44 +81,35 @@ class MixtureSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class _RowTask:
+class _BatchTask:
     batch: int
-    row: int
-    segments: np.ndarray  # LEDGER_DTYPE + source records, see _row_tasks
+    table: np.ndarray  # SLICE_DTYPE: this replica's segments of global batch ``batch``
 
 
-class _RowReader:
-    """Reads one packed row (picklable: a process re-opens the dataset by manifest path)."""
+class _BatchReader:
+    """Assembles one replica slice (picklable: a process re-opens the dataset by path)."""
 
-    def __init__(self, dataset: Dataset, *, seq_len: int, pad_id: int, seed: int,
+    def __init__(self, dataset: Dataset, *, rows: int, seq_len: int, pad_id: int, seed: int,
                  transform: Transform | None) -> None:
         self.dataset: Dataset | None = dataset
         self.path = str(dataset.manifest_path)
-        self.seq_len, self.pad_id, self.seed, self.transform = seq_len, pad_id, seed, transform
+        self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
+        self.seed, self.transform = seed, transform
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["dataset"] = None
         return state
 
-    def __call__(self, task: _RowTask) -> dict[str, Any]:
+    def __call__(self, task: _BatchTask) -> dict[str, Any]:
         ds = self.dataset or _worker_dataset(self.path)
-        tokens = np.full(self.seq_len, self.pad_id, dtype=np.int64)
-        doc = np.full(self.seq_len, -1, dtype=np.int32)
-        pos = np.zeros(self.seq_len, dtype=np.int64)
-        at = 0
-        for i, seg in enumerate(task.segments):
-            n, off = int(seg["length"]), int(seg["offset"])
-            tokens[at:at + n] = self._document(ds, seg)[off:off + n]
-            doc[at:at + n] = i
-            pos[at:at + n] = np.arange(off, off + n)
-            at += n
-        return {"tokens": tokens, "document": doc, "position": pos, "tokens_read": at}
+        return assemble(ds, task.table, rows=self.rows, seq_len=self.seq_len,
+                        pad_id=self.pad_id,
+                        document=None if self.transform is None else self._document)
 
     def _document(self, ds: Dataset, seg: np.void) -> np.ndarray:
         tokens = ds.read(int(seg["source"]), int(seg["record"]))
-        if self.transform is None:
-            return tokens
+        assert self.transform is not None
         out = np.asarray(self.transform(tokens, sample_rng(self.seed, int(seg["sample_id"]),
                                                            int(seg["epoch"]))))
         if out.shape != tokens.shape:
@@ -135,10 +127,6 @@ def _worker_dataset(path: str) -> Dataset:
     if ds is None:  # the parent verified every digest; a worker re-checks sizes only
         ds = _WORKER_DATASETS[path] = Dataset.open(path, verify=Verify.SIZE)
     return ds
-
-
-_TASK_DTYPE = np.dtype([("sample_id", np.int64), ("source", np.int64), ("record", np.int64),
-                        ("epoch", np.int64), ("offset", np.int64), ("length", np.int64)])
 
 
 class DataPipeline(Iterator[dict[str, Any]]):
@@ -182,11 +170,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self.prefetch_batches = prefetch_batches
         self.as_torch, self.clock = as_torch, clock
         self._order = self._new_order()
-        self._read = _RowReader(self.dataset, seq_len=seq_len, pad_id=pad_id, seed=seed,
-                                transform=transform)
+        self._read = _BatchReader(self.dataset, rows=len(self.rows), seq_len=seq_len,
+                                  pad_id=pad_id, seed=seed, transform=transform)
         self.metrics = LoaderMetrics(clock)
         self._delivered = 0
-        self._reader: OrderedReader[_RowTask, dict[str, Any]] | None = None
+        self._reader: OrderedReader[_BatchTask, dict[str, Any]] | None = None
         self._pool: Executor | None = None
         self._submitted: dict[int, float] = {}
 
@@ -223,19 +211,14 @@ class DataPipeline(Iterator[dict[str, Any]]):
         t0 = self.clock.monotonic()
         reader = self._reader or self._start()
         depth = reader.ready
-        got = [next(reader, None) for _ in self.rows]
-        rows = [r for r in got if r is not None]
-        if not rows:
-            raise StopIteration
-        if len(rows) != len(got):
-            raise DataError(f"batch {self._delivered} ended mid-slice; this is a bug")
-        batch = self._assemble(rows)
+        batch = next(reader)
         now = self.clock.monotonic()
         self.metrics.retries = reader.retries
         self.metrics.record(time_to_batch=now - self._submitted.pop(self._delivered, t0),
                             input_wait=now - t0, queue_depth=depth,
-                            nbytes=batch["tokens"].nbytes, samples=len(rows),
-                            tokens=int(sum(r["tokens_read"] for r in rows)))
+                            nbytes=batch["tokens"].nbytes, samples=len(self.rows),
+                            tokens=batch.pop("tokens_read"))
+        batch["batch"] = self._delivered
         self._delivered += 1
         return self._convert(batch)
 
@@ -293,11 +276,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
         return GlobalOrder(stream, global_batch=self.global_batch, seq_len=self.seq_len,
                            policy=self.packing)
 
-    def _start(self) -> OrderedReader[_RowTask, dict[str, Any]]:
+    def _start(self) -> OrderedReader[_BatchTask, dict[str, Any]]:
         if self.executor_kind == "process" and self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        self._reader = OrderedReader(self._read, self._row_tasks(self._delivered),
-                                     workers=self.workers, max_inflight=self.max_inflight_rows,
+        self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
+                                     workers=self.workers, max_inflight=self.prefetch_batches,
                                      executor=self._pool, clock=self.clock)
         return self._reader
 
@@ -307,19 +290,13 @@ class DataPipeline(Iterator[dict[str, Any]]):
             self._reader = None
         self._submitted.clear()
 
-    def _row_tasks(self, start: int) -> Iterator[_RowTask]:
+    def _batch_tasks(self, start: int) -> Iterator[_BatchTask]:
         for k in itertools.count(start):
             plan = self._order.plan(k)
             if plan is None:
                 return
             self._submitted[k] = self.clock.monotonic()
-            yield from _tasks_of(plan, self.rows)
-
-    def _assemble(self, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {key: np.stack([r[key] for r in rows])
-                               for key in ("tokens", "document", "position")}
-        out["batch"] = self._delivered
-        return out
+            yield _BatchTask(batch=k, table=slice_segments(plan, self.rows))
 
     def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
         if not self.as_torch:
@@ -336,18 +313,3 @@ class DataPipeline(Iterator[dict[str, Any]]):
                 self._pool.shutdown(wait=False, cancel_futures=True)
         except Exception:  # interpreter teardown: nothing left to release safely
             pass
-
-
-def _tasks_of(plan: BatchPlan, rows: range) -> Iterator[_RowTask]:
-    """One read task per row of ours, carrying exactly the segments of that row."""
-    seg = plan.segments
-    docs = plan.docs[seg["doc"]]
-    table = np.zeros(seg.size, dtype=_TASK_DTYPE)
-    for name in ("sample_id", "source", "record", "epoch"):
-        table[name] = docs[name]
-    table["offset"], table["length"] = seg["offset"], seg["length"]
-    bounds = np.searchsorted(seg["row"], [rows.start, rows.stop])
-    mine, row_of = table[bounds[0]:bounds[1]], seg["row"][bounds[0]:bounds[1]]
-    cuts = np.searchsorted(row_of, np.arange(rows.start, rows.stop + 1))
-    for j, row in enumerate(rows):
-        yield _RowTask(batch=plan.batch, row=row, segments=mine[cuts[j]:cuts[j + 1]])

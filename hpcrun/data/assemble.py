@@ -1,0 +1,148 @@
+"""Batch assembly on whole batches: this replica's segments → token, document, position arrays.
+
+A global batch's layout (:class:`~hpcrun.data.batches.BatchPlan`) says which ``length`` tokens
+of which document, from which ``offset``, fill which row. Here the replica's share of it becomes
+arrays with a handful of numpy calls per batch, not Python per token or per row:
+
+- :func:`slice_segments` cuts this replica's rows out of the plan (rows renumbered from 0);
+- :func:`place_segments` computes where each segment lands and its document number in its row;
+- :func:`assemble` fills ``document`` and ``position`` in one vectorized pass each and gathers
+  the tokens from the objects' memory maps, one gather per object (a 2-D ``.npy`` or HDF5 shard
+  holding many documents costs one fancy-index read; an object per document costs one slice).
+
+Objects without a flat token map (JSON Lines, chunked HDF5) and documents with a stochastic
+transform are read document by document: decoding JSON and calling the transform are per
+document by nature. The output is identical on every path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hpcrun.data.batches import BatchPlan
+from hpcrun.data.dataset import Dataset
+from hpcrun.errors import DataError
+
+__all__ = ["SLICE_DTYPE", "assemble", "place_segments", "slice_segments"]
+
+SLICE_DTYPE = np.dtype([("row", np.int64), ("sample_id", np.int64), ("source", np.int64),
+                        ("record", np.int64), ("epoch", np.int64), ("offset", np.int64),
+                        ("length", np.int64)])
+"""One segment of a replica's slice: ``length`` tokens of ``record`` from ``offset`` into
+local row ``row``."""
+
+DocumentFn = Callable[[Dataset, np.void], np.ndarray]
+"""Reads (and transforms) one whole document for a segment; the record-by-record path."""
+
+
+def slice_segments(plan: BatchPlan, rows: range) -> np.ndarray:
+    """The segments of ``rows`` of ``plan`` as :data:`SLICE_DTYPE`, rows renumbered from 0."""
+    seg = plan.segments
+    lo, hi = (int(v) for v in np.searchsorted(seg["row"], [rows.start, rows.stop]))
+    mine = seg[lo:hi]
+    docs = plan.docs[mine["doc"]]
+    out = np.zeros(mine.size, dtype=SLICE_DTYPE)
+    out["row"] = mine["row"] - rows.start
+    for name in ("sample_id", "source", "record", "epoch"):
+        out[name] = docs[name]
+    out["offset"], out["length"] = mine["offset"], mine["length"]
+    return out
+
+
+def place_segments(table: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat output index of each segment's first token, and its document number in its row.
+
+    Segments are in row order and fill each row from its start, in order (the packer's
+    layout), so a segment starts where the previous segments of its row end.
+    """
+    lengths = table["length"]
+    starts = np.cumsum(lengths) - lengths
+    first = np.searchsorted(table["row"], table["row"], side="left")
+    dest = table["row"] * seq_len + starts - starts[first]
+    return dest, np.arange(table.size, dtype=np.int64) - first
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """``[0..c0-1, 0..c1-1, ...]`` for ``counts = [c0, c1, ...]``."""
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def assemble(dataset: Dataset, table: np.ndarray, *, rows: int, seq_len: int, pad_id: int,
+             document: DocumentFn | None = None) -> dict[str, Any]:
+    """Arrays of one replica slice: ``tokens`` and ``position`` (int64), ``document`` (int32).
+
+    Args:
+        dataset: Where the tokens come from.
+        table: The slice's segments (:data:`SLICE_DTYPE`), in row order.
+        rows: Rows in the slice.
+        seq_len: Tokens per row.
+        pad_id: Token of unfilled positions (``packing="none"``).
+        document: Per-document read for transforms; ``None`` gathers from token maps.
+
+    Returns:
+        ``tokens``, ``document`` (−1 = padding), ``position`` of shape ``(rows, seq_len)``
+        and ``tokens_read``, the number of real tokens.
+    """
+    size = rows * seq_len
+    tokens = np.full(size, pad_id, dtype=np.int64)
+    doc = np.full(size, -1, dtype=np.int32)
+    pos = np.zeros(size, dtype=np.int64)
+    dest, docno = place_segments(table, seq_len)
+    lengths = table["length"]
+    within = _ranks(lengths)
+    flat = np.repeat(dest, lengths) + within
+    doc[flat] = np.repeat(docno, lengths)
+    pos[flat] = np.repeat(table["offset"], lengths) + within
+    if document is None:
+        _gather(dataset, table, dest, tokens)
+    else:
+        for seg, at in zip(table, dest.tolist(), strict=True):
+            _put(tokens, at, document(dataset, seg), seg)
+    shape = (rows, seq_len)
+    return {"tokens": tokens.reshape(shape), "document": doc.reshape(shape),
+            "position": pos.reshape(shape), "tokens_read": int(lengths.sum())}
+
+
+def _put(out: np.ndarray, at: int, tokens: np.ndarray, seg: np.void) -> None:
+    off, n = int(seg["offset"]), int(seg["length"])
+    out[at:at + n] = tokens[off:off + n]
+
+
+def _gather(dataset: Dataset, table: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+    """Fill ``out`` with every segment's tokens: one gather per object."""
+    for source in np.unique(table["source"]).tolist():
+        sel = np.flatnonzero(table["source"] == source)
+        objects, physical = dataset.locate(source, table["record"][sel])
+        order = np.argsort(objects, kind="stable")
+        cuts = np.flatnonzero(np.diff(objects[order])) + 1
+        for group in np.split(order, cuts):
+            obj = int(objects[group[0]])
+            _gather_object(dataset, source, obj, table[sel[group]], physical[group],
+                           dest[sel[group]], out)
+
+
+def _gather_object(dataset: Dataset, source: int, obj: int, segs: np.ndarray,
+                   physical: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+    tmap = dataset.token_map(source, obj)
+    if tmap is None:
+        for seg, rec, at in zip(segs, physical.tolist(), dest.tolist(), strict=True):
+            _put(out, at, dataset.read_physical(source, obj, rec), seg)
+        return
+    lengths = segs["length"]
+    src = tmap.starts(physical) + segs["offset"]
+    try:
+        if segs.size == 1:
+            at, lo, n = int(dest[0]), int(src[0]), int(lengths[0])
+            out[at:at + n] = tmap.tokens[lo:lo + n]
+        else:
+            within = _ranks(lengths)
+            out[np.repeat(dest, lengths) + within] = tmap.tokens[np.repeat(src, lengths) + within]
+    except (IndexError, ValueError) as exc:
+        path = dataset.manifest.sources[source].objects[obj].path
+        raise DataError(f"{path}: records {physical.tolist()[:4]} end past the object's "
+                        f"{tmap.tokens.size} tokens ({exc}); the object changed since the "
+                        "manifest was built, rebuild it") from exc
