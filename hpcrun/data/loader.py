@@ -16,6 +16,8 @@ learns how long it waited for its batch (``ctx.step_done`` takes it).
 from __future__ import annotations
 
 import collections
+import contextlib
+import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -27,7 +29,7 @@ import numpy as np
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ArgumentError
 
-__all__ = ["LoaderMetrics", "OrderedReader", "RateCheck", "call_with_retries"]
+__all__ = ["LoaderMetrics", "OrderedReader", "RateCheck", "ReadAhead", "call_with_retries"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -124,6 +126,70 @@ class OrderedReader(Generic[T, U], Iterator[U]):
             self._window.append((self._next_seq, fut))
             self._next_seq += 1
             self.peak_inflight = max(self.peak_inflight, len(self._window))
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    exc: BaseException
+
+
+_END = object()
+
+
+class ReadAhead(Iterator[T]):
+    """``items`` produced by a background thread, at most ``depth`` ahead of the consumer.
+
+    Keeps sequential work that prepares reads (planning the next batches) off the consumer's
+    ``next()``. Items come out in order; an exception of the producer is raised at the
+    consumer's ``next()`` in its place.
+    """
+
+    def __init__(self, items: Iterable[T], *, depth: int, name: str = "hpcrun-plan") -> None:
+        if depth < 1:
+            raise ArgumentError(f"read-ahead depth must be >= 1, found {depth}")
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stopping = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, args=(iter(items),), name=name,
+                                        daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is _END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self._done = True
+            raise item.exc
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the producer and wait for it (it finishes the item in hand, then exits)."""
+        self._stopping.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+        self._done = True
+
+    def _run(self, items: Iterator[T]) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(_Raised(exc))
+            return
+        self._put(_END)
+
+    def _put(self, item: object) -> bool:
+        while not self._stopping.is_set():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.05)
+                return True
+        return False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

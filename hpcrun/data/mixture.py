@@ -254,6 +254,8 @@ class Mixture:
         counts = list(state.counts)
         rel = [c - s for c, s in zip(counts, state.segment_counts, strict=True)]
         live = [i for i, a in enumerate(state.active) if a]
+        if len(live) == 1:
+            return self._step_single(state, live[0], count)
         sigma = 1.0 / (2 * len(live) - 2) if len(live) > 1 else 0.0
         srcs: list[int] = []
         poss: list[int] = []
@@ -270,6 +272,24 @@ class Mixture:
             if self._drops(i, counts[i]):
                 return self._finish(state, counts, srcs, poss, "drop", i)
         return self._finish(state, counts, srcs, poss, None, -1)
+
+    def _step_single(self, state: MixState, i: int, count: int) -> tuple[_Draws, MixState]:
+        """One live source: every draw is its next record (the loop's result, vectorized).
+
+        The events fall where the per-draw loop finds them: ``stop``/``fail`` before the draw
+        that would pass the end, ``drop`` right after the draw that reaches it.
+        """
+        counts = list(state.counts)
+        n, event = count, None
+        if self.sizes:
+            left, policy = self.sizes[i] - counts[i], self.exhaustion[i]
+            if policy in (Exhaustion.STOP, Exhaustion.FAIL) and left < count:
+                n, event = max(left, 0), str(policy)
+            elif policy is Exhaustion.RENORMALIZE and 1 <= left <= count:
+                n, event = left, "drop"
+        poss = np.arange(counts[i], counts[i] + n, dtype=np.int64)
+        counts[i] += n
+        return self._finish(state, counts, np.full(n, i, dtype=np.int64), poss, event, i)
 
     def _step_categorical(self, state: MixState, count: int) -> tuple[_Draws, MixState]:
         """Vectorized independent draws, cut at the first exhaustion event."""
@@ -316,8 +336,8 @@ class Mixture:
         return bool(self.sizes) and self.exhaustion[i] is Exhaustion.RENORMALIZE \
             and count >= self.sizes[i]
 
-    def _finish(self, state: MixState, counts: list[int], srcs: Sequence[int],
-                poss: Sequence[int], event: str | None, who: int) -> tuple[_Draws, MixState]:
+    def _finish(self, state: MixState, counts: list[int], srcs: Sequence[int] | np.ndarray,
+                poss: Sequence[int] | np.ndarray, event: str | None, who: int) -> tuple[_Draws, MixState]:
         """Build the next state from the draws made and the event that ended them, if any."""
         draw = state.draw + len(srcs)
         new = replace(state, draw=draw, counts=tuple(counts))

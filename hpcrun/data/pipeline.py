@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,13 @@ import numpy as np
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.data.assemble import assemble, slice_segments
-from hpcrun.data.batches import DocStream, GlobalOrder, replica_rows
+from hpcrun.data.batches import DocStream, GlobalOrder, OrderState, replica_rows
 from hpcrun.data.cursor import DataCursor
 from hpcrun.data.dataset import Dataset, Verify
-from hpcrun.data.loader import LoaderMetrics, OrderedReader
+from hpcrun.data.loader import LoaderMetrics, OrderedReader, ReadAhead, call_with_retries
 from hpcrun.data.mixture import Exhaustion, MixMode, Mixture, MixUnit
 from hpcrun.data.packing import PackingPolicy
+from hpcrun.data.workers import ProcessBatches, SlotLayout, reader_workers
 from hpcrun.errors import ArgumentError, DataError, OutOfRangeError
 
 __all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
@@ -119,6 +120,47 @@ class _BatchReader:
         return out
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _BatchProducer:
+    """A reader process's share of the batches: it walks the pure global order itself."""
+
+    manifest: str
+    seed: int
+    global_batch: int
+    seq_len: int
+    rows: tuple[int, int]
+    mixture: MixtureSpec
+    packing: str
+    pad_id: int
+    transform: Transform | None
+
+    def produce(self, start: int, state: dict[str, Any] | None, worker: int,
+                stride: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        ds = _worker_dataset(self.manifest)
+        order = _global_order(ds, self.mixture, seed=self.seed, global_batch=self.global_batch,
+                              seq_len=self.seq_len, packing=PackingPolicy(self.packing))
+        if state is not None:
+            order.remember(OrderState.from_dict(state))
+        read = _BatchReader(ds, rows=self.rows[1] - self.rows[0], seq_len=self.seq_len,
+                            pad_id=self.pad_id, seed=self.seed, transform=self.transform)
+        rows = range(*self.rows)
+        for k in itertools.count(start + worker, stride):
+            plan = order.plan(k)
+            if plan is None:
+                return
+            arrays, retries = call_with_retries(read, _BatchTask(k, slice_segments(plan, rows)),
+                                                2, 0.05)
+            arrays["retries"] = retries
+            yield k, arrays
+
+
+def _global_order(dataset: Dataset, spec: MixtureSpec, *, seed: int, global_batch: int,
+                  seq_len: int, packing: PackingPolicy) -> GlobalOrder:
+    stream = DocStream(dataset.sources, spec.build(dataset, seed), seed=seed,
+                       salt=dataset.dataset_id)
+    return GlobalOrder(stream, global_batch=global_batch, seq_len=seq_len, policy=packing)
+
+
 _WORKER_DATASETS: dict[str, Dataset] = {}
 
 
@@ -141,8 +183,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
         num_replicas: Data-parallel replicas (R).
         mixture: How sources are mixed (default: exact, proportional to size, repeat).
         packing: ``concat`` (concatenate-then-split) or ``none`` (one document per row).
-        workers: Reader threads or processes.
-        executor: ``thread`` or ``process``.
+        workers: Reader threads or processes; ``None`` = what this rank's CPU share allows
+            (its allowed CPUs minus one for the training loop, see
+            :func:`~hpcrun.data.workers.reader_workers`).
+        executor: ``thread`` or ``process`` (worker processes that plan and assemble whole
+            batches into shared memory; the training loop's GIL stays free).
         prefetch_batches: Batches read ahead; the memory bound is this many of our slices.
         transform: Stochastic, length-preserving per-document transform (picklable for
             processes); its randomness comes from :func:`sample_rng`.
@@ -154,7 +199,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
     def __init__(self, dataset: Dataset | str | os.PathLike[str], *, seed: int,
                  global_batch: int, seq_len: int, replica: int = 0, num_replicas: int = 1,
                  mixture: MixtureSpec | None = None, packing: PackingPolicy | str = "concat",
-                 workers: int = 4, executor: str = "thread", prefetch_batches: int = 2,
+                 workers: int | None = None, executor: str = "thread",
+                 prefetch_batches: int = 2,
                  transform: Transform | None = None, pad_id: int = 0, as_torch: bool = False,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
@@ -162,6 +208,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self.seed, self.global_batch, self.seq_len = seed, global_batch, seq_len
         self.packing = PackingPolicy(packing)
         self.mixture_spec = mixture or MixtureSpec()
+        workers = reader_workers() if workers is None else workers
         if executor not in ("thread", "process") or workers < 1 or prefetch_batches < 1:
             raise ArgumentError(f"need executor 'thread' or 'process', workers >= 1 and "
                                 f"prefetch_batches >= 1; found {executor!r}, {workers}, "
@@ -174,9 +221,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
                                   pad_id=pad_id, seed=seed, transform=transform)
         self.metrics = LoaderMetrics(clock)
         self._delivered = 0
-        self._reader: OrderedReader[_BatchTask, dict[str, Any]] | None = None
-        self._pool: Executor | None = None
+        self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
+        self._transform, self._pad_id = transform, pad_id
+        self._plans: ReadAhead[_BatchTask] | None = None
         self._submitted: dict[int, float] = {}
+        self._order_lock = threading.Lock()  # the planner thread and state_dict share the memo
 
     @property
     def dataset_id(self) -> str:
@@ -198,7 +247,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
         Raises:
             OutOfRangeError: the stream ends before batch ``k`` (an ``IndexError``).
         """
-        plan = self._order.plan(k)
+        with self._order_lock:
+            plan = self._order.plan(k)
         if plan is None:
             raise OutOfRangeError(f"the data stream ends before global batch {k}; ask for a "
                                   "batch the mixture's exhaustion policy still produces")
@@ -231,7 +281,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         """Cursor of the next batch not yet delivered to the caller (an envelope dict)."""
-        state = self._order.state_at(self._delivered)
+        with self._order_lock:
+            state = self._order.state_at(self._delivered)
         if state is None:
             raise DataError(f"no position for batch {self._delivered}: the stream ended")
         sizes = [s.size for s in self.dataset.sources]
@@ -264,35 +315,52 @@ class DataPipeline(Iterator[dict[str, Any]]):
     def close(self) -> None:
         """Stop the readers and worker processes and close the dataset's files."""
         self._stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
         self.dataset.close()
 
     def _new_order(self) -> GlobalOrder:
-        mixture = self.mixture_spec.build(self.dataset, self.seed)
-        stream = DocStream(self.dataset.sources, mixture, seed=self.seed,
-                           salt=self.dataset_id)
-        return GlobalOrder(stream, global_batch=self.global_batch, seq_len=self.seq_len,
-                           policy=self.packing)
+        return _global_order(self.dataset, self.mixture_spec, seed=self.seed,
+                             global_batch=self.global_batch, seq_len=self.seq_len,
+                             packing=self.packing)
 
-    def _start(self) -> OrderedReader[_BatchTask, dict[str, Any]]:
-        if self.executor_kind == "process" and self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
+    def _start(self) -> OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches:
+        if self.executor_kind == "process":
+            self._reader = self._start_processes()
+            return self._reader
+        self._plans = ReadAhead(self._batch_tasks(self._delivered), depth=self.prefetch_batches)
+        self._reader = OrderedReader(self._read, self._plans,
                                      workers=self.workers, max_inflight=self.prefetch_batches,
-                                     executor=self._pool, clock=self.clock)
+                                     clock=self.clock)
         return self._reader
 
     def _stop(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._plans is not None:
+            self._plans.close()
+            self._plans = None
         self._submitted.clear()
+
+    def _start_processes(self) -> ProcessBatches:
+        with self._order_lock:
+            state = self._order.state_at(self._delivered)
+        producer = _BatchProducer(
+            manifest=str(self.dataset.manifest_path), seed=self.seed,
+            global_batch=self.global_batch, seq_len=self.seq_len,
+            rows=(self.rows.start, self.rows.stop), mixture=self.mixture_spec,
+            packing=str(self.packing), pad_id=self._pad_id, transform=self._transform)
+        layout = SlotLayout(shape=(len(self.rows), self.seq_len),
+                            dtypes=(("tokens", "int64"), ("document", "int32"),
+                                    ("position", "int64")))
+        depth = -(-self.prefetch_batches // self.workers)
+        return ProcessBatches(producer, layout, start=self._delivered,
+                              state=None if state is None else state.to_dict(),
+                              workers=self.workers, depth=depth)
 
     def _batch_tasks(self, start: int) -> Iterator[_BatchTask]:
         for k in itertools.count(start):
-            plan = self._order.plan(k)
+            with self._order_lock:
+                plan = self._order.plan(k)
             if plan is None:
                 return
             self._submitted[k] = self.clock.monotonic()
@@ -309,7 +377,5 @@ class DataPipeline(Iterator[dict[str, Any]]):
     def __del__(self) -> None:
         try:
             self._stop()
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
         except Exception:  # interpreter teardown: nothing left to release safely
             pass
