@@ -8,25 +8,30 @@ walks the pure global order itself, so nothing depends on ``W``) and writes each
 ``(k - start) % W``, copies it out and hands the slot back: batches come out strictly in order,
 and at most ``W × depth`` are made ahead (the memory bound).
 
-Workers are started with ``spawn`` (no inherited threads or CUDA state), ignore the preemption
-signals their rank handles, die with their parent (``PR_SET_PDEATHSIG``), and are stopped by
-PID on :meth:`ProcessBatches.close`, on any error, when the pipeline is collected and at
-interpreter exit; a rank that is killed leaves no reader behind.
+Workers are fresh interpreters (``python -m hpcrun.data.workers``: no inherited threads or CUDA
+state, and unlike ``multiprocessing``'s spawn the training script is never re-imported), talk
+to the parent over a socket pair, ignore the preemption signals their rank handles, die with
+their parent (``PR_SET_PDEATHSIG``), and are stopped by PID on :meth:`ProcessBatches.close`, on
+any error, when the pipeline is collected and at interpreter exit; a rank that is killed leaves
+no reader behind. The producer (and a transform in it) must be importable by module name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import multiprocessing as mp
+import mmap
 import os
+import tempfile
 import signal
+import socket
+import subprocess
+import sys
 import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Protocol
 
 import numpy as np
@@ -92,7 +97,7 @@ class SlotLayout:
 class _WorkerArgs:
     producer: BatchProducer
     layout: SlotLayout
-    shm_name: str
+    size: int
     worker: int
     stride: int
     depth: int
@@ -119,10 +124,11 @@ class ProcessBatches(Iterator[dict[str, Any]]):
             raise ArgumentError(f"need workers >= 1 and depth >= 1, found {workers}, {depth}")
         self.layout, self.workers, self.depth = layout, workers, depth
         self._start = self._next = start
-        self._shm = SharedMemory(create=True, size=max(1, layout.nbytes * workers * depth))
+        self._fd, self._shm = _shared_block(max(1, layout.nbytes * workers * depth))
         self._conns: list[Connection] = []
-        self._procs: list[mp.process.BaseProcess] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._shm)
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._shm,
+                                           self._fd)
         self._ended = False
         self.retries = 0
         try:
@@ -134,7 +140,7 @@ class ProcessBatches(Iterator[dict[str, Any]]):
     @property
     def pids(self) -> list[int]:
         """PIDs of the worker processes."""
-        return [p.pid for p in self._procs if p.pid is not None]
+        return [p.pid for p in self._procs]
 
     @property
     def ready(self) -> int:
@@ -156,7 +162,7 @@ class ProcessBatches(Iterator[dict[str, Any]]):
                             "this is a bug")
         offset = (w * self.depth + slot) * self.layout.nbytes
         out: dict[str, Any] = {name: view.copy() for name, view in
-                               self.layout.views(self._shm.buf, offset).items()}
+                               self.layout.views(memoryview(self._shm), offset).items()}
         out["tokens_read"] = tokens_read
         self.retries += retries
         self._conns[w].send(slot)
@@ -168,26 +174,30 @@ class ProcessBatches(Iterator[dict[str, Any]]):
         self._finalizer()
 
     def _spawn(self, producer: BatchProducer, state: dict[str, Any] | None) -> None:
-        ctx = mp.get_context("spawn")
         for w in range(self.workers):
-            parent_end, child_end = ctx.Pipe()
-            args = _WorkerArgs(producer=producer, layout=self.layout, shm_name=self._shm.name,
-                               worker=w, stride=self.workers, depth=self.depth,
-                               start=self._start, state=state, parent=os.getpid())
-            proc = ctx.Process(target=_worker_main, args=(args, child_end), daemon=True,
-                               name=f"hpcrun-reader-{w}")
-            proc.start()
-            child_end.close()
-            self._conns.append(parent_end)
+            mine, theirs = socket.socketpair()
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(self._fd)],
+                    pass_fds=(theirs.fileno(), self._fd), stdin=subprocess.DEVNULL)
+            finally:
+                theirs.close()
             self._procs.append(proc)
+            conn = Connection(mine.detach())
+            self._conns.append(conn)
+            conn.send(list(sys.path))
+            conn.send(_WorkerArgs(producer=producer, layout=self.layout,
+                                  size=len(self._shm), worker=w, stride=self.workers,
+                                  depth=self.depth, start=self._start, state=state,
+                                  parent=os.getpid()))
 
     def _receive(self, w: int) -> tuple[Any, ...]:
         conn, proc = self._conns[w], self._procs[w]
         while not conn.poll(_POLL_S):
-            if not proc.is_alive():
+            if proc.poll() is not None:
                 self.close()
                 raise DataError(f"reader process {w} (pid {proc.pid}) exited with "
-                                f"{proc.exitcode} before batch {self._next}; see the rank's "
+                                f"{proc.returncode} before batch {self._next}; see the rank's "
                                 "stderr for why, or use executor='thread'")
         try:
             msg: tuple[Any, ...] = conn.recv()
@@ -201,27 +211,40 @@ class ProcessBatches(Iterator[dict[str, Any]]):
         return msg
 
 
-def _shutdown(procs: list[mp.process.BaseProcess], conns: list[Connection],
-              shm: SharedMemory) -> None:
+def _shared_block(size: int) -> tuple[int, mmap.mmap]:
+    """An anonymous shared file (nothing to clean up if we die) and our mapping of it."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("hpcrun-batches")
+    else:  # no memfd: an unlinked temporary file is just as anonymous
+        fd, path = tempfile.mkstemp(prefix="hpcrun-batches-")
+        os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd, mmap.mmap(fd, size)
+
+
+def _shutdown(procs: list[subprocess.Popen[bytes]], conns: list[Connection],
+              shm: mmap.mmap, fd: int) -> None:
     """Ask each worker to stop, then SIGKILL by PID whatever is still alive; free memory."""
     for conn in conns:
         with contextlib.suppress(OSError, ValueError):
             conn.send(None)
     deadline = time.monotonic() + _STOP_GRACE_S
     for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
     for proc in procs:
-        if proc.is_alive() and proc.pid is not None:
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
-            proc.join()
+            proc.wait()
     for conn in conns:
         conn.close()
     procs.clear()
     conns.clear()
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(BufferError):  # a view still exported: freed with it
         shm.close()
-        shm.unlink()
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -233,23 +256,29 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _worker_main(args: _WorkerArgs, conn: Connection) -> None:
+_ENTRY = "import sys; from hpcrun.data.workers import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+
+
+def main(fd: int, shared_fd: int) -> None:
     """A reader process: make this worker's batches into free slots until told to stop."""
-    _die_with_parent(args.parent)
     # The rank handles preemption and interrupts; its readers stop when it closes them.
     for sig in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    shm = SharedMemory(name=args.shm_name)
+    conn = Connection(fd)
     try:
-        _serve(args, conn, shm)
+        sys.path[:] = conn.recv()
+        args: _WorkerArgs = conn.recv()
+        _die_with_parent(args.parent)
+        shm = mmap.mmap(shared_fd, args.size)
+        _serve(args, conn, memoryview(shm))
+    except (EOFError, OSError):  # the parent is gone or closed us: nothing to report to
+        return
     except Exception as exc:  # reported to the parent, which raises it as a DataError
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        shm.close()
 
 
-def _serve(args: _WorkerArgs, conn: Connection, shm: SharedMemory) -> None:
+def _serve(args: _WorkerArgs, conn: Connection, shm: memoryview) -> None:
     free = list(range(args.depth))
     batches = args.producer.produce(args.start, args.state, args.worker, args.stride)
     while True:
@@ -267,6 +296,7 @@ def _serve(args: _WorkerArgs, conn: Connection, shm: SharedMemory) -> None:
         k, arrays = got
         slot = free.pop(0)
         offset = (args.worker * args.depth + slot) * args.layout.nbytes
-        for name, view in args.layout.views(shm.buf, offset).items():
+        for name, view in args.layout.views(shm, offset).items():
             view[...] = arrays[name]
         conn.send(("batch", k, slot, int(arrays["tokens_read"]), int(arrays.get("retries", 0))))
+
