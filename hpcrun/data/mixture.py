@@ -337,7 +337,8 @@ class Mixture:
             and count >= self.sizes[i]
 
     def _finish(self, state: MixState, counts: list[int], srcs: Sequence[int] | np.ndarray,
-                poss: Sequence[int] | np.ndarray, event: str | None, who: int) -> tuple[_Draws, MixState]:
+                poss: Sequence[int] | np.ndarray, event: str | None,
+                who: int) -> tuple[_Draws, MixState]:
         """Build the next state from the draws made and the event that ended them, if any."""
         draw = state.draw + len(srcs)
         new = replace(state, draw=draw, counts=tuple(counts))

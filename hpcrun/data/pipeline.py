@@ -15,6 +15,7 @@ step's input wait without any change to the training loop.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -375,7 +376,6 @@ class DataPipeline(Iterator[dict[str, Any]]):
                 for k, v in batch.items()}
 
     def __del__(self) -> None:
-        try:
+        # interpreter teardown: nothing left to release safely when this fails
+        with contextlib.suppress(Exception):
             self._stop()
-        except Exception:  # interpreter teardown: nothing left to release safely
-            pass

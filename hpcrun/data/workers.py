@@ -22,11 +22,11 @@ import contextlib
 import ctypes
 import mmap
 import os
-import tempfile
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -256,7 +256,8 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-_ENTRY = "import sys; from hpcrun.data.workers import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+_ENTRY = ("import sys; from hpcrun.data.workers import main; "
+          "main(int(sys.argv[1]), int(sys.argv[2]))")
 
 
 def main(fd: int, shared_fd: int) -> None:

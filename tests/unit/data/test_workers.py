@@ -116,7 +116,7 @@ def test_a_reader_error_is_a_data_error_and_stops_the_readers(tmp_path: Path) ->
                      executor="process")
     for path in paths:  # the objects change after the rank verified them
         path.write_bytes(path.read_bytes()[:-8])
-    with pytest.raises(DataError, match="reader process .* failed .*changed"):
+    with pytest.raises(DataError, match=r"reader process .* failed .*changed"):
         next(p)
     assert p._reader is not None
     assert _wait_gone(p._reader.pids, timeout_s=1.0) == []  # type: ignore[union-attr]
