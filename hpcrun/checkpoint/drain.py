@@ -13,6 +13,7 @@ redoes at most the copy that was interrupted.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,15 @@ import numpy as np
 
 from hpcrun.checkpoint.commit import commit_entry, read_manifest
 from hpcrun.checkpoint.manifest import ShardRecord
-from hpcrun.checkpoint.rawio import Extent, read_file_cold, write_extents
+from hpcrun.checkpoint.pacing import DrainPacer, active_pacer
+from hpcrun.checkpoint.rawio import (
+    Extent,
+    aligned_buffer,
+    drop_cache,
+    read_extents,
+    read_file_cold,
+    write_extents,
+)
 from hpcrun.checkpoint.shards import checksum, read_shard
 from hpcrun.checkpoint.tiers import (
     CommittedCheckpoint,
@@ -54,26 +63,79 @@ def _check_bytes(data: np.ndarray, rec: ShardRecord, algorithm: str, where: Path
 
 
 def copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algorithm: str,
-                  storage: Storage = LOCAL_STORAGE) -> None:
+                  storage: Storage = LOCAL_STORAGE, pacer: DrainPacer | None = None) -> None:
     """Copy one shard durably and prove the copy by a cold read-back.
+
+    Args:
+        pacer: Pace every read and write (default: this process's background pacer, if it
+            is the node's drainer; none otherwise, at full speed).
 
     Raises:
         CorruptCheckpointError: the source or the copy fails verification.
         StorageError: a tier failed.
     """
-    data = read_file_cold(src)
+    pacer = pacer or active_pacer()
+    if pacer is None:
+        _copy_verified(src, dst, rec, ckpt_id=ckpt_id, algorithm=algorithm, storage=storage,
+                       pacer=None)
+        return
+    pacer.begin()
+    try:
+        _copy_verified(src, dst, rec, ckpt_id=ckpt_id, algorithm=algorithm, storage=storage,
+                       pacer=pacer)
+    finally:
+        pacer.end()
+
+
+def _copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algorithm: str,
+                   storage: Storage, pacer: DrainPacer | None) -> None:
+    data = _read_cold(src, pacer)
     _check_bytes(data, rec, algorithm, src, ckpt_id)
     want = checksum(algorithm, data)
     storage.makedirs(dst.parent)
     tmp = dst.with_name(f".{dst.name}.drain")
     tmp.touch()
-    write_extents(tmp, [Extent(file_offset=0, buffer=data.data)])
+    _write(tmp, data, pacer)
     storage.rename(tmp, dst)
     storage.fsync_path(dst.parent)
-    back = read_file_cold(dst)
+    back = _read_cold(dst, pacer)
     if checksum(algorithm, back) != want:
         raise CorruptCheckpointError(f"drained copy {dst} differs from its source {src} when "
                                      "read back past the page cache; check the shared tier")
+
+
+def _read_cold(path: Path, pacer: DrainPacer | None) -> np.ndarray:
+    """The whole file past the page cache; in paced chunks when a pacer is given."""
+    if pacer is None:
+        return read_file_cold(path)
+    size = os.stat(path).st_size
+    buf = aligned_buffer(size, touch=False)
+    for off in range(0, size, pacer.policy.chunk):
+        view = buf.data[off:off + pacer.policy.chunk]
+        read_extents(path, [Extent(file_offset=off, buffer=view)], threads=1)
+        _drop_cached(path)  # what a filesystem without O_DIRECT cached on the way
+        pacer.pace(len(view))
+    return buf
+
+
+def _write(path: Path, data: np.ndarray, pacer: DrainPacer | None) -> None:
+    """Write ``data`` into ``path`` durably; paced chunks leave nothing in the page cache."""
+    if pacer is None:
+        write_extents(path, [Extent(file_offset=0, buffer=data.data)])
+        return
+    for off in range(0, data.size, pacer.policy.chunk):
+        view = data.data[off:off + pacer.policy.chunk]
+        write_extents(path, [Extent(file_offset=off, buffer=view)], threads=1)
+        _drop_cached(path)  # pages a non-O_DIRECT filesystem cached (clean after the fsync)
+        pacer.pace(len(view))
+
+
+def _drop_cached(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drop_cache(fd)
+    finally:
+        os.close(fd)
 
 
 def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node: str,

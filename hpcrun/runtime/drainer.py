@@ -21,6 +21,7 @@ from pathlib import Path
 from hpcrun.control.entries import DrainErrorNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError, StaleGenerationError, StorageError
+from hpcrun.runtime.drainpace import start_background_drain
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.node import NodeInfo
 
@@ -119,6 +120,7 @@ def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
 
 def main(argv: list[str] | None = None) -> int:
     target, interval = _parse(sys.argv[1:] if argv is None else argv)
+    print(f"drainer at {start_background_drain(target)}", flush=True)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     # Slurm may signal every process of the step on a preemption; the drain is not a rank and
