@@ -52,13 +52,13 @@ StepPeriods = Callable[[], Sequence[float]]
 class PacePolicy:
     """How fast a background drain may copy, and how it reacts to training slowing down."""
 
-    start_bps: float = 64 * MIB
+    start_bps: float = 128 * MIB
     """Rate before any step time is known."""
-    min_bps: float = 4 * MIB
+    min_bps: float = 32 * MIB
     """Floor: the drain always progresses (the tier-1 RPO stays bounded)."""
     max_bps: float = 1024 * MIB
     """Ceiling, even when training does not notice the drain."""
-    increase_bps: float = 32 * MIB
+    increase_bps: float = 64 * MIB
     """Added per check while steps keep their pace."""
     backoff: float = 0.5
     """Rate multiplier when steps slow down."""
