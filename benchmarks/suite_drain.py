@@ -5,7 +5,7 @@ the demo, leaving its heartbeat every half second as a rank does) before and whi
 process, as a node's drainer does, drains a checkpoint committed on tier 0 to tier 1 with the
 real ``drain_pending`` (cold read, O_DIRECT copy, cold read-back and checksum comparison). Two
 drains of the same size run side by side: *unpaced* (normal priority, full speed: the final
-drain round of an incarnation) and *background* (the drainer process's setting: idle CPU and
+drain round of an incarnation) and *background* (the drainer process's setting: lowest CPU and
 I/O priority, copies paced by the step periods read from the heartbeats). The background
 drainer watches the heartbeats for two seconds first, as a drainer that is up between
 checkpoints has. The drain runs in its own process because h5py serialises HDF5 calls under one

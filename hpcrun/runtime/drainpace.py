@@ -1,11 +1,11 @@
-"""The node drainer's pace: step periods from the node's rank heartbeats, idle priority.
+"""The node drainer's pace: step periods from the node's rank heartbeats, lowest priority.
 
 Ranks leave a heartbeat (last step, its wall time) in a node-local directory every half
 second; the agent already folds them into the node's heartbeat. The drainer reads the same
 files: between two reads, a rank that went from step ``s0`` at ``t0`` to ``s1`` at ``t1`` ran
 ``(t1 - t0) / (s1 - s0)`` seconds per step, averaged over every step in between (one slow step
 does not flap the rate, and input waits and stalls count). :func:`start_background_drain`
-makes the drainer process idle-priority and paces its copies by these periods
+makes the drainer process lowest-priority and paces its copies by these periods
 (:mod:`hpcrun.checkpoint.pacing`).
 """
 
@@ -59,7 +59,7 @@ class HeartbeatPeriods:
 
 
 def start_background_drain(target: DrainTarget, policy: PacePolicy | None = None) -> Priority:
-    """Idle priority for this drainer process, and its copies paced by its node's steps."""
+    """Lowest priority for this drainer process, and its copies paced by its node's steps."""
     hb_dir = drain_heartbeat_dir(target.node_local_root, target.run_dir.name, target.node)
     priority, _ = run_in_background(HeartbeatPeriods(hb_dir), policy)
     return priority
