@@ -8,7 +8,8 @@ JSON object per measurement and a short table.
   ``take`` on a fixed batch for ``n = 1e3`` and ``n = 1e15`` (independent of ``n``); and
   ``numpy.random.permutation(1e8)`` for reference (time and the 800 MB it materialises).
 - Loader: raw sequential read rate of the dataset's files (page cache warm, as in the loader
-  run) versus tokens and bytes per second delivered by :class:`DataPipeline`.
+  run) versus tokens and bytes per second delivered by :class:`DataPipeline`, with 1 and 4
+  reader threads and with the reader processes this process's CPU share allows.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hpcrun.data import DataPipeline, Permutation, build_manifest, write_token_shards
+from hpcrun.data.workers import reader_workers
 
 
 def _emit(name: str, **values: Any) -> dict[str, Any]:
@@ -81,14 +83,17 @@ def _raw_read_rate(paths: list[Path]) -> tuple[float, int]:
     return nbytes / (time.perf_counter() - t0), nbytes
 
 
-def bench_loader(root: Path, docs: int, batches: int, workers: int) -> dict[str, Any]:
+def bench_loader(root: Path, docs: int, batches: int, workers: int,
+                 executor: str = "thread") -> dict[str, Any]:
     paths = write_token_shards(root / "tok", docs, vocab=32_000, seed=0, min_len=64,
                                max_len=2048)
-    build_manifest([str(root / "tok")], root / "m.json", progress=False)
+    if not (root / "m.json").exists():
+        build_manifest([str(root / "tok")], root / "m.json", progress=False)
     raw_bps, nbytes = _raw_read_rate(paths)
     tokens_on_disk = sum(int(np.load(p, mmap_mode="r").size) for p in paths)
     pipe = DataPipeline(root / "m.json", seed=0, global_batch=32, seq_len=1024,
-                        workers=workers, prefetch_batches=4)
+                        workers=workers, executor=executor, prefetch_batches=4)
+    next(pipe)  # readers started
     t0 = time.perf_counter()
     delivered = 0
     for _, batch in zip(range(batches), pipe, strict=False):
@@ -97,7 +102,8 @@ def bench_loader(root: Path, docs: int, batches: int, workers: int) -> dict[str,
     summary = pipe.metrics.summary()
     pipe.close()
     raw_tps = raw_bps / (nbytes / tokens_on_disk)
-    return _emit("loader", workers=workers, batches=batches, raw_read_mib_s=raw_bps / 2**20,
+    return _emit("loader", executor=executor, workers=workers, batches=batches,
+                 raw_read_mib_s=raw_bps / 2**20,
                  raw_read_tokens_per_s=raw_tps, delivered_tokens_per_s=delivered / dt,
                  delivered_over_raw=delivered / dt / raw_tps,
                  time_to_batch_p50_s=summary["time_to_batch_p50_s"],
@@ -115,8 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     bench_permutation_memory(1_000)
     bench_numpy_permutation(10**8 // scale)
     with tempfile.TemporaryDirectory() as tmp:
-        for workers in (1, 4):
-            bench_loader(Path(tmp), docs=2000 // scale, batches=40 // scale, workers=workers)
+        for executor, workers in (("thread", 1), ("thread", 4), ("process", reader_workers())):
+            bench_loader(Path(tmp), docs=2000 // scale, batches=40 // scale, workers=workers,
+                         executor=executor)
     print(f"cpus={os.cpu_count()}", flush=True)
 
 
