@@ -155,6 +155,18 @@ class _BatchProducer:
             yield k, arrays
 
 
+def _plan_tasks(order: GlobalOrder, lock: threading.Lock, rows: range, start: int,
+                submitted: dict[int, float], clock: Clock) -> Iterator[_BatchTask]:
+    """Read tasks of batches ``start, start+1, ...`` until the stream ends."""
+    for k in itertools.count(start):
+        with lock:
+            plan = order.plan(k)
+        if plan is None:
+            return
+        submitted[k] = clock.monotonic()
+        yield _BatchTask(batch=k, table=slice_segments(plan, rows))
+
+
 def _global_order(dataset: Dataset, spec: MixtureSpec, *, seed: int, global_batch: int,
                   seq_len: int, packing: PackingPolicy) -> GlobalOrder:
     stream = DocStream(dataset.sources, spec.build(dataset, seed), seed=seed,
@@ -359,13 +371,10 @@ class DataPipeline(Iterator[dict[str, Any]]):
                               workers=self.workers, depth=depth)
 
     def _batch_tasks(self, start: int) -> Iterator[_BatchTask]:
-        for k in itertools.count(start):
-            with self._order_lock:
-                plan = self._order.plan(k)
-            if plan is None:
-                return
-            self._submitted[k] = self.clock.monotonic()
-            yield _BatchTask(batch=k, table=slice_segments(plan, self.rows))
+        # A free function: the planner thread must not keep the pipeline alive (a pipeline
+        # dropped without close() is collected, and its __del__ stops the thread).
+        return _plan_tasks(self._order, self._order_lock, self.rows, start, self._submitted,
+                           self.clock)
 
     def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
         if not self.as_torch:

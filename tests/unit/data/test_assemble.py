@@ -87,6 +87,23 @@ def test_a_short_object_is_a_data_error(tmp_path: Path) -> None:
         assemble(ds, table, rows=1, seq_len=10, pad_id=0)
 
 
+def test_a_pipeline_dropped_without_close_stops_its_planner(mixed_formats: Path) -> None:
+    import gc
+    import time
+
+    pipe = DataPipeline(mixed_formats, seed=2, global_batch=2, seq_len=8, workers=1)
+    next(pipe)
+    assert pipe._plans is not None
+    planner = pipe._plans._thread
+    assert planner.is_alive()
+    del pipe
+    gc.collect()
+    deadline = time.monotonic() + 2
+    while planner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not planner.is_alive()
+
+
 def test_read_ahead_is_ordered_bounded_and_raises_in_place() -> None:
     made: list[int] = []
 
