@@ -116,7 +116,7 @@ def test_status_reads_one_summary_that_shows_what_every_event_shows(
     from hpcrun.observe.runsummary import read_run_summary
     from hpcrun.observe.status import status_json
 
-    root, run = slow_run
+    _root, run = slow_run
     nodes = set(read_record(run).membership)
     # one stream per node on the shared filesystem, no per-rank event files
     assert sorted(p.name for p in (run / "events").iterdir()) == sorted(

@@ -12,8 +12,8 @@ from hpcrun.observe.ettr import ettr_from_parts
 from hpcrun.observe.events import (
     list_event_files,
     node_stream_path,
-    read_events,
     read_event_file,
+    read_events,
     sorted_events,
 )
 from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat, read_heartbeats
