@@ -41,6 +41,9 @@ from hpcrun.storage import LOCAL_STORAGE, Storage
 
 FORWARD_INTERVAL_S = 1.0
 """How often an agent forwards its ranks' new event lines to the node stream."""
+RECORD_INTERVAL_S = 15.0
+"""How often a heartbeat record (with the ranks' last output lines) goes into the node stream;
+the node's heartbeat file keeps the aggregator's faster beat for the supervisor and ``watch``."""
 SUMMARY_INTERVAL_S = 5.0
 """How often the node-0 agent replaces the run summary while the gang runs."""
 _RANK_EVENTS = "rank-{rank:05d}.jsonl"
@@ -211,6 +214,7 @@ class NodeObserver:
         self._tails = RankTails(inc.logs_dir(), ranks)
         self._clock, self._interval = clock, forward_interval_s
         self._last: float | None = None
+        self._last_record: float | None = None
         self.summary = RunSummaryPublisher(run_dir, run_id=inc.run_id,
                                            generation=inc.generation, nodes=nodes,
                                            clock=clock) if supervisor else None
@@ -218,12 +222,16 @@ class NodeObserver:
             self.summary.start()
 
     def poll(self, *, force: bool = False) -> NodeHeartbeat | None:
-        """Forward new rank lines (at most every second) and publish a due heartbeat."""
+        """Forward new rank lines (at most every second), publish a due heartbeat, and put
+        one into the node stream every :data:`RECORD_INTERVAL_S` (and when forced)."""
         hb = self._agg.poll(force=force)
         mono = self._clock.monotonic()
-        due = force or self._last is None or mono - self._last >= self._interval
-        if due or hb is not None:
-            record = heartbeat_record(hb, self._tails.read()) if hb is not None else ""
+        record = ""
+        if hb is not None and (force or self._last_record is None
+                               or mono - self._last_record >= RECORD_INTERVAL_S):
+            record = heartbeat_record(hb, self._tails.read())
+            self._last_record = mono
+        if record or force or self._last is None or mono - self._last >= self._interval:
             self._stream.forward(record)
             self._last = mono
         return hb
