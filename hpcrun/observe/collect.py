@@ -8,11 +8,13 @@ the node heartbeats and the last line of each rank's output, and hands them to t
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -229,20 +231,37 @@ def collect_status(run_dir: Path, *, now: float | None = None,
     facts = facts_from_record(record, rpo_s=rpo_s)
     facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints))
     at = time.time() if now is None else now
-    rs = read_run_summary(run_dir) if use_run_summary else None
-    if rs is not None and rs.covers(facts.state, active_states=ACTIVE_STATES) and \
-            options.get("window", rs.window) == rs.window:
-        view = build_status(facts, events=(), summary=rs.events,
-                            heartbeats=current_heartbeats(rs.heartbeats, facts.generation),
-                            tails=[RankTail(rank=r, node=n, line=line)
-                                   for r, (n, line) in rs.tails.items()],
-                            now=at, straggler_window=1, **options)
-    else:
-        view = build_status(facts, events=(), summary=cached_summary(run_dir),
-                            heartbeats=current_heartbeats(read_heartbeats(run_dir),
-                                                          facts.generation),
-                            tails=rank_tails(run_dir), now=at, **options)
+    with _no_cycle_collection():
+        rs = read_run_summary(run_dir) if use_run_summary else None
+        if rs is not None and rs.covers(facts.state, active_states=ACTIVE_STATES) and \
+                options.get("window", rs.window) == rs.window:
+            view = build_status(facts, events=(), summary=rs.events,
+                                heartbeats=current_heartbeats(rs.heartbeats, facts.generation),
+                                tails=[RankTail(rank=r, node=n, line=line)
+                                       for r, (n, line) in rs.tails.items()],
+                                now=at, straggler_window=1, **options)
+            return Collected(view=view, read_s=time.perf_counter() - t0)
+    view = build_status(facts, events=(), summary=cached_summary(run_dir),
+                        heartbeats=current_heartbeats(read_heartbeats(run_dir), facts.generation),
+                        tails=rank_tails(run_dir), now=at, **options)
     return Collected(view=view, read_s=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a large summary becomes objects.
+
+    Parsing tens of thousands of per-rank rows allocates no reference cycles, but it makes
+    the collector walk every live object again and again (it more than doubled status's
+    time at 16,384 ranks); reference counting still frees everything.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -65,12 +65,16 @@ def is_heartbeat_record(line: str) -> bool:
     return line.startswith(_HB_PREFIX)
 
 
+_NUM = (int, float)
+
+
 def _beat(row: Any) -> RankBeat | None:
-    if not (isinstance(row, list) and len(row) == 5):
+    # exact type checks: this runs once per rank of the gang on every status
+    if type(row) is not list or len(row) != 5:
         return None
     rank, step, ts, st, pid = row
-    if not (isinstance(rank, int) and isinstance(step, int) and isinstance(pid, int)
-            and isinstance(ts, int | float) and (st is None or isinstance(st, int | float))
+    if not (type(rank) is int and type(step) is int and type(pid) is int
+            and type(ts) in _NUM and (st is None or type(st) in _NUM)
             and rank >= 0 and pid >= 0):
         return None
     return RankBeat(rank=rank, step=step, ts=float(ts), pid=pid,
@@ -283,8 +287,12 @@ class StreamFold:
     def snapshot(self, *, run_id: str, generation: int, now: float,
                  final: bool) -> RunSummary:
         """The summary of everything folded so far."""
-        if self.summary.spans:
-            self.summary.spans = compact_spans(self.summary.spans)
+        s = self.summary
+        if s.spans:
+            s.spans = compact_spans(s.spans)
+        # the newest input-wait rows of the union are among the newest of each part: keep
+        # only those (exact), not a tail per stream
+        s.recent = {"all": newest_rows(r for tail in s.recent.values() for r in tail)}
         return RunSummary(run_id=run_id, generation=generation, ts=now, final=final,
                           window=self.window,
                           events=reduce_for_status(self.summary, generation=generation,
