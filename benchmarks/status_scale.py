@@ -223,7 +223,8 @@ def main() -> None:
               f"{st['first_cpu_s']*1e3:.0f} ms; target 300), repeated "
               f"{st['repeated_s']*1e3:.0f} ms median (CPU {st['repeated_cpu_s']*1e3:.0f} ms), "
               f"{st['repeated_max_s']*1e3:.0f} ms max (target 50); load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; text rendering {st['render_s']*1e3:.0f} ms; "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; text rendering "
+              f"{st['render_s']*1e3:.0f} ms; "
               f"`hpcrun status --no-reconcile` whole process {st['cli_s']*1e3:.0f} ms "
               f"(rc {st['cli_rc']}); {st['nodes']} nodes, {st['tails']} rank lines",
               flush=True)
