@@ -11,8 +11,9 @@ shared filesystem. The node's agent drives a :class:`NodeObserver` from its watc
   is also appended to the stream as a heartbeat record, with each rank's last output line
   (:class:`RankTails` keeps the node's rank output files open and reads their ends);
 - on node 0, :class:`RunSummaryPublisher` folds every node's stream in a background thread
-  and replaces ``<run_dir>/run-summary.json`` every few seconds, and once more, final, after
-  the incarnation ended, so ``hpcrun status`` reads O(1) files.
+  and replaces ``<run_dir>/run-summary.json`` every 5 s (or every ten times what one round
+  costs, whichever is longer: at most a tenth of a core), and once more, final, after the
+  incarnation ended, so ``hpcrun status`` reads O(1) files.
 
 Node-local rank files are per generation (``.../ev/<node>/g0003/``), so a later incarnation on
 the same node never forwards an earlier one's lines twice.
@@ -193,8 +194,12 @@ class RunSummaryPublisher:
         self._fold.close()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        wait = self._interval
+        while not self._stop.wait(wait):
+            t0 = self._clock.monotonic()
             self.publish()
+            # at most a tenth of a core on node 0, however large the gang
+            wait = max(self._interval, 10.0 * (self._clock.monotonic() - t0))
 
 
 class NodeObserver:
