@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from hpcrun.errors import HpcrunError
 from hpcrun.observe.events import list_event_files, parse_event_line
 from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
 from hpcrun.observe.summary import EventSummary, newest_rows
@@ -343,5 +344,5 @@ class StreamFold:
                 self._tail_ts[rank] = hb.ts
 
 
-class _Restart(Exception):
+class _Restart(HpcrunError):
     """An event file shrank or was replaced: the fold cannot subtract, it starts again."""
