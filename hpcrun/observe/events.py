@@ -1,8 +1,13 @@
 """Typed per-rank event logs (JSON Lines) written without ever blocking training.
 
-Each rank writes ``<run_dir>/events/<node>/rank-00003.jsonl`` and each node agent
-``<run_dir>/events/<node>/agent.jsonl``. Every line is one :class:`hpcrun.protocols.Event`
-carrying run ID, generation, global step, dataset ID, node, rank and versions.
+A rank's :class:`EventWriter` writes into a node-local directory; its node's agent forwards
+those lines into ONE stream per node on the shared filesystem, ``<run_dir>/events/<node>.jsonl``
+(:mod:`hpcrun.runtime.nodeobs`), so the shared tier sees one file per node, not per rank. Every
+event line is one :class:`hpcrun.protocols.Event` carrying run ID, generation, global step,
+dataset ID, node, rank and versions; a node stream also carries the agent's heartbeat records
+(:mod:`hpcrun.observe.runsummary`), which are not events and which event readers skip. Runs
+written before node streams (``events/<node>/rank-00003.jsonl``, ``events/<node>/agent.jsonl``)
+are read the same way.
 
 :meth:`EventWriter.emit` only puts the event on a bounded queue; a background thread writes
 batches. When the queue is full the event is dropped and counted: a slow shared filesystem may
@@ -35,6 +40,7 @@ from hpcrun.protocols import Event
 
 EVENTS_DIR = "events"
 AGENT_FILE = "agent.jsonl"
+NODE_STREAM_SUFFIX = ".jsonl"
 _RANK_FILE_RE = re.compile(r"^rank-(\d+)\.jsonl$")
 _BATCH = 512
 
@@ -71,6 +77,11 @@ def event_path(run_dir: Path, *, node: str, rank: int) -> Path:
     """Where the writer of ``rank`` on ``node`` keeps its events (rank -1: the node agent)."""
     name = AGENT_FILE if rank < 0 else f"rank-{rank:05d}.jsonl"
     return Path(run_dir) / EVENTS_DIR / node / name
+
+
+def node_stream_path(run_dir: Path, node: str) -> Path:
+    """The one event stream of ``node`` on the shared filesystem (its agent writes it)."""
+    return Path(run_dir) / EVENTS_DIR / f"{node}{NODE_STREAM_SUFFIX}"
 
 
 def span_bounds(event: Event) -> tuple[float, float]:
@@ -194,15 +205,23 @@ class EventFile:
     """The file."""
     node: str
     """Node directory it lives in."""
-    rank: int
-    """Writer's rank (-1 for an agent)."""
+    rank: int | None
+    """Writer's rank (-1 for an agent); None for a node stream, which holds many ranks."""
 
 
 def list_event_files(run_dir: Path) -> list[EventFile]:
-    """Every rank and agent event file of a run, sorted by node then rank."""
+    """Every event file of a run: node streams, and rank and agent files of older runs.
+
+    Sorted by node, then a node's stream before its rank files, then rank.
+    """
     root = Path(run_dir) / EVENTS_DIR
     out: list[EventFile] = []
-    for node in sorted(os.listdir(root)) if root.is_dir() else []:
+    for entry in sorted(os.listdir(root)) if root.is_dir() else []:
+        if entry.endswith(NODE_STREAM_SUFFIX) and not entry.startswith("."):
+            out.append(EventFile(path=root / entry, node=entry[:-len(NODE_STREAM_SUFFIX)],
+                                 rank=None))
+            continue
+        node = entry
         for name in sorted(os.listdir(root / node)) if (root / node).is_dir() else []:
             m = _RANK_FILE_RE.match(name)
             if m or name == AGENT_FILE:
@@ -241,6 +260,8 @@ def read_events(run_dir: Path, *, ranks: Iterable[int] | None = None) -> Iterato
     for ef in list_event_files(run_dir):
         if wanted is None or ef.rank in wanted:
             yield from read_event_file(ef.path)
+        elif ef.rank is None:  # a node stream: its lines name their ranks
+            yield from (e for e in read_event_file(ef.path) if e.rank in wanted)
 
 
 def sorted_events(run_dir: Path, *, ranks: Iterable[int] | None = None) -> list[Event]:

@@ -311,12 +311,17 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                  heartbeats: Mapping[str, NodeHeartbeat], tails: Sequence[RankTail],
                  now: float, rules: Sequence[AlertRule] | None = None,
                  hang_threshold_s: float = 900.0, straggler_threshold: float = 1.5,
-                 window: int = 20, summary: EventSummary | None = None) -> StatusView:
+                 window: int = 20, summary: EventSummary | None = None,
+                 straggler_window: int | None = None) -> StatusView:
     """Assemble the status view (pure).
 
     ``summary``: the events already folded (:mod:`hpcrun.observe.summary`, what ``hpcrun
     status`` passes so it need not re-read every event); ``events`` is then ignored.
+    ``straggler_window``: the window straggler scores take over each rank's step times
+    (default ``window``); 1 when each rank's times are already its median over ``window``
+    steps, as the run summary keeps them (:mod:`hpcrun.observe.runsummary`).
     """
+    sw = window if straggler_window is None else straggler_window
     s = summary if summary is not None else summarize_events(events)
     step_rate, token_rate = (recent_rates(s.gang_steps(), generation=facts.generation,
                                           window=window)
@@ -325,7 +330,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     figures = run_figures(s)
     last_steps = s.last_steps(facts.generation)
     step_times = s.rank_step_times(facts.generation)
-    signals = alert_signals(facts, (), now, ages=ages, window=window, step_times=step_times,
+    signals = alert_signals(facts, (), now, ages=ages, window=sw, step_times=step_times,
                             summary=s)
     alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
     return StatusView(
@@ -336,7 +341,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
         tails=fill_tails(tails, last_steps),
         incidents=tuple(live_incidents(facts, step_times, heartbeats, now,
                                        hang_threshold_s=hang_threshold_s,
-                                       straggler_threshold=straggler_threshold, window=window)),
+                                       straggler_threshold=straggler_threshold, window=sw)),
         alerts=tuple(a.message for a in alerts),
         nodes=node_progress(heartbeats, last_steps, now), figures=figures)
 

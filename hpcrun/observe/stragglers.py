@@ -77,8 +77,9 @@ def straggler_scores(step_times_by_rank: Mapping[int, Sequence[float]], *,
     """Each rank's score over its last ``window`` steps (ranks with fewer steps are omitted)."""
     if window < 1:
         raise ArgumentError(f"straggler window must be >= 1 step, got {window}")
-    medians = {r: statistics.median(ts[-window:]) for r, ts in step_times_by_rank.items()
-               if len(ts) >= window}
+    # a window of one is its own median (the run summary keeps each rank's window median)
+    medians = {r: ts[-1] if window == 1 else statistics.median(ts[-window:])
+               for r, ts in step_times_by_rank.items() if len(ts) >= window}
     if not medians:
         return {}
     gang = statistics.median(medians.values())

@@ -11,8 +11,8 @@ parses only what was appended since. The cache lives outside the run directory
 replaced, the summary is rebuilt from scratch.
 
 Bounded memory: per rank only the newest :data:`KEEP_STEP_TIMES` step durations of each
-generation and per file the newest :data:`KEEP_RECENT` step events are kept (status uses
-windows of 20 and 200).
+generation and per file the newest :data:`KEEP_RECENT` step events (by time, then rank: a node
+stream interleaves its ranks) are kept (status uses windows of 20 and 200).
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ class EventSummary:
     """Wall time of the newest step event."""
     events: int = 0
     """Events folded."""
+    keep_step_times: int = KEEP_STEP_TIMES
+    """Newest step durations kept per (generation, rank) (not persisted)."""
 
     def add(self, e: Event, source: str = "") -> None:
         """Fold one event (from the file named ``source``)."""
@@ -103,7 +105,7 @@ class EventSummary:
         if e.rank >= 0 and isinstance(dur, int | float) and dur >= 0:
             times = self.step_times.setdefault((e.generation, e.rank), [])
             times.append(float(dur))
-            del times[:-KEEP_STEP_TIMES]
+            del times[:-self.keep_step_times]
             self.rank_nodes[(e.generation, e.rank)] = e.node
         if e.rank >= 0:
             last = self.rank_last.setdefault((e.generation, e.rank), [e.step, e.node])
@@ -112,7 +114,8 @@ class EventSummary:
         tail = self.recent.setdefault(source, [])
         tail.append([e.ts, float(e.rank), _num(e.data.get("dur_s")),
                      _opt(e.data.get("input_wait_s"))])
-        del tail[:-KEEP_RECENT]
+        if len(tail) >= 2 * KEEP_RECENT:
+            tail[:] = newest_rows(tail)
 
     # -- what status computes from ---------------------------------------------------------
 
@@ -153,8 +156,7 @@ class EventSummary:
 
         None when none of them measured its input wait (nothing to say, not zero).
         """
-        rows = sorted((r for tail in self.recent.values() for r in tail),
-                      key=lambda r: (r[0], r[1] or 0.0))[-window:]
+        rows = newest_rows((r for tail in self.recent.values() for r in tail), keep=window)
         return wait_fraction([(r[2] or 0.0, r[3]) for r in rows])
 
     def input_wait_measured(self) -> bool:
@@ -196,6 +198,16 @@ class EventSummary:
             out.step_times[(int(g), int(r))] = [float(t) for t in times]
             out.rank_nodes[(int(g), int(r))] = str(node)
         return out
+
+
+def newest_rows(rows: Iterable[list[float | None]], *,
+                keep: int = KEEP_RECENT) -> list[list[float | None]]:
+    """The newest ``keep`` recent-step rows by (time, rank), oldest first.
+
+    Exact for the input-wait window whatever the order rows were folded in: the newest rows
+    of a union are among the newest rows of its parts.
+    """
+    return sorted(rows, key=lambda r: (r[0] or 0.0, r[1] or 0.0))[-keep:] if keep > 0 else []
 
 
 def wait_fraction(rows: Iterable[tuple[float, float | None]]) -> float | None:

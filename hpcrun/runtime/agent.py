@@ -1,7 +1,8 @@
 """The per-node agent: ``python -m hpcrun.runtime.agent --run-dir DIR`` (one per node).
 
 Each agent spawns its node's ranks, relays the preemption signal to them, folds their heartbeats
-into one file per node, runs the node's drain in its own process, and reports how its ranks ended
+into one file and their events into one stream per node (:mod:`hpcrun.runtime.nodeobs`), runs
+the node's drain in its own process, and reports how its ranks ended
 in the run log. The node-0 agent also supervises: it claims each incarnation's generation, reads
 every node's outcome, and decides between success, an in-allocation restart, a requeue and
 failure (:mod:`hpcrun.runtime.supervisor`). Agents coordinate only through the run log: the other
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
-    from hpcrun.observe.heartbeat import HeartbeatAggregator
+    from hpcrun.runtime.nodeobs import NodeObserver
     from hpcrun.runtime.requeue import Requeuer
 
 POLL_S = 0.2
@@ -183,34 +184,42 @@ class Agent:
         # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
         # pay the checkpoint plane's import (torch, h5py) now, while the ranks start.
         import hpcrun.checkpoint.drain  # noqa: F401
+        obs = self._observer(inc, gang)
         try:
-            outcome = self._watch(inc, gang) if short is None else self._gpu_fault(inc, short)
+            outcome = (self._watch(inc, gang, obs) if short is None
+                       else self._gpu_fault(inc, short))
         finally:
             gang.kill(grace_s=float(self.environ.get("HPCRUN_KILL_GRACE_S", "5")))
             self._stop_drainer(drainer)
+            obs.close()  # the node stream's last lines, once the ranks are gone
         if isinstance(outcome, AgentExit):
+            obs.finish()
             return outcome
         status = self._node_status(gang, outcome)
         if status is not Ending.FAILED and drainer is not None:
             drain_round_safely(drain_target(self.run_dir, self.node, inc), self.log, last=True)
         self._report_node_exit(inc, status)
         if self.node.is_supervisor:
-            return self.supervisor.conclude(inc)
+            ended = self.supervisor.conclude(inc)
+            obs.finish()  # every node's last lines are in: the final run summary
+            return ended
         return self.supervisor.follow(inc)
 
-    def _watch(self, inc: Incarnation, gang: Gang) -> Watched | AgentExit:
-        """Supervise the ranks until they all end, one fails, or the run moves on."""
-        from hpcrun.observe.heartbeat import HeartbeatAggregator
+    def _observer(self, inc: Incarnation, gang: Gang) -> NodeObserver:
+        from hpcrun.runtime.nodeobs import NodeObserver
 
-        agg = HeartbeatAggregator(self.run_dir, node=self.node.node, hb_dir=inc.heartbeat_dir(),
-                                  generation=inc.generation, clock=self.clock)
+        return NodeObserver(self.run_dir, inc=inc, ranks=gang.ranks, nodes=self.node.nodes,
+                            supervisor=self.node.is_supervisor, clock=self.clock)
+
+    def _watch(self, inc: Incarnation, gang: Gang, agg: NodeObserver) -> Watched | AgentExit:
+        """Supervise the ranks until they all end, one fails, or the run moves on."""
         hang = self._hang_watch(inc, gang)
         try:
             return self._watch_loop(inc, gang, agg, hang)
         finally:
             agg.poll(force=True)  # the node's last word: where its ranks got to
 
-    def _watch_loop(self, inc: Incarnation, gang: Gang, agg: HeartbeatAggregator,
+    def _watch_loop(self, inc: Incarnation, gang: Gang, agg: NodeObserver,
                     hang: Callable[[], bool]) -> Watched | AgentExit:
         relay = preemption.Relay(self.stop, self.preempt_signal, clock=self.clock)
         while True:

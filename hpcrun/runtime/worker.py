@@ -138,6 +138,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     from hpcrun.observe.heartbeat import RankHeartbeat
     from hpcrun.runtime import faults
     from hpcrun.runtime.context import Context
+    from hpcrun.runtime.nodeobs import rank_events_path
 
     env = DistEnv.from_environ(environ)
     inc = Incarnation.from_environ(environ)
@@ -166,7 +167,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
             step=lambda: built[0].step if built else 0),
     )
-    events = EventWriter(inc.events_path(env.rank), run_id=inc.run_id,
+    events = EventWriter(rank_events_path(inc, env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
                          dataset_id=spec.data.dataset_id or "")
     events.emit(EventKind.RANK_START, 0, backend=groups.backend, device=str(groups.device),

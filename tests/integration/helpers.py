@@ -117,17 +117,14 @@ class TestbedRun:
         return wait_until(what, predicate, timeout=timeout + QUEUE_WAIT_S)
 
     def rank_events(self, kind: str) -> list[dict[str, Any]]:
-        """Every rank event of ``kind`` (JSON Lines under ``events/``), in file order."""
+        """Every rank event of ``kind`` (from the node streams under ``events/``), in file
+        order (each rank's events in the order it wrote them)."""
         import json
 
-        out = []
-        for path in sorted((self.run_dir / "events").glob("*/rank-*.jsonl")):
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    event = json.loads(line)
-                    if event.get("kind") == kind:
-                        out.append(event)
-        return out
+        from hpcrun.observe.events import read_events
+
+        return [json.loads(e.to_json()) for e in read_events(self.run_dir)
+                if e.kind == kind and e.rank >= 0]
 
 
 def wait_until(what: str, predicate: Callable[[], Any], *, timeout: float,

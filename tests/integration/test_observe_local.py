@@ -106,3 +106,30 @@ def test_status_of_the_finished_run_tells_what_is_known(slow_run: tuple[Path, Pa
     data = next(ln for ln in text.splitlines() if ln.startswith("data "))
     assert f"at step {STEPS}: next global batch {STEPS};" in data
     assert "exposure    none: the final step is committed" in text
+
+
+def test_status_reads_one_summary_that_shows_what_every_event_shows(
+        slow_run: tuple[Path, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from hpcrun.observe.collect import collect_status
+    from hpcrun.observe.runsummary import read_run_summary
+    from hpcrun.observe.status import status_json
+
+    _root, run = slow_run
+    nodes = set(read_record(run).membership)
+    # one stream per node on the shared filesystem, no per-rank event files
+    assert sorted(p.name for p in (run / "events").iterdir()) == sorted(
+        f"{n}.jsonl" for n in nodes)
+    summary = read_run_summary(run)
+    assert summary is not None and summary.final and summary.generation == 2
+    now = summary.ts + 30.0
+    from_summary = status_json(collect_status(run, now=now).view)
+    from_events = status_json(collect_status(run, now=now, use_run_summary=False).view)
+    assert from_summary == from_events
+    assert from_summary["figures"]["accepted_tokens"] == from_summary["facts"]["tokens"] > 0
+    # status needs nothing but the record and the summary: without the streams, heartbeats
+    # and rank output it shows the same
+    bare = tmp_path / run.name
+    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("events", "heartbeat", "logs"))
+    assert status_json(collect_status(bare, now=now).view) == from_events
