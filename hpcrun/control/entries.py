@@ -38,6 +38,7 @@ from hpcrun.control.notes import (
     RequeueLeftToSlurmNote,
     RequeueSentNote,
     RestoreFellBackNote,
+    SegmentNote,
     UnknownNote,
     decode_note,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "RequeueSentNote",
     "RestoreFellBackNote",
     "ResultPayload",
+    "SegmentNote",
     "StatePayload",
     "UnknownEntry",
     "UnknownNote",

@@ -17,7 +17,7 @@ from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
 __all__ = ["CreatedNote", "DebrisKind", "DrainErrorNote", "FaultInjectedNote", "LogDebrisMovedNote",
            "LogDebrisNote", "NodeExitNote", "NodeStatus",
            "NoteEvent", "NotePayload", "PeerLostNote", "RequeueLeftToSlurmNote",
-           "RequeueSentNote", "RestoreFellBackNote", "UnknownNote", "decode_note"]
+           "RequeueSentNote", "RestoreFellBackNote", "SegmentNote", "UnknownNote", "decode_note"]
 
 
 class NoteEvent(StrEnum):
@@ -33,6 +33,7 @@ class NoteEvent(StrEnum):
     RESTORE_FELL_BACK = "restore_fell_back"          # a restore skipped unreadable checkpoints
     LOG_DEBRIS = "log_debris"                        # a file in log/ that is not an entry
     LOG_DEBRIS_MOVED = "log_debris_moved"            # `hpcrun doctor` moved debris aside
+    SEGMENT = "segment"                              # a stop with committed progress ended
 
 
 class DebrisKind(StrEnum):
@@ -170,6 +171,29 @@ class RequeueLeftToSlurmNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SegmentNote(NotePayload):
+    """An allocation ended in a preemption or time-limit stop that committed progress: a
+    segment of a long run, not a fault (the record counts them against
+    ``budgets.max_segments``)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.SEGMENT
+    step_from: int
+    """Newest committed step when the allocation started."""
+    step_to: int
+    """Step of the checkpoint the stop committed."""
+    reason: str
+    """Why the allocation stopped."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"step_from": self.step_from, "step_to": self.step_to, "reason": self.reason}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"step_from": f.integer("step_from"), "step_to": f.integer("step_to"),
+                "reason": f.text("reason")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DrainErrorNote(NotePayload):
     """A drain to the shared tier failed; it is retried next round."""
 
@@ -300,7 +324,8 @@ class UnknownNote(NotePayload):
 
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
-    DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote)}
+    DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
+    SegmentNote)}
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

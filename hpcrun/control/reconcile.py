@@ -22,7 +22,13 @@ from typing import Any, ClassVar
 from hpcrun.control.entries import ActionKind, OpPayload, OpPhase
 from hpcrun.control.lease import live_lease
 from hpcrun.control.record import FaultRecord, RunRecord
-from hpcrun.control.retry import FaultClass, RetryAction, classify_exit, decide_retry
+from hpcrun.control.retry import (
+    FaultClass,
+    RetryAction,
+    classify_exit,
+    decide_retry,
+    fault_requeues,
+)
 from hpcrun.control.spec import RetryPolicy, RunSpec
 from hpcrun.control.states import RunState, is_terminal
 from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmJobState
@@ -260,9 +266,9 @@ def _on_held(record: RunRecord, obs: Observation, policy: ReconcilePolicy) -> li
                         exclude=tuple(pending.get("exclude", ())))]
     attempt = f"{obs.job_id}:{record.requeues}"
     if obs.admin_held and policy.max_requeues is not None \
-            and record.requeues >= policy.max_requeues:
+            and fault_requeues(record) >= policy.max_requeues:
         reason = (f"Slurm holds job {obs.job_id} ({obs.reason}) and the requeue budget is spent "
-                  f"({record.requeues} of {policy.max_requeues})")
+                  f"({fault_requeues(record)} of {policy.max_requeues})")
         return [MarkFailed(op_id=op_id_for(record, ActionKind.MARK_FAILED, attempt),
                            attempt=attempt, reason=reason),
                 Cancel(op_id=op_id_for(record, ActionKind.CANCEL, obs.job_id),

@@ -50,6 +50,7 @@ from hpcrun.control.entries import (
     ProgressPayload,
     QuarantinePayload,
     ResultPayload,
+    SegmentNote,
     StatePayload,
     decode,
 )
@@ -62,7 +63,7 @@ from hpcrun.errors import FormatError, RecordError, SpecError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import FaultClass, RunState, Tier
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2
 RUN_SPEC_FILE = "spec.json"
 SNAPSHOT_FILE = "record.snapshot.json"
 RUN_SUBDIRS = ("log", "code", "ckpt", "events", "heartbeat", "logs", "submitit")
@@ -179,6 +180,20 @@ class RunRecord:
     log_debris: Mapping[str, str] = field(default_factory=dict)
     """Open incidents of debris in ``log/`` (file name -> what was found), each reported once
     by a ``note`` entry (``event: log_debris``) until ``hpcrun doctor`` moves it aside."""
+    segments: int = 0
+    """Allocations that ended in a stop with committed progress (``segment`` notes)."""
+    wall_s: float = 0.0
+    """Allocated wall seconds of the allocations that ended (STARTING to REQUEUED, PREEMPTED
+    or a terminal state)."""
+    alloc_since: float | None = None
+    """When the current allocation's first STARTING was logged; None between allocations."""
+    alloc_seen: float | None = None
+    """Last heartbeat or progress of the current allocation (where an allocation that ended
+    without a word ended)."""
+    segment_from_step: int = 0
+    """Newest committed checkpoint step when the current allocation started."""
+    first_started: float | None = None
+    """When the run's first STARTING was logged."""
 
     @property
     def fence(self) -> Fence:
@@ -266,7 +281,31 @@ def _set_state(acc: _Acc, entry: LogEntry, target: RunState) -> None:
     if requeued and current != target:
         acc.v["requeues"] += 1
         acc.v["restarts"] = 0
+    _account_allocation(acc, entry, current, target)
     acc.v["state"] = target
+
+
+_ALLOCATION_ENDS = frozenset({RunState.REQUEUED, RunState.PREEMPTED, RunState.SUCCEEDED,
+                              RunState.FAILED, RunState.CANCELLED})
+
+
+def _account_allocation(acc: _Acc, entry: LogEntry, current: RunState,
+                        target: RunState) -> None:
+    """Allocated wall time: an allocation runs from its first STARTING to the state that gives
+    it back (a STARTING straight after RUNNING is a requeue nobody recorded: the old one ended
+    at its last heartbeat)."""
+    since = acc.v["alloc_since"]
+    if since is not None and (target in _ALLOCATION_ENDS or (
+            target == RunState.STARTING and current == RunState.RUNNING)):
+        seen = acc.v["alloc_seen"]
+        end = entry.ts if target != RunState.STARTING or seen is None else seen
+        acc.v["wall_s"] += max(0.0, end - since)
+        acc.v["alloc_since"] = since = acc.v["alloc_seen"] = None
+    if since is None and target == RunState.STARTING:
+        acc.v["alloc_since"] = entry.ts
+        if acc.v["first_started"] is None:
+            acc.v["first_started"] = entry.ts
+        acc.v["segment_from_step"] = max((c.step for c in acc.v["checkpoints"]), default=0)
 
 
 def _on_state(acc: _Acc, e: LogEntry, p: StatePayload) -> None:
@@ -293,6 +332,12 @@ def _on_job(acc: _Acc, e: LogEntry, p: JobPayload) -> None:
 
 def _on_progress(acc: _Acc, e: LogEntry, p: ProgressPayload) -> None:
     acc.v.update(step=p.step, tokens=acc.v["tokens"] if p.tokens is None else p.tokens)
+    _seen(acc, e.ts)
+
+
+def _seen(acc: _Acc, ts: float) -> None:
+    if acc.v["alloc_since"] is not None:
+        acc.v["alloc_seen"] = max(ts, acc.v["alloc_seen"] or ts)
 
 
 def _on_commit(acc: _Acc, e: LogEntry, p: CommitPayload) -> None:
@@ -327,6 +372,7 @@ def _on_heartbeat(acc: _Acc, e: LogEntry, p: HeartbeatPayload) -> None:
     prev = acc.v["heartbeat"] or {"nodes": {}, "last_ts": ts}
     nodes = {**prev["nodes"], p.node: {"step": p.step, "ts": ts}}
     acc.v["heartbeat"] = {"nodes": nodes, "last_ts": max(float(prev["last_ts"]), ts)}
+    _seen(acc, ts)
 
 
 def _on_result(acc: _Acc, e: LogEntry, p: ResultPayload) -> None:
@@ -348,6 +394,10 @@ def _on_created(acc: _Acc, e: LogEntry, p: CreatedNote) -> None:
     acc.v["owner"] = p.owner
 
 
+def _on_segment(acc: _Acc, e: LogEntry, p: SegmentNote) -> None:
+    acc.v["segments"] += 1
+
+
 def _on_debris(acc: _Acc, e: LogEntry, p: LogDebrisNote) -> None:
     acc.v["log_debris"] = {**acc.v["log_debris"], p.name: p.detail}
 
@@ -363,6 +413,7 @@ _HANDLERS: dict[type[EntryPayload], Callable[[_Acc, LogEntry, Any], None]] = {
     CursorPayload: _on_cursor, FaultPayload: _on_fault, QuarantinePayload: _on_quarantine,
     HeartbeatPayload: _on_heartbeat, ResultPayload: _on_result, OpPayload: _on_op,
     CreatedNote: _on_created, LogDebrisNote: _on_debris, LogDebrisMovedNote: _on_debris_moved,
+    SegmentNote: _on_segment,
 }
 """What the record takes from each payload; other notes and unknown kinds are ignored."""
 

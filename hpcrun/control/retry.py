@@ -6,6 +6,8 @@ while that budget lasts (no queue wait), else a requeue after an exponential, fu
 capped delay. The same fault signature at the same step ``deterministic_repeat_limit`` times is a
 deterministic failure: the run fails instead of feeding a retry storm. A node seen in
 ``quarantine_after`` failures within ``quarantine_window_s`` is excluded from later allocations.
+A preemption or time-limit stop that committed progress is a segment (:func:`segment_progress`),
+not a fault: it does not count against ``budgets.max_requeues`` (:func:`fault_requeues`).
 """
 
 from __future__ import annotations
@@ -189,13 +191,29 @@ def decide_retry(record: RunRecord, fault: FaultRecord, policy: RetryPolicy, *,
         return RetryDecision(action=RetryAction.RESTART, fault=cls, attempt=attempt,
                              exclude=exclude, reason=f"{cls.value}: restart in allocation "
                              f"({record.restarts + 1} of {policy.in_allocation_restarts})")
-    if max_requeues is not None and record.requeues >= max_requeues:
-        return fail(f"requeue budget spent ({record.requeues} of {max_requeues}); "
+    if max_requeues is not None and fault_requeues(record) >= max_requeues:
+        return fail(f"requeue budget spent ({fault_requeues(record)} of {max_requeues}); "
                     "raise budgets.max_requeues to allow more")
     delay = 0.0 if cls in ALLOCATION_ENDING else backoff_delay(policy, attempt, rng)
     return RetryDecision(action=RetryAction.REQUEUE, fault=cls, attempt=attempt, delay_s=delay,
                          exclude=exclude, reason=f"{cls.value}: requeue after {delay:.0f} s "
                          f"(attempt {attempt} of {budget})")
+
+
+def fault_requeues(record: RunRecord) -> int:
+    """Requeues that count against ``budgets.max_requeues``: every requeue but the segments
+    (a stop that committed progress is how a long run outlives a walltime cap, not a fault)."""
+    return max(0, record.requeues - record.segments)
+
+
+def segment_progress(record: RunRecord) -> int | None:
+    """The step a stop committed beyond where the current allocation started, or None when it
+    made no progress (then the stop counts as a fault: a run killed by its time limit before
+    its first commit must not requeue forever)."""
+    newest = max((c.step for c in record.checkpoints), default=None)
+    if newest is None or newest <= record.segment_from_step:
+        return None
+    return newest
 
 
 def _names_culprit(f: FaultRecord) -> bool:

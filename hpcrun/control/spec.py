@@ -36,6 +36,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENTRYPOINT_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
+ADDITIVE = types.MappingProxyType({"additive": True})
+"""Field metadata of a field added within a spec schema version: left out of the canonical
+form while it holds its default, so specs that do not use it keep their digest (and run
+directories written before it keep verifying)."""
 TIERS: tuple[str, ...] = tuple(t.value for t in Tier)
 """Tier names a spec may list, fastest first."""
 
@@ -279,12 +283,22 @@ class Budgets:
     max_wall_hours: float | None = None
     """Total allocated wall time across allocations; None for no limit."""
     max_requeues: int = 10
-    """Requeues (new or requeued allocations) before the run fails."""
+    """Requeues after faults (new or requeued allocations) before the run fails; a segment (a
+    preemption or time-limit stop that committed progress) is not counted here."""
+    max_segments: int | None = field(default=None, metadata=ADDITIVE)
+    """Segments (allocations that ended in a stop with committed progress) before the run
+    fails; None for no limit."""
+    max_node_hours: float | None = field(default=None, metadata=ADDITIVE)
+    """Total allocated node-hours (allocated nodes x wall hours) across allocations; None for
+    no limit."""
 
     def __post_init__(self) -> None:
         _positive(self.max_wall_hours, "max_wall_hours")
+        _positive(self.max_node_hours, "max_node_hours")
         _check(self.max_requeues >= 0, "max_requeues", "an integer >= 0", self.max_requeues,
                "use 0 to never requeue")
+        _check(self.max_segments is None or self.max_segments >= 1, "max_segments",
+               "an integer >= 1 or null", self.max_segments, "use null for no limit")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -420,7 +434,8 @@ def _check_json_value(value: Any, key: str) -> None:
 
 def _to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get("additive") and getattr(value, f.name) == f.default)}
     if isinstance(value, StrEnum):
         return value.value
     if isinstance(value, Mapping):

@@ -253,6 +253,7 @@ def launcher_alive(info: Mapping[str, Any]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpcrun.control.budget import allocation_cap
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.site import expand_path, load_site_snapshot
 
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                       tasks_per_node=spec.resources.tasks_per_node,
                       node_local_base=expand_path(site.node_local_path, os.environ))
     return LocalLauncher(plan, environ={**os.environ, **dict(site.env)},
-                         max_restarts=spec.budgets.max_requeues + 1).run()
+                         max_restarts=allocation_cap(spec.budgets)).run()
 
 
 if __name__ == "__main__":

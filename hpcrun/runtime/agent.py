@@ -34,6 +34,7 @@ from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
+from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.gang import Gang, RankExit
 from hpcrun.runtime.gpus import NodeGpus, diagnostics_dir, exit_fault
@@ -222,7 +223,9 @@ class Agent:
     def _watch_loop(self, inc: Incarnation, gang: Gang, agg: NodeObserver,
                     hang: Callable[[], bool]) -> Watched | AgentExit:
         relay = preemption.Relay(self.stop, self.preempt_signal, clock=self.clock)
+        budget = BudgetWatch.start(self.run_dir, self.spec, clock=self.clock)
         while True:
+            budget.check(self.stop)
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
             if failed:
                 self._record_rank_faults(inc, failed)

@@ -11,7 +11,11 @@ an incarnation:
   the allocation, requeue with backoff and quarantine, or fail (:func:`root_cause` picks the
   fault to act on);
 - every rank succeeded → succeed, even when a preemption signal arrived after the last step;
-- anything else is a stopped gang: :func:`hpcrun.runtime.preemption.decide_after_stop`.
+- a stopped gang whose stop committed progress is a *segment* of a long run (:func:`segment`):
+  requeue at once without a fault, within ``budgets.max_segments``;
+- anything else is a stopped gang: :func:`hpcrun.runtime.preemption.decide_after_stop`;
+- no requeue outlives the run's wall-hour or node-hour budget (:func:`within_budget`): the run
+  ends FAILED with the reason instead.
 
 :func:`account_for_requeue` is the one decision at an incarnation's start: recording why Slurm
 requeued the job by itself when the last gang could not say.
@@ -22,9 +26,11 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from hpcrun.control.retry import FaultClass, classify_exit
+from hpcrun.control.budget import budget_spent, segments_spent, usage_of
+from hpcrun.control.entries import SegmentNote
+from hpcrun.control.retry import FaultClass, classify_exit, segment_progress
 from hpcrun.control.states import RunState
 from hpcrun.runtime import preemption
 from hpcrun.runtime.decisions import (
@@ -61,7 +67,11 @@ __all__ = [
     "enough_to_decide",
     "requeue_unrecorded",
     "root_cause",
+    "segment",
+    "within_budget",
 ]
+
+D = TypeVar("D", bound=Decision)
 
 
 def decide(obs: Observations, record: RunRecord, policy: DecisionPolicy, *, now: float,
@@ -77,10 +87,44 @@ def decide(obs: Observations, record: RunRecord, policy: DecisionPolicy, *, now:
     """
     faults = _faults(obs)
     if faults and not obs.stop_requested:
-        return retry_decision(obs, record, root_cause(faults), policy, now=now, rng=rng)
+        return within_budget(retry_decision(obs, record, root_cause(faults), policy, now=now,
+                                            rng=rng), record, policy, now=now)
     if not faults and obs.exits and all(s is Ending.SUCCEEDED for s in obs.exits.values()):
         return Succeed()
-    return preemption.decide_after_stop(obs, record, policy, now=now, rng=rng)
+    if preemption.slurm_is_ending(obs):
+        return LeaveToSlurm()
+    step = segment_progress(record)
+    if step is not None and not faults:
+        return within_budget(segment(record, policy, step, now=now), record, policy, now=now)
+    return within_budget(preemption.decide_after_stop(obs, record, policy, now=now, rng=rng),
+                         record, policy, now=now)
+
+
+def segment(record: RunRecord, policy: DecisionPolicy, step: int, *,
+            now: float) -> Requeue | Fail:
+    """A stop that committed progress (``step``) is a segment of a long run: requeue at once,
+    without a fault, unless the segment budget is spent."""
+    usage = usage_of(record, nodes=policy.allocated_nodes, now=now)
+    spent = segments_spent(usage, policy.budgets) if policy.budgets is not None else None
+    if spent is not None:
+        return Fail(reason=spent, preempted=True)
+    reason = (f"segment {usage.segments + 1} ended at step {step} (from step "
+              f"{record.segment_from_step}) after a stop with a commit; requeue")
+    return Requeue(delay_s=0.0, exclude=tuple(record.quarantined), reason=reason,
+                   preempted=True, segment=SegmentNote(step_from=record.segment_from_step,
+                                                       step_to=step, reason=reason))
+
+
+def within_budget(decision: D, record: RunRecord, policy: DecisionPolicy, *,
+                  now: float) -> D | Fail:
+    """``decision``, unless it is a requeue and the run's wall-hour or node-hour budget is
+    spent: then the run ends FAILED with the reason (it stopped at a step boundary and
+    committed, so nothing is lost)."""
+    if not isinstance(decision, Requeue) or policy.budgets is None:
+        return decision
+    spent = budget_spent(usage_of(record, nodes=policy.allocated_nodes, now=now),
+                         policy.budgets)
+    return decision if spent is None else Fail(reason=spent, preempted=decision.preempted)
 
 
 def _faults(obs: Observations) -> tuple[GangFault, ...]:

@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hpcrun.control.entries import FaultPayload
+from hpcrun.control.budget import allocated_nodes
+from hpcrun.control.entries import FaultPayload, SegmentNote
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
 from hpcrun.runtime.incarnation import Ending
 
 if TYPE_CHECKING:
-    from hpcrun.control.spec import RetryPolicy, RunSpec
+    from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,11 +98,16 @@ class DecisionPolicy:
     """The run's requeue budget; None for no limit."""
     spare_nodes: int = 0
     """Spare nodes in the allocation (a lost node can be replaced only with one)."""
+    budgets: Budgets | None = None
+    """The run's segment, wall-hour and node-hour budgets; None for no limits."""
+    allocated_nodes: int = 1
+    """Nodes an allocation holds (for node-hours)."""
 
     @classmethod
     def of(cls, spec: RunSpec) -> DecisionPolicy:
         return cls(retry=spec.retry, max_requeues=spec.budgets.max_requeues,
-                   spare_nodes=spec.resources.spare_nodes)
+                   spare_nodes=spec.resources.spare_nodes, budgets=spec.budgets,
+                   allocated_nodes=allocated_nodes(spec))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,6 +141,9 @@ class Requeue:
     preempted: bool
     """Whether the gang stopped for a preemption (PREEMPTED is recorded first, after the
     checkpoint reached tier 1) rather than for a fault (RECOVERING)."""
+    segment: SegmentNote | None = None
+    """Set when the stop committed progress: a segment of a long run, logged instead of a
+    preemption fault."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -25,6 +25,7 @@ from hpcrun.control.entries import (
     RequeueLeftToSlurmNote,
     RequeueSentNote,
     ResultPayload,
+    SegmentNote,
     StatePayload,
 )
 from hpcrun.control.fencing import UNFENCED
@@ -172,18 +173,21 @@ class Supervisor:
                 return AgentExit(status=EXIT_USER_ERROR)
             case Requeue():
                 if decision.preempted:
-                    self._record_preempted(inc)
+                    self._record_preempted(inc, segment=decision.segment)
                 else:
                     self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                     reason=decision.reason))
                 return AgentExit(status=self._requeue(inc, decision))
 
-    def _record_preempted(self, inc: Incarnation) -> None:
-        """The checkpoint reaches tier 1 *before* the job ends; then PREEMPTED and its fault."""
+    def _record_preempted(self, inc: Incarnation, *,
+                          segment: SegmentNote | None = None) -> None:
+        """The checkpoint reaches tier 1 *before* the job ends; then PREEMPTED and its fault,
+        or the segment note when the stop committed progress (a segment is not a fault)."""
         self._await_tier1(inc)
         self._publish(inc, StatePayload(state=RunState.PREEMPTED,
                                         reason=preemption.PREEMPTED_REASON))
-        self._append(inc, preemption.PREEMPTION_FAULT.to_entry())
+        self._append(inc, segment if segment is not None
+                     else preemption.PREEMPTION_FAULT.to_entry())
 
     def _requeue(self, inc: Incarnation, decision: Requeue) -> int:
         op_id = f"{inc.run_id}.g{inc.generation}.requeue"

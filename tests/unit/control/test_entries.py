@@ -41,6 +41,7 @@ from hpcrun.control.entries import (
     RequeueSentNote,
     RestoreFellBackNote,
     ResultPayload,
+    SegmentNote,
     StatePayload,
     UnknownEntry,
     UnknownNote,
@@ -101,6 +102,9 @@ PAYLOADS: dict[str, EntryPayload] = {
                                             "last slot 19"),
     "note_log_debris_moved": LogDebrisMovedNote(names=("999999999.json",),
                                                 to=("debris/999999999.json",)),
+    "note_segment": SegmentNote(step_from=100, step_to=160,
+                                reason="segment 2 ended at step 160 (from step 100) after a "
+                                       "stop with a commit; requeue"),
     "note_restore_fell_back": RestoreFellBackNote(restored="g000002-s0000000050-a",
                                                   skipped=("g000003-s0000000100-a",)),
 }

@@ -5,13 +5,16 @@ from __future__ import annotations
 import random
 import signal
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpcrun.control.record import FaultRecord, RunRecord
+from hpcrun.control.record import CheckpointRef, FaultRecord, RunRecord, create_run
 from hpcrun.control.retry import FaultClass
-from hpcrun.control.spec import RetryPolicy
+from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec
+from hpcrun.launch.signals import StopFlag
+from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.decide import (
     DecisionPolicy,
     Fail,
@@ -30,6 +33,7 @@ from hpcrun.runtime.decide import (
 from hpcrun.runtime.incarnation import Ending
 from hpcrun.scheduler.slurm import PastRun, SlurmJobState
 from hpcrun.testing import FakeClock
+from hpcrun.vocab import Tier
 
 NODES = ("n0", "n1")
 POLICY = DecisionPolicy(retry=RetryPolicy(jitter=False, backoff_base_s=10, backoff_cap_s=60),
@@ -213,3 +217,66 @@ def test_a_requeue_slurm_did_by_itself_is_recorded_from_its_account() -> None:
     assert account.reason == ("Slurm requeued job 77 (restart 1) after its previous run ended "
                               "NODE_FAIL on n0,n1")
     assert account_for_requeue(None, job_id="77", restart_count=1, last_step=12) is None
+
+
+# -- long runs: segments and budgets ----------------------------------------------------------
+
+def _committed(step: int, **over: Any) -> RunRecord:
+    ckpt = CheckpointRef(ckpt_id=f"c{step}", step=step, tier=Tier.SHARED, generation=4, slot=50,
+                         manifest="m")
+    return replace(RECORD, checkpoints=(ckpt,), **over)
+
+
+BUDGETED = replace(POLICY, budgets=Budgets(max_requeues=5), allocated_nodes=2)
+
+
+def test_a_stop_that_committed_progress_is_a_segment_not_a_fault() -> None:
+    rec = _committed(160, segment_from_step=100, segments=11, requeues=11, alloc_since=0.0)
+    d = decide(stopped(), rec, BUDGETED, now=60.0)
+    assert isinstance(d, Requeue) and d.preempted and d.delay_s == 0.0
+    assert d.segment is not None and (d.segment.step_from, d.segment.step_to) == (100, 160)
+    assert "segment 12 ended at step 160" in d.reason
+
+
+def test_a_stop_without_progress_counts_as_a_preemption_fault() -> None:
+    rec = _committed(100, segment_from_step=100, requeues=5, segments=0)
+    d = decide(stopped(), rec, BUDGETED, now=0.0)
+    assert isinstance(d, Fail) and "requeue budget spent (5 of 5)" in d.reason
+
+
+def test_the_segment_budget_ends_the_run_failed() -> None:
+    policy = replace(BUDGETED, budgets=Budgets(max_segments=3))
+    d = decide(stopped(), _committed(160, segments=3, alloc_since=0.0), policy, now=1.0)
+    assert isinstance(d, Fail) and d.preempted and "segment budget spent (3 of 3" in d.reason
+
+
+def test_a_spent_wall_budget_fails_instead_of_requeueing() -> None:
+    policy = replace(BUDGETED, budgets=Budgets(max_wall_hours=1.0))
+    rec = _committed(160, wall_s=3000.0, alloc_since=1000.0)
+    d = decide(stopped(), rec, policy, now=1600.0)
+    assert isinstance(d, Fail) and d.preempted and "wall-hour budget spent" in d.reason
+    assert isinstance(decide(stopped(), rec, policy, now=1100.0), Requeue)
+
+
+def test_a_spent_node_hour_budget_also_stops_a_fault_requeue() -> None:
+    policy = replace(BUDGETED, budgets=Budgets(max_node_hours=1.0),
+                     retry=RetryPolicy(in_allocation_restarts=0, jitter=False))
+    rec = replace(RECORD, wall_s=1800.0)
+    d = decide(obs(faults=(CRASH,)), rec, policy, now=0.0)
+    assert isinstance(d, Fail) and "node-hour budget spent (1.000 of 1 node-hours on 2 " \
+        "nodes)" in d.reason
+
+
+def test_the_budget_watch_stops_the_gang_at_the_budgets_end(tmp_path: Path) -> None:
+    clock = FakeClock()
+    spec = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:main",
+                              "budgets": {"max_wall_hours": 0.5}})
+    run_dir = create_run(tmp_path, spec, clock=clock)
+    flag = StopFlag()
+    watch = BudgetWatch.start(run_dir, spec, clock=clock)
+    clock.advance(1799.0)
+    assert not watch.check(flag) and not flag.is_set
+    clock.advance(1.0)
+    assert watch.check(flag) and flag.is_set
+    unbudgeted = replace(spec, budgets=Budgets())
+    assert BudgetWatch.start(run_dir, unbudgeted, clock=clock).deadline is None
