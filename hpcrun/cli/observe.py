@@ -39,22 +39,39 @@ def _reconcile(run_dir: Path, timeout_s: float) -> Any:
 
 
 def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: float) -> str:
+    from hpcrun.observe.campaign import campaign_lines
     from hpcrun.observe.collect import collect_status, spec_rpo
     from hpcrun.observe.status import render_text, status_json
 
     outcome = _reconcile(run_dir, timeout_s) if reconcile else None
-    collected = collect_status(run_dir, rpo_s=spec_rpo(run_dir))
+    campaign = _campaign(run_dir)
+    collected = collect_status(run_dir, rpo_s=spec_rpo(run_dir), budget_used_fraction=(
+        campaign.budget_used_fraction if campaign is not None else None))
     if as_json:
         body = status_json(collected.view)
+        body["campaign"] = campaign.to_dict() if campaign is not None else None
         body["read_s"] = collected.read_s
         body["reconcile"] = None if outcome is None else {
             "ok": outcome.ok, "seconds": outcome.seconds, "detail": outcome.detail}
         return json.dumps(body, sort_keys=True, default=str)
-    text = render_text(collected.view) + f"\nread        {collected.read_s * 1000:.0f} ms"
+    text = "\n".join([render_text(collected.view), *(campaign_lines(
+        campaign, state=collected.view.facts.state) if campaign is not None else [])])
+    text += f"\nread        {collected.read_s * 1000:.0f} ms"
     if outcome is not None:
         text += (f"\nreconcile   {'ok' if outcome.ok else 'not done'} in "
                  f"{outcome.seconds * 1000:.0f} ms: {outcome.detail}")
     return text
+
+
+def _campaign(run_dir: Path) -> Any:
+    from hpcrun.control.record import load_run_spec, read_record
+    from hpcrun.errors import HpcrunError
+    from hpcrun.observe.campaign import campaign_figures
+
+    try:
+        return campaign_figures(read_record(run_dir), load_run_spec(run_dir), now=time.time())
+    except HpcrunError:
+        return None  # a damaged spec or record: the status block above says what it can
 
 
 @click.command()

@@ -283,8 +283,10 @@ def fill_tails(tails: Sequence[RankTail],
 
 def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
                   ages: Mapping[str, float], window: int,
-                  step_times: StepTimes, summary: EventSummary | None = None) -> AlertSignals:
-    """Measure the alert signals from the record facts and events (or their summary)."""
+                  step_times: StepTimes, summary: EventSummary | None = None,
+                  budget_used_fraction: float | None = None) -> AlertSignals:
+    """Measure the alert signals from the record facts and events (or their summary);
+    ``budget_used_fraction`` comes from :mod:`hpcrun.observe.campaign`."""
     if summary is not None:
         last_step, wait = summary.last_step_ts, summary.input_wait_fraction()
     else:
@@ -304,7 +306,7 @@ def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
         input_wait_fraction=wait,
         checkpoint_lag_ratio=(exposure / facts.rpo_s if exposure is not None and facts.rpo_s
                               else None),
-        fault_signatures=sigs)
+        fault_signatures=sigs, budget_used_fraction=budget_used_fraction)
 
 
 def build_status(facts: RecordFacts, *, events: Sequence[Event],
@@ -312,7 +314,8 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                  now: float, rules: Sequence[AlertRule] | None = None,
                  hang_threshold_s: float = 900.0, straggler_threshold: float = 1.5,
                  window: int = 20, summary: EventSummary | None = None,
-                 straggler_window: int | None = None) -> StatusView:
+                 straggler_window: int | None = None,
+                 budget_used_fraction: float | None = None) -> StatusView:
     """Assemble the status view (pure).
 
     ``summary``: the events already folded (:mod:`hpcrun.observe.summary`, what ``hpcrun
@@ -331,7 +334,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     last_steps = s.last_steps(facts.generation)
     step_times = s.rank_step_times(facts.generation)
     signals = alert_signals(facts, (), now, ages=ages, window=sw, step_times=step_times,
-                            summary=s)
+                            summary=s, budget_used_fraction=budget_used_fraction)
     alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,

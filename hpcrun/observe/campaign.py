@@ -1,0 +1,92 @@
+"""A long run's campaign figures for ``hpcrun status``: segments, budgets used, projected finish.
+
+Pure: the run record and spec in, :class:`CampaignFigures` out; :func:`campaign_lines` and
+:meth:`CampaignFigures.to_dict` render them. The figures come from the run's own log (the
+record's allocated time, segments and first start), never from the scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpcrun.control.budget import allocated_nodes, projected_finish, total_steps, usage_of
+
+if TYPE_CHECKING:
+    from hpcrun.control.record import RunRecord
+    from hpcrun.control.spec import RunSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CampaignFigures:
+    """What a run used of its budgets and when it should finish."""
+
+    segments: int
+    """Allocations that ended in a stop with committed progress."""
+    max_segments: int | None
+    """The segment budget (None: unlimited)."""
+    wall_hours: float
+    """Allocated wall hours so far."""
+    max_wall_hours: float | None
+    """The wall-hour budget."""
+    node_hours: float
+    """Allocated node-hours so far."""
+    max_node_hours: float | None
+    """The node-hour budget."""
+    projected_finish: float | None
+    """Unix time the run reaches ``config.steps`` at its rate so far (None: unknown)."""
+    total_steps: int | None
+    """``config.steps``, when the config names it."""
+    after: tuple[str, ...] = ()
+    """Runs this run waits for (``RUN:ok`` or ``RUN:any``)."""
+
+    @property
+    def budget_used_fraction(self) -> float | None:
+        """The larger of the used fractions of the wall-hour and node-hour budgets."""
+        used = [u / b for u, b in ((self.wall_hours, self.max_wall_hours),
+                                   (self.node_hours, self.max_node_hours)) if b]
+        return max(used) if used else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``hpcrun status --json``'s ``campaign``)."""
+        return {**asdict(self), "after": list(self.after),
+                "budget_used_fraction": self.budget_used_fraction}
+
+
+def campaign_figures(record: RunRecord, spec: RunSpec, *, now: float,
+                     after: tuple[str, ...] = ()) -> CampaignFigures:
+    """The figures of ``record`` under ``spec``'s budgets at ``now``."""
+    usage = usage_of(record, nodes=allocated_nodes(spec), now=now)
+    steps = total_steps(spec)
+    b = spec.budgets
+    return CampaignFigures(
+        segments=usage.segments, max_segments=b.max_segments, wall_hours=usage.wall_hours,
+        max_wall_hours=b.max_wall_hours, node_hours=usage.node_hours,
+        max_node_hours=b.max_node_hours, total_steps=steps, after=after,
+        projected_finish=projected_finish(record, total_steps=steps, now=now))
+
+
+def _of(used: str, limit: float | int | None) -> str:
+    return f"{used} of {limit:g}" if limit is not None else f"{used} (no limit)"
+
+
+def campaign_lines(fig: CampaignFigures, *, state: str) -> list[str]:
+    """The status lines: segments, budgets and, while the run is not over, its finish."""
+    lines = [f"segments    {_of(str(fig.segments), fig.max_segments)}",
+             f"wall        {_of(f'{fig.wall_hours:.2f} h', fig.max_wall_hours)}"
+             f"  node-hours {_of(f'{fig.node_hours:.2f}', fig.max_node_hours)}"]
+    if state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        lines.append("finish      " + _finish(fig))
+    if fig.after:
+        lines.append(f"after       {', '.join(fig.after)}")
+    return lines
+
+
+def _finish(fig: CampaignFigures) -> str:
+    if fig.total_steps is None:
+        return "unknown (config.steps not set)"
+    if fig.projected_finish is None:
+        return f"unknown (no progress toward {fig.total_steps} steps measured yet)"
+    at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(fig.projected_finish))
+    return f"{at} projected for step {fig.total_steps} at the run's rate so far"
