@@ -11,9 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcrun.control.notes import NoteEvent
 from hpcrun.drill.ledger import LedgerLine, check_ledger
 from hpcrun.drill.matrix import DrillFault, MatrixRow, Recovery
 from hpcrun.drill.rto import RtoSplit, rto_splits
+from hpcrun.vocab import FaultClass
 
 CONTRACTS = ("exit", "cause", "recovery", "state", "rpo", "rto", "samples", "cursor", "fencing",
              "checkpoints", "straggler")
@@ -99,6 +101,10 @@ def _exit(ev: Evidence, row: MatrixRow) -> ContractResult:
 
 def _cause(ev: Evidence, row: MatrixRow) -> ContractResult:
     seen = [str(_payload(e).get("fault")) for e in ev.entries if _kind(e) == "fault"]
+    # a preemption or time-limit stop that committed progress is logged as a segment, not a
+    # fault: it is still the preemption the row caused
+    seen += [FaultClass.PREEMPTION.value for e in ev.entries
+             if _kind(e) == "note" and _payload(e).get("event") == NoteEvent.SEGMENT]
     if row.expect_cause is None:
         return ContractResult(name="cause", ok=None, detail=", ".join(sorted(set(seen))) or "-")
     ok = row.expect_cause in seen
