@@ -132,8 +132,12 @@ def _repo_root(cwd: Path) -> Path:
 @click.option("--wait", is_flag=True, help="Local backend: wait for the run to end.")
 @click.option("--inject", default=None, metavar="FAULTS",
               help="Scheduled faults for drills, e.g. 'preempt@step=50;crash@step=80,rank=1'.")
+@click.option("--after", "after", multiple=True, metavar="RUN_OR_SWEEP[:ok|any]",
+              help="Start only after RUN (or every point of SWEEP) succeeded (:ok, the default) "
+                   "or ended (:any); repeatable. Slurm backend.")
 def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root: str | None,
-           dry_run: bool, verify_data: str, wait: bool, inject: str | None) -> None:
+           dry_run: bool, verify_data: str, wait: bool, inject: str | None,
+           after: tuple[str, ...]) -> None:
     """Freeze RUN_YAML into an immutable run, create its record, and start the gang.
 
     \b
@@ -144,7 +148,13 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     node; on the local backend the same agents run as local processes. Prints the run id.
     """
     cwd = _repo_root(Path.cwd())
+    upstream = _upstream(after)
     sub = _prepare(spec_path, site_name, backend, runs_root, verify_data, inject=inject, cwd=cwd)
+    if after and sub.backend != "slurm":
+        from hpcrun.errors import SpecError
+
+        raise SpecError(f"--after needs the slurm backend (Slurm holds the run in its queue), "
+                        f"found backend {sub.backend!r}; nothing was submitted")
     if dry_run:
         click.echo(sub.report.render(), err=True)
         click.echo(_dry_run_text(sub))
@@ -152,14 +162,52 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     run_dir, spec, job_env = _create(sub, cwd)
     if inject:
         job_env["HPCRUN_INJECT"] = inject
+    if after:
+        _record_dependency(run_dir, upstream)
     if sub.backend == "local":
         proc = _start_local(run_dir, job_env)
         click.echo(run_dir.name)
         if wait:
             sys.exit(_wait_local(proc, run_dir))
         return
-    job_id = _submit_slurm(run_dir, spec, sub.site, job_env)
+    job_id = _submit_slurm(run_dir, spec, sub.site, job_env, dependency=upstream[1])
     click.echo(f"{run_dir.name} (slurm job {job_id})")
+
+
+def _upstream(after: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """The ``--after`` targets as ``RUN:kind`` and the ``--dependency`` value; raises a clear
+    error (before anything is created) for a run that does not exist or can never satisfy it."""
+    if not after:
+        return (), None
+    from hpcrun.control.depend import Upstream, parse_after, plan_dependency
+
+    ups = []
+    for text in after:
+        a = parse_after(text)
+        ups.append(Upstream(after=a, records=_upstream_records(a.run)))
+    names = tuple(f"{rec.run_id}:{u.after.kind.value}" for u in ups for rec in u.records)
+    return names, plan_dependency(ups)
+
+
+def _upstream_records(name: str) -> tuple[Any, ...]:
+    """The record of run ``name``, or those of every point of sweep ``name``."""
+    from hpcrun.control.record import read_record
+    from hpcrun.errors import RecordError
+    from hpcrun.observe.status import resolve_run_dir
+
+    try:
+        return (read_record(resolve_run_dir(name, environ=os.environ)),)
+    except RecordError as exc:
+        raise RecordError(f"--after {name}: {exc}; nothing was submitted") from None
+
+
+def _record_dependency(run_dir: Path, upstream: tuple[tuple[str, ...], str | None]) -> None:
+    from hpcrun.control.entries import DependencyNote
+    from hpcrun.control.fencing import UNFENCED
+    from hpcrun.control.log import RunLog
+
+    RunLog(run_dir).append_entry(DependencyNote(after=upstream[0], flag=upstream[1]),
+                                 generation=UNFENCED, holder="")
 
 
 def _dry_run_text(sub: Submission) -> str:
@@ -197,7 +245,8 @@ def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
     return rc
 
 
-def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) -> str:
+def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
+                  dependency: str | None = None) -> str:
     from hpcrun.control.entries import ActionKind, JobPayload, OpPayload
     from hpcrun.control.fencing import UNFENCED
     from hpcrun.control.log import RunLog
@@ -210,7 +259,8 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str]) 
                      holder="")
     _job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
     os.environ.update(job_env)  # sbatch exports the submitting environment to the job
-    job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id, entry=agent_main)
+    job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id, entry=agent_main,
+                             dependency=dependency)
     log.append_entry(JobPayload(job_id=job_id, backend="slurm", op_id=op_id),
                      generation=UNFENCED, holder="")
     return job_id

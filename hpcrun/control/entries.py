@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 from hpcrun.control.notes import (
     CreatedNote,
     DebrisKind,
+    DependencyNote,
     DrainErrorNote,
     FaultInjectedNote,
     LogDebrisMovedNote,
@@ -62,6 +63,7 @@ __all__ = [
     "CreatedNote",
     "CursorPayload",
     "DebrisKind",
+    "DependencyNote",
     "DrainErrorNote",
     "DrainedPayload",
     "EntryKind",

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
 
-__all__ = ["CreatedNote", "DebrisKind", "DrainErrorNote", "FaultInjectedNote", "LogDebrisMovedNote",
-           "LogDebrisNote", "NodeExitNote", "NodeStatus",
+__all__ = ["CreatedNote", "DebrisKind", "DependencyNote", "DrainErrorNote", "FaultInjectedNote",
+           "LogDebrisMovedNote", "LogDebrisNote", "NodeExitNote", "NodeStatus",
            "NoteEvent", "NotePayload", "PeerLostNote", "RequeueLeftToSlurmNote",
            "RequeueSentNote", "RestoreFellBackNote", "SegmentNote", "UnknownNote", "decode_note"]
 
@@ -34,6 +34,7 @@ class NoteEvent(StrEnum):
     LOG_DEBRIS = "log_debris"                        # a file in log/ that is not an entry
     LOG_DEBRIS_MOVED = "log_debris_moved"            # `hpcrun doctor` moved debris aside
     SEGMENT = "segment"                              # a stop with committed progress ended
+    DEPENDENCY = "dependency"                        # the run waits for upstream runs
 
 
 class DebrisKind(StrEnum):
@@ -194,6 +195,24 @@ class SegmentNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DependencyNote(NotePayload):
+    """The run's allocation waits for upstream runs (``hpcrun submit --after``)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.DEPENDENCY
+    after: tuple[str, ...]
+    """The upstream runs as ``RUN:ok`` or ``RUN:any``."""
+    flag: str | None = None
+    """The ``--dependency`` value submitted (None: every upstream had already ended well)."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"after": list(self.after), **present(flag=self.flag)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"after": f.texts("after"), "flag": f.text("flag", None)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DrainErrorNote(NotePayload):
     """A drain to the shared tier failed; it is retried next round."""
 
@@ -325,7 +344,7 @@ class UnknownNote(NotePayload):
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
     DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
-    SegmentNote)}
+    SegmentNote, DependencyNote)}
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from hpcrun.control.depend import never_satisfied, never_satisfied_reason
 from hpcrun.control.entries import ActionKind, OpPayload, OpPhase
 from hpcrun.control.lease import live_lease
 from hpcrun.control.record import FaultRecord, RunRecord
@@ -300,6 +301,8 @@ def _while_live(record: RunRecord, obs: Observation, now: float,
                 and age > policy.hang_timeout_s)
         return _retry(record, obs, FaultClass.HANG, f"no heartbeat for {age:.0f} s",
                       now, policy) if hung else []
+    if state == SlurmJobState.PENDING and never_satisfied(obs.reason):
+        return _dependency_failed(record, obs)
     if state in ACTIVE:
         return _exclude_quarantined(record, obs)
     if state == SlurmJobState.PREEMPTED and policy.preempt_mode == "requeue" \
@@ -321,6 +324,17 @@ def _while_live(record: RunRecord, obs: Observation, now: float,
     detail = f"job {obs.job_id} ended {state.value} (exit {obs.exit_code}, signal " \
              f"{obs.signal}) without a result"
     return _retry(record, obs, fault, detail, now, policy)
+
+
+def _dependency_failed(record: RunRecord, obs: Observation) -> list[Action]:
+    """Slurm says the job's dependency can never be met (its upstream failed): the run ends
+    CANCELLED with the reason, and the job leaves the queue."""
+    attempt = f"{obs.job_id}:{record.requeues}"
+    return [MarkState(op_id=op_id_for(record, ActionKind.MARK_STATE, attempt), attempt=attempt,
+                      state=RunState.CANCELLED,
+                      reason=never_satisfied_reason(obs.job_id, record.after)),
+            Cancel(op_id=op_id_for(record, ActionKind.CANCEL, obs.job_id), attempt=obs.job_id,
+                   job_id=obs.job_id)]
 
 
 def awaiting_node_state(obs: Observation, policy: ReconcilePolicy) -> bool:

@@ -35,6 +35,7 @@ from hpcrun.control.entries import (
     CommitPayload,
     CreatedNote,
     CursorPayload,
+    DependencyNote,
     DrainedPayload,
     EntryKind,
     EntryPayload,
@@ -194,6 +195,9 @@ class RunRecord:
     """Newest committed checkpoint step when the current allocation started."""
     first_started: float | None = None
     """When the run's first STARTING was logged."""
+    after: tuple[str, ...] = ()
+    """Upstream runs this run waits for (``RUN:ok`` / ``RUN:any``, from a ``dependency``
+    note)."""
 
     @property
     def fence(self) -> Fence:
@@ -233,8 +237,8 @@ class RunRecord:
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
         body["log_debris"] = dict(body.get("log_debris") or {})
         body["op_claims"] = OpClaims.from_dict(body.get("op_claims") or {})
-        for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped"):
-            body[key] = tuple(body[key])
+        for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped", "after"):
+            body[key] = tuple(body.get(key, ()))
         return cls(**body)
 
 
@@ -398,6 +402,10 @@ def _on_segment(acc: _Acc, e: LogEntry, p: SegmentNote) -> None:
     acc.v["segments"] += 1
 
 
+def _on_dependency(acc: _Acc, e: LogEntry, p: DependencyNote) -> None:
+    acc.v["after"] = tuple(p.after)
+
+
 def _on_debris(acc: _Acc, e: LogEntry, p: LogDebrisNote) -> None:
     acc.v["log_debris"] = {**acc.v["log_debris"], p.name: p.detail}
 
@@ -413,7 +421,7 @@ _HANDLERS: dict[type[EntryPayload], Callable[[_Acc, LogEntry, Any], None]] = {
     CursorPayload: _on_cursor, FaultPayload: _on_fault, QuarantinePayload: _on_quarantine,
     HeartbeatPayload: _on_heartbeat, ResultPayload: _on_result, OpPayload: _on_op,
     CreatedNote: _on_created, LogDebrisNote: _on_debris, LogDebrisMovedNote: _on_debris_moved,
-    SegmentNote: _on_segment,
+    SegmentNote: _on_segment, DependencyNote: _on_dependency,
 }
 """What the record takes from each payload; other notes and unknown kinds are ignored."""
 

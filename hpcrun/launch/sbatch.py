@@ -68,7 +68,9 @@ def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
 
 
 def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
-                exclude: Sequence[str] = (), begin: str | None = None) -> list[tuple[str, str]]:
+                exclude: Sequence[str] = (), begin: str | None = None,
+                dependency: str | None = None,
+                array: str | None = None) -> list[tuple[str, str]]:
     """The allocation's flags as ``(long option without dashes, value)``; value ``""`` is bare.
 
     Args:
@@ -80,6 +82,8 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
             after a crash can find the job an earlier attempt submitted.
         exclude: nodes to keep out of this allocation (the quarantine list).
         begin: earliest start (``--begin``, e.g. ``now+60``) for a backed-off resubmission.
+        dependency: ``--dependency`` value (``afterok:123``) of a run that waits for others.
+        array: ``--array`` value (``0-5%2``) of a sweep's job array.
 
     Raises:
         ConfigError: the spec asks for more GPUs per node than the site has.
@@ -105,6 +109,8 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         ("output", str(logs / "slurm-%j.out")),
         ("error", str(logs / "slurm-%j.err")),
     ]
+    args += [(key, value) for key, value in (("dependency", dependency), ("array", array))
+             if value]
     return args
 
 
@@ -139,7 +145,8 @@ def format_flag(key: str, value: str) -> str:
 
 def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                   exclude: Sequence[str] = (), begin: str | None = None,
-                  python: str | None = None, template: str = DEFAULT_TEMPLATE) -> str:
+                  python: str | None = None, template: str = DEFAULT_TEMPLATE,
+                  dependency: str | None = None, array: str | None = None) -> str:
     """The job script for ``spec`` on ``site`` (pure).
 
     Args:
@@ -149,7 +156,8 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
 
     See :func:`sbatch_args` for the other arguments.
     """
-    flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin)
+    flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin,
+                        dependency=dependency, array=array)
     context = {
         "run_name": spec.name, "site_name": site.name, "spec_id": spec.spec_id, "op_id": op_id,
         "sbatch_lines": [format_flag(k, v) for k, v in flags],

@@ -72,12 +72,13 @@ def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str) -> list[str]:
 
 
 def submitit_parameters(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
-                        exclude: Sequence[str] = (), begin: str | None = None) -> dict[str, Any]:
+                        exclude: Sequence[str] = (), begin: str | None = None,
+                        dependency: str | None = None) -> dict[str, Any]:
     """``SlurmExecutor.update_parameters`` keywords carrying exactly :func:`sbatch_args`' flags."""
     params: dict[str, Any] = {}
     additional: dict[str, Any] = {}
     for key, value in sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude,
-                                  begin=begin):
+                                  begin=begin, dependency=dependency):
         if key in _NATIVE:
             name = _NATIVE[key]
             params[name] = int(value) if name in _INT_NATIVE else value
@@ -99,7 +100,7 @@ status (:func:`hpcrun.runtime.agent.agent_main`)."""
 
 def submit_submitit(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                     entry: AgentEntry, exclude: Sequence[str] = (), begin: str | None = None,
-                    python: str | None = None) -> str:
+                    python: str | None = None, dependency: str | None = None) -> str:
     """Submit the run's gang through submitit; return the Slurm job id.
 
     submitit's folder is ``run_dir/submitit``; it needs ``srun`` and ``sbatch`` on PATH.
@@ -117,7 +118,8 @@ def submit_submitit(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: st
     try:
         executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR, python=interpreter)
         executor.update_parameters(**submitit_parameters(
-            spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin))
+            spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin,
+            dependency=dependency))
         job = executor.submit(submitit_entry, str(run_dir), site.signal_name(), entry)
     except (RuntimeError, ValueError, OSError) as exc:
         raise SchedulerError(f"submitit could not submit run {spec.name!r}: "

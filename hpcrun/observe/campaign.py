@@ -40,6 +40,8 @@ class CampaignFigures:
     """``config.steps``, when the config names it."""
     after: tuple[str, ...] = ()
     """Runs this run waits for (``RUN:ok`` or ``RUN:any``)."""
+    reason: str = ""
+    """Why the run is in its state (shown once it ended)."""
 
     @property
     def budget_used_fraction(self) -> float | None:
@@ -54,8 +56,7 @@ class CampaignFigures:
                 "budget_used_fraction": self.budget_used_fraction}
 
 
-def campaign_figures(record: RunRecord, spec: RunSpec, *, now: float,
-                     after: tuple[str, ...] = ()) -> CampaignFigures:
+def campaign_figures(record: RunRecord, spec: RunSpec, *, now: float) -> CampaignFigures:
     """The figures of ``record`` under ``spec``'s budgets at ``now``."""
     usage = usage_of(record, nodes=allocated_nodes(spec), now=now)
     steps = total_steps(spec)
@@ -63,7 +64,8 @@ def campaign_figures(record: RunRecord, spec: RunSpec, *, now: float,
     return CampaignFigures(
         segments=usage.segments, max_segments=b.max_segments, wall_hours=usage.wall_hours,
         max_wall_hours=b.max_wall_hours, node_hours=usage.node_hours,
-        max_node_hours=b.max_node_hours, total_steps=steps, after=after,
+        max_node_hours=b.max_node_hours, total_steps=steps, after=tuple(record.after),
+        reason=str((record.state_info or {}).get("reason") or ""),
         projected_finish=projected_finish(record, total_steps=steps, now=now))
 
 
@@ -78,6 +80,8 @@ def campaign_lines(fig: CampaignFigures, *, state: str) -> list[str]:
              f"  node-hours {_of(f'{fig.node_hours:.2f}', fig.max_node_hours)}"]
     if state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
         lines.append("finish      " + _finish(fig))
+    elif fig.reason:
+        lines.append(f"ended       {state}: {fig.reason}")
     if fig.after:
         lines.append(f"after       {', '.join(fig.after)}")
     return lines

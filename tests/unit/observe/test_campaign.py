@@ -72,3 +72,17 @@ def test_status_shows_segments_budgets_and_the_projected_finish(tmp_path: Path) 
     assert camp["segments"] == 2 and camp["max_segments"] == 5
     assert camp["node_hours"] == 2 * camp["wall_hours"]
     assert camp["budget_used_fraction"] > 0.9 and camp["projected_finish"] > time.time()
+
+
+def test_status_shows_the_dependency_and_why_a_dependent_run_was_cancelled() -> None:
+    from hpcrun.control.record import RunRecord
+    from hpcrun.observe.campaign import campaign_figures, campaign_lines
+
+    rec = RunRecord(run_id="eval-1", spec_id="s", state=RunState.CANCELLED,
+                    after=("train-1:ok",),
+                    state_info={"reason": "DependencyNeverSatisfied: job 5 waits for train-1"})
+    fig = campaign_figures(rec, RunSpec.from_dict({"name": "e", "entrypoint": "m:f"}), now=0.0)
+    lines = campaign_lines(fig, state="CANCELLED")
+    assert "after       train-1:ok" in lines
+    assert "ended       CANCELLED: DependencyNeverSatisfied: job 5 waits for train-1" in lines
+    assert "segments    0 (no limit)" in lines and not any(ln.startswith("finish") for ln in lines)
