@@ -170,43 +170,58 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
         if wait:
             sys.exit(_wait_local(proc, run_dir))
         return
-    job_id = _submit_slurm(run_dir, spec, sub.site, job_env, dependency=upstream[1])
+    job_id = _submit_slurm(run_dir, spec, sub.site, job_env, dependency=upstream.flag)
     click.echo(f"{run_dir.name} (slurm job {job_id})")
 
 
-def _upstream(after: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
-    """The ``--after`` targets as ``RUN:kind`` and the ``--dependency`` value; raises a clear
-    error (before anything is created) for a run that does not exist or can never satisfy it."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dependency:
+    """What ``--after`` resolved to."""
+
+    after: tuple[str, ...] = ()
+    """Upstream runs as ``RUN:kind``."""
+    dirs: tuple[str, ...] = ()
+    """Their run directories."""
+    flag: str | None = None
+    """The ``--dependency`` value."""
+
+
+def _upstream(after: tuple[str, ...]) -> Dependency:
+    """Resolve ``--after``; raises a clear error (before anything is created) for a run that
+    does not exist or can never satisfy it."""
     if not after:
-        return (), None
+        return Dependency()
     from hpcrun.control.depend import Upstream, parse_after, plan_dependency
 
-    ups = []
+    ups, dirs = [], []
     for text in after:
         a = parse_after(text)
-        ups.append(Upstream(after=a, records=_upstream_records(a.run)))
+        found = _upstream_runs(a.run)
+        dirs += [str(d) for d, _ in found]
+        ups.append(Upstream(after=a, records=tuple(r for _, r in found)))
     names = tuple(f"{rec.run_id}:{u.after.kind.value}" for u in ups for rec in u.records)
-    return names, plan_dependency(ups)
+    return Dependency(after=names, dirs=tuple(dirs), flag=plan_dependency(ups))
 
 
-def _upstream_records(name: str) -> tuple[Any, ...]:
-    """The record of run ``name``, or those of every point of sweep ``name``."""
+def _upstream_runs(name: str) -> list[tuple[Path, Any]]:
+    """(run directory, record) of run ``name``, or of every point of sweep ``name``."""
     from hpcrun.control.record import read_record
     from hpcrun.errors import RecordError
     from hpcrun.observe.status import resolve_run_dir
 
     try:
-        return (read_record(resolve_run_dir(name, environ=os.environ)),)
+        run_dir = resolve_run_dir(name, environ=os.environ)
+        return [(run_dir, read_record(run_dir))]
     except RecordError as exc:
         raise RecordError(f"--after {name}: {exc}; nothing was submitted") from None
 
 
-def _record_dependency(run_dir: Path, upstream: tuple[tuple[str, ...], str | None]) -> None:
+def _record_dependency(run_dir: Path, dep: Dependency) -> None:
     from hpcrun.control.entries import DependencyNote
     from hpcrun.control.fencing import UNFENCED
     from hpcrun.control.log import RunLog
 
-    RunLog(run_dir).append_entry(DependencyNote(after=upstream[0], flag=upstream[1]),
+    RunLog(run_dir).append_entry(DependencyNote(after=dep.after, flag=dep.flag, dirs=dep.dirs),
                                  generation=UNFENCED, holder="")
 
 

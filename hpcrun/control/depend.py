@@ -122,3 +122,21 @@ def never_satisfied_reason(job_id: str, after: Sequence[str]) -> str:
     upstream = ", ".join(after) or "its upstream run"
     return (f"{NEVER_SATISFIED}: job {job_id} waits for {upstream}, which ended so that the "
             "dependency can never be met; the run is cancelled instead of waiting in the queue")
+
+
+def broken_dependency(after: Sequence[str], states: Sequence[RunState | None]) -> str | None:
+    """Why a dependent run can never start, from how its upstream runs stand (``states`` in the
+    order of ``after``; None for one that cannot be read), or None while it may.
+
+    Slurm's own ``afterok`` cannot tell a run hpcrun ended FAILED from one that succeeded when
+    the job itself completed, so the run's first start checks the record as well.
+    """
+    for name, state in zip(after, states, strict=True):
+        kind = name.rsplit(":", 1)[-1]
+        if state is None:
+            return (f"{NEVER_SATISFIED}: upstream {name} has no readable record; the run is "
+                    "cancelled instead of starting without it")
+        if kind == AfterKind.OK and state in _TERMINAL and state != RunState.SUCCEEDED:
+            return (f"{NEVER_SATISFIED}: upstream {name} ended {state.value}, so the "
+                    "dependency can never be met; the run is cancelled")
+    return None

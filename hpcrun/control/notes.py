@@ -203,13 +203,17 @@ class DependencyNote(NotePayload):
     """The upstream runs as ``RUN:ok`` or ``RUN:any``."""
     flag: str | None = None
     """The ``--dependency`` value submitted (None: every upstream had already ended well)."""
+    dirs: tuple[str, ...] = ()
+    """The upstream run directories, in the order of ``after`` (where the run's first start
+    reads how they ended)."""
 
     def fields(self) -> dict[str, Any]:
-        return {"after": list(self.after), **present(flag=self.flag)}
+        return {"after": list(self.after), "dirs": list(self.dirs), **present(flag=self.flag)}
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"after": f.texts("after"), "flag": f.text("flag", None)}
+        return {"after": f.texts("after"), "flag": f.text("flag", None),
+                "dirs": f.texts("dirs", ())}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

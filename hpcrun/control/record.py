@@ -198,6 +198,8 @@ class RunRecord:
     after: tuple[str, ...] = ()
     """Upstream runs this run waits for (``RUN:ok`` / ``RUN:any``, from a ``dependency``
     note)."""
+    after_dirs: tuple[str, ...] = ()
+    """Their run directories, in the same order."""
 
     @property
     def fence(self) -> Fence:
@@ -237,7 +239,8 @@ class RunRecord:
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
         body["log_debris"] = dict(body.get("log_debris") or {})
         body["op_claims"] = OpClaims.from_dict(body.get("op_claims") or {})
-        for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped", "after"):
+        for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped", "after",
+                    "after_dirs"):
             body[key] = tuple(body.get(key, ()))
         return cls(**body)
 
@@ -403,7 +406,7 @@ def _on_segment(acc: _Acc, e: LogEntry, p: SegmentNote) -> None:
 
 
 def _on_dependency(acc: _Acc, e: LogEntry, p: DependencyNote) -> None:
-    acc.v["after"] = tuple(p.after)
+    acc.v.update(after=tuple(p.after), after_dirs=tuple(p.dirs))
 
 
 def _on_debris(acc: _Acc, e: LogEntry, p: LogDebrisNote) -> None:

@@ -50,6 +50,7 @@ from hpcrun.runtime.incarnation import (
 from hpcrun.runtime.logview import LogView, decoded, gang_faults
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import Supervisor, rejoin
+from hpcrun.runtime.upstream import cancel_if_upstream_broken
 
 if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry
@@ -116,6 +117,10 @@ class Agent:
         key = self.node.incarnation_key(attempt)
         if self.node.is_supervisor:
             claimed = self.log.claim(new_holder(key))
+            if attempt == 0 and cancel_if_upstream_broken(
+                    self.run_dir, self.log, generation=claimed.generation,
+                    holder=claimed.holder):
+                return None
             if attempt == 0 and self.node.restart_count > 0:
                 self.supervisor.record_slurm_requeue(claimed.generation, claimed.holder)
             self._finalize_previous(claimed.generation, claimed.holder)

@@ -121,3 +121,40 @@ def test_submit_after_a_run_that_does_not_exist_is_one_clear_error(
     assert err[0].startswith("hpcrun: error: --after train-nope: no run 'train-nope'")
     assert err[0].endswith("nothing was submitted")
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def _run(root: Path, run_id: str, state: RunState | None = None) -> Path:
+    run_dir = create_run(root, RunSpec.from_dict({"name": "x", "entrypoint": "m:f"}),
+                         run_id=run_id)
+    if state is not None:
+        log = RunLog(run_dir)
+        fence = log.claim("a")
+        log.publish(EntryKind.STATE, generation=fence.generation, holder=fence.holder,
+                    payload={"state": state.value, "reason": "test"})
+    return run_dir
+
+
+@pytest.mark.parametrize(("upstream", "kind", "cancelled"), [
+    (RunState.FAILED, "ok", True), (RunState.SUCCEEDED, "ok", False),
+    (RunState.FAILED, "any", False), (RunState.CANCELLED, "ok", True)])
+def test_the_first_start_cancels_a_run_whose_upstream_did_not_succeed(
+        tmp_path: Path, upstream: RunState, kind: str, cancelled: bool) -> None:
+    from hpcrun.runtime.upstream import cancel_if_upstream_broken
+
+    up = _run(tmp_path, "train-1", upstream)
+    down = _run(tmp_path, "eval-1")
+    log = RunLog(down)
+    log.append_entry(DependencyNote(after=(f"train-1:{kind}",), dirs=(str(up),)),
+                     generation=UNFENCED, holder="")
+    fence = log.claim("agent")
+    assert cancel_if_upstream_broken(down, log, generation=fence.generation,
+                                     holder=fence.holder) is cancelled
+    record = read_record(down)
+    if cancelled:
+        reason = str((record.result or {}).get("reason"))
+        assert record.state == RunState.CANCELLED
+        assert reason == (f"DependencyNeverSatisfied: upstream train-1:ok ended "
+                          f"{upstream.value}, so the dependency can never be met; the run is "
+                          "cancelled")
+    else:
+        assert record.state == RunState.PENDING

@@ -104,7 +104,8 @@ PAYLOADS: dict[str, EntryPayload] = {
     "note_log_debris_moved": LogDebrisMovedNote(names=("999999999.json",),
                                                 to=("debris/999999999.json",)),
     "note_dependency": DependencyNote(after=("train-20260101-120000-ab12:ok",),
-                                      flag="afterok:4242"),
+                                      flag="afterok:4242",
+                                      dirs=("/shared/runs/train-20260101-120000-ab12",)),
     "note_segment": SegmentNote(step_from=100, step_to=160,
                                 reason="segment 2 ended at step 160 (from step 100) after a "
                                        "stop with a commit; requeue"),
