@@ -38,7 +38,7 @@ class Submission:
     """The :class:`~hpcrun.launch.admission.AdmissionReport` it passed."""
 
 
-def _prepare(spec_path: str, site_name: str | None, backend: str | None,
+def prepare_submission(spec_path: str, site_name: str | None, backend: str | None,
              runs_root: str | None, verify_data: str, *, inject: str | None = None,
              cwd: Path | None = None) -> Submission:
     """Run every admission check; raise :class:`AdmissionError` listing every problem found,
@@ -47,7 +47,7 @@ def _prepare(spec_path: str, site_name: str | None, backend: str | None,
     from hpcrun.launch.admit import AdmissionRequest, admit
 
     request = AdmissionRequest(
-        spec_path=Path(spec_path), code_path=cwd or _repo_root(Path.cwd()),
+        spec_path=Path(spec_path), code_path=cwd or repo_root_of(Path.cwd()),
         python=sys.executable, user=getpass.getuser(), site=site_name, backend=backend,
         runs_root=runs_root, have_sbatch=shutil.which("sbatch") is not None,
         verify_data=VerifyData(verify_data))
@@ -77,8 +77,10 @@ def _inject_findings(inject: str | None) -> list[Any]:
     return []
 
 
-def _create(sub: Submission, cwd: Path) -> tuple[Path, Any, dict[str, str]]:
-    """Freeze the spec, create the run record; return (run_dir, frozen spec, job environment)."""
+def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
+            run_id: str | None = None) -> tuple[Path, Any, dict[str, str]]:
+    """Freeze the spec (``sub.spec`` unless ``spec`` is given: a sweep point), create the run
+    record; return (run_dir, frozen spec, job environment)."""
     from hpcrun.control.record import create_run
     from hpcrun.control.spec import CodeVersion, freeze_spec
     from hpcrun.launch.codever import SNAPSHOT_DIR, git_state, runtime_versions, snapshot_tree
@@ -87,9 +89,10 @@ def _create(sub: Submission, cwd: Path) -> tuple[Path, Any, dict[str, str]]:
     runner = SubprocessRunner()
     commit, dirty = git_state(cwd, runner)
     code = CodeVersion(commit=commit, dirty=dirty, snapshot=SNAPSHOT_DIR if dirty else None)
-    spec = freeze_spec(sub.spec, code=code, versions=runtime_versions())
+    spec = freeze_spec(spec if spec is not None else sub.spec, code=code,
+                       versions=runtime_versions())
     sub.runs_root.mkdir(parents=True, exist_ok=True, mode=0o750)
-    run_dir = Path(create_run(sub.runs_root, spec))
+    run_dir = Path(create_run(sub.runs_root, spec, run_id=run_id))
     save_site_snapshot(run_dir, sub.site)
     code_path = cwd
     if dirty:
@@ -112,7 +115,7 @@ def _index(run_dir: Path) -> None:
         link.symlink_to(run_dir)
 
 
-def _repo_root(cwd: Path) -> Path:
+def repo_root_of(cwd: Path) -> Path:
     from hpcrun.launch.codever import repo_root
 
     return repo_root(cwd, SubprocessRunner())
@@ -147,9 +150,10 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     On Slurm the gang is one sbatch allocation (through submitit) running one hpcrun agent per
     node; on the local backend the same agents run as local processes. Prints the run id.
     """
-    cwd = _repo_root(Path.cwd())
+    cwd = repo_root_of(Path.cwd())
     upstream = _upstream(after)
-    sub = _prepare(spec_path, site_name, backend, runs_root, verify_data, inject=inject, cwd=cwd)
+    sub = prepare_submission(spec_path, site_name, backend, runs_root, verify_data,
+                             inject=inject, cwd=cwd)
     if after and sub.backend != "slurm":
         from hpcrun.errors import SpecError
 
@@ -159,7 +163,7 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
         click.echo(sub.report.render(), err=True)
         click.echo(_dry_run_text(sub))
         return
-    run_dir, spec, job_env = _create(sub, cwd)
+    run_dir, spec, job_env = create_run_dir(sub, cwd)
     if inject:
         job_env["HPCRUN_INJECT"] = inject
     if after:
@@ -207,13 +211,33 @@ def _upstream_runs(name: str) -> list[tuple[Path, Any]]:
     """(run directory, record) of run ``name``, or of every point of sweep ``name``."""
     from hpcrun.control.record import read_record
     from hpcrun.errors import RecordError
-    from hpcrun.observe.status import resolve_run_dir
 
     try:
-        run_dir = resolve_run_dir(name, environ=os.environ)
-        return [(run_dir, read_record(run_dir))]
+        return [(d, read_record(d)) for d in expand_runs(name)]
     except RecordError as exc:
         raise RecordError(f"--after {name}: {exc}; nothing was submitted") from None
+
+
+def expand_runs(name: str) -> list[Path]:
+    """The run directories ``name`` stands for: a run's, or every point's of a sweep."""
+    from hpcrun.control.sweep import read_sweep_index
+    from hpcrun.observe.status import resolve_run_dir
+
+    sweep_dir = find_sweep_dir(name)
+    if sweep_dir is not None:
+        return read_sweep_index(sweep_dir).run_dirs(sweep_dir)
+    return [resolve_run_dir(name, environ=os.environ)]
+
+
+def find_sweep_dir(name: str) -> Path | None:
+    """The sweep directory ``name`` (a sweep id under the runs root, or a path), else None."""
+    from hpcrun.control.sweep import is_sweep_dir
+    from hpcrun.observe.status import runs_root
+
+    for candidate in (Path(os.path.expanduser(name)), runs_root(os.environ) / name):
+        if is_sweep_dir(candidate):
+            return candidate.resolve()
+    return None
 
 
 def _record_dependency(run_dir: Path, dep: Dependency) -> None:
@@ -272,7 +296,7 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], 
     op_id = f"{run_dir.name}.submit.0"
     log.append_entry(OpPayload(op_id=op_id, action=ActionKind.SUBMIT), generation=UNFENCED,
                      holder="")
-    _job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
+    write_job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
     os.environ.update(job_env)  # sbatch exports the submitting environment to the job
     job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id, entry=agent_main,
                              dependency=dependency)
@@ -296,14 +320,14 @@ def sbatch(spec_path: str, site_name: str | None, runs_root: str | None,
     The script starts the same per-node agents as `hpcrun submit`, after the same admission
     checks.
     """
-    sub = _prepare(spec_path, site_name, "slurm", runs_root, verify_data)
-    run_dir, spec, job_env = _create(sub, _repo_root(Path.cwd()))
-    script = _job_script(run_dir, spec, sub.site, job_env, op_id=f"{run_dir.name}.submit.0")
+    sub = prepare_submission(spec_path, site_name, "slurm", runs_root, verify_data)
+    run_dir, spec, job_env = create_run_dir(sub, repo_root_of(Path.cwd()))
+    script = write_job_script(run_dir, spec, sub.site, job_env, op_id=f"{run_dir.name}.submit.0")
     click.echo(script, nl=False)
     click.echo(f"hpcrun: created run {run_dir.name} at {run_dir}", err=True)
 
 
-def _job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
+def write_job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
                 op_id: str) -> str:
     """The run's batch script, also kept as ``RUN_DIR/job.sh``: a reconcile pass resubmits
     that file when the run's job is gone (``hpcrun status`` / ``hpcrun watch``)."""
@@ -327,6 +351,12 @@ def cancel(run: str) -> None:
     from hpcrun.observe.status import resolve_run_dir
     from hpcrun.scheduler.slurm import SlurmClient
 
+    sweep_dir = find_sweep_dir(run)
+    if sweep_dir is not None:
+        from hpcrun.cli.sweep import cancel_sweep
+
+        cancel_sweep(sweep_dir)
+        return
     run_dir = resolve_run_dir(run)
     cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser())
     _stop_local_launcher(run_dir)
@@ -417,10 +447,10 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
 def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
     from hpcrun.control.record import read_record
     from hpcrun.control.states import is_terminal
-    from hpcrun.observe.status import list_run_dirs, resolve_run_dir, runs_root
+    from hpcrun.observe.status import list_run_dirs, runs_root
 
     if runs:
-        return [resolve_run_dir(r) for r in runs]
+        return [d for r in runs for d in expand_runs(r)]
     return [d for d in list_run_dirs(runs_root(os.environ))
             if not is_terminal(read_record(d).state)]
 

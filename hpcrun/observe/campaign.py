@@ -94,3 +94,50 @@ def _finish(fig: CampaignFigures) -> str:
         return f"unknown (no progress toward {fig.total_steps} steps measured yet)"
     at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(fig.projected_finish))
     return f"{at} projected for step {fig.total_steps} at the run's rate so far"
+
+
+# -- sweeps: one line per point and the totals --------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PointRow:
+    """One sweep point as ``hpcrun status SWEEP`` shows it."""
+
+    index: int
+    """Array task id."""
+    run_id: str
+    """Its run."""
+    overrides: str
+    """What it changes (``config.lr=0.001 config.seed=0``)."""
+    state: str
+    """Run state."""
+    step: int
+    """Last validated step."""
+    loss: float | None
+    """Newest loss rank 0 reported."""
+    ettr: float | None
+    """Effective training time ratio so far."""
+
+
+def sweep_totals(rows: list[PointRow]) -> str:
+    """One line: points per state and the mean ETTR of points that have one."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    states = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    ettrs = [r.ettr for r in rows if r.ettr is not None]
+    mean = f"; mean ETTR {sum(ettrs) / len(ettrs):.1%}" if ettrs else ""
+    return f"{len(rows)} points: {states}{mean}"
+
+
+def sweep_lines(sweep_id: str, rows: list[PointRow]) -> list[str]:
+    """The sweep status block."""
+    out = [f"sweep       {sweep_id}",
+           f"{'#':>3} {'RUN':<40} {'STATE':<10} {'STEP':>7} {'LOSS':>9} {'ETTR':>6}  POINT"]
+    for r in rows:
+        loss = f"{r.loss:.4g}" if r.loss is not None else "-"
+        ettr = f"{r.ettr:.0%}" if r.ettr is not None else "-"
+        out.append(f"{r.index:>3} {r.run_id:<40} {r.state:<10} {r.step:>7} {loss:>9} "
+                   f"{ettr:>6}  {r.overrides}")
+    out.append(f"total       {sweep_totals(rows)}")
+    return out

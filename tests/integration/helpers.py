@@ -12,7 +12,7 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,9 +152,11 @@ class RunFactory:
         return write_spec(self.runs_root / name, spec)
 
     def submit(self, spec: Mapping[str, Any], *, inject: str | None = None,
-               env: Mapping[str, str] | None = None) -> TestbedRun:
-        """``hpcrun submit run.yaml [--inject]`` (the submitit path)."""
-        args = ["submit", str(self.write(spec))] + (["--inject", inject] if inject else [])
+               env: Mapping[str, str] | None = None, name: str = "run.yaml",
+               extra: Sequence[str] = ()) -> TestbedRun:
+        """``hpcrun submit run.yaml [--inject] [extra...]`` (the submitit path)."""
+        args = ["submit", str(self.write(spec, name)), *extra] + (
+            ["--inject", inject] if inject else [])
         full_env = {**self.env, **(env or {})}
         done = hpcrun(*args, env=full_env, cwd=REPO_ROOT, timeout=180)
         assert done.returncode == 0, f"hpcrun submit failed: {done.stderr}"
