@@ -45,6 +45,10 @@ def _register() -> None:
 
     for observe_command in observe_cmds.COMMANDS:
         cli.add_command(observe_command)
+    from hpcrun.cli import sweep as sweep_cmds
+
+    for sweep_command in sweep_cmds.COMMANDS:
+        cli.add_command(sweep_command)
     from hpcrun.cli import drill as drill_cmds
 
     for drill_command in drill_cmds.COMMANDS:

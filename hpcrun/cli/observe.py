@@ -63,6 +63,25 @@ def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: fl
     return text
 
 
+def _sweep_status_once(sweep_dir: Path, *, as_json: bool, reconcile: bool,
+                       timeout_s: float) -> str:
+    from dataclasses import asdict
+
+    from hpcrun.control.sweep import read_sweep_index
+    from hpcrun.observe.campaign import sweep_lines, sweep_totals
+    from hpcrun.observe.sweep_view import point_rows
+
+    index = read_sweep_index(sweep_dir)
+    if reconcile and index.backend == "slurm":
+        for run_dir in index.run_dirs(sweep_dir):
+            _reconcile(run_dir, timeout_s)
+    rows = point_rows(sweep_dir, index)
+    if as_json:
+        return json.dumps({"sweep_id": index.sweep_id, "points": [asdict(r) for r in rows],
+                           "totals": sweep_totals(rows)}, sort_keys=True)
+    return "\n".join(sweep_lines(index.sweep_id, rows))
+
+
 def _campaign(run_dir: Path) -> Any:
     from hpcrun.control.record import load_run_spec, read_record
     from hpcrun.errors import HpcrunError
@@ -85,10 +104,19 @@ def _campaign(run_dir: Path) -> Any:
               help="Seconds the reconcile pass may take.")
 def status(run: str, watch: bool, interval: float, as_json: bool, reconcile: bool,
            timeout_s: float) -> None:
-    """State, generation, job, step and rate, checkpoints, ETTR, rank tails and incidents."""
-    run_dir = _run_dir(run)
+    """State, generation, job, step and rate, checkpoints, ETTR, rank tails and incidents.
+
+    For a sweep: one line per point (state, step, loss, ETTR) and the sweep's totals.
+    """
+    from hpcrun.cli.run import find_sweep_dir
+
+    sweep_dir = find_sweep_dir(run)
+    run_dir = sweep_dir if sweep_dir is not None else _run_dir(run)
     while True:
-        out = _status_once(run_dir, as_json=as_json, reconcile=reconcile, timeout_s=timeout_s)
+        out = (_sweep_status_once(run_dir, as_json=as_json, reconcile=reconcile,
+                                  timeout_s=timeout_s) if sweep_dir is not None
+               else _status_once(run_dir, as_json=as_json, reconcile=reconcile,
+                                 timeout_s=timeout_s))
         if watch and not as_json:
             click.clear()
         click.echo(out)

@@ -359,11 +359,11 @@ def cancel(run: str) -> None:
         return
     run_dir = resolve_run_dir(run)
     cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser())
-    _stop_local_launcher(run_dir)
+    stop_local_launcher(run_dir)
     click.echo(f"{run_dir.name}: CANCELLED")
 
 
-def _stop_local_launcher(run_dir: Path) -> None:
+def stop_local_launcher(run_dir: Path) -> None:
     from hpcrun.launch.local import launcher_alive, read_launcher
 
     info = read_launcher(run_dir)

@@ -25,6 +25,7 @@ from hpcrun.cli.run import (
     create_run_dir,
     prepare_submission,
     repo_root_of,
+    stop_local_launcher,
     write_job_script,
 )
 from hpcrun.errors import SpecError
@@ -49,6 +50,8 @@ class SweepRequest:
     """Where the run directories go."""
     verify_data: str = "sample"
     """Admission's data check."""
+    inject: tuple[str, ...] = ()
+    """Drills: ``K:FAULTS`` fault schedules of single points."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,9 +107,21 @@ def plan_points(req: SweepRequest) -> tuple[Path, Any, list[dict[str, Any]], lis
 def submit_sweep(req: SweepRequest) -> SweepSubmitted:
     """Check everything, create the sweep and its runs, submit them (see the module doc)."""
     from hpcrun.control.record import new_run_id
-    from hpcrun.control.sweep import SweepIndex, SweepPoint, write_sweep_index
+    from hpcrun.control.sweep import (
+        POINT_INJECT_ENV,
+        SweepIndex,
+        SweepPoint,
+        parse_point_inject,
+        write_sweep_index,
+    )
+    from hpcrun.runtime.faults import parse_injections
 
     base, plan, overrides, specs = plan_points(req)
+    injected = [parse_point_inject(t) for t in req.inject]
+    for k, faults in injected:
+        parse_injections(faults)
+        if k >= len(specs):
+            raise SpecError(f"--inject-point {k}:...: the sweep has points 0..{len(specs) - 1}")
     cwd = repo_root_of(Path.cwd())
     sub = prepare_submission(str(base), req.site, req.backend, req.runs_root, req.verify_data,
                              cwd=cwd)
@@ -114,6 +129,9 @@ def submit_sweep(req: SweepRequest) -> SweepSubmitted:
     sweep_dir = sub.runs_root / sweep_id
     (sweep_dir / "logs").mkdir(parents=True, mode=0o750)
     points = _create_points(sub, cwd, specs, sweep_id)
+    for k, faults in injected:
+        for _, _, env in points:
+            env[f"{POINT_INJECT_ENV}{k}"] = faults
     index = SweepIndex(sweep_id=sweep_id, max_parallel=plan.max_parallel, backend=sub.backend,
                        points=tuple(SweepPoint(index=i, run_id=p[0].name, overrides=o)
                                     for i, (p, o) in enumerate(zip(points, overrides,
@@ -189,22 +207,20 @@ def cancel_sweep(sweep_dir: Path) -> None:
     from hpcrun.control.record import read_record
     from hpcrun.control.states import is_terminal
     from hpcrun.control.sweep import read_sweep_index
+    from hpcrun.launch.sweep_local import stop_launcher
     from hpcrun.scheduler.slurm import SlurmClient
 
     slurm = SlurmClient(SubprocessRunner())
     index = read_sweep_index(sweep_dir)
-    for run_dir in index.run_dirs(sweep_dir):
+    dirs = index.run_dirs(sweep_dir)
+    for run_dir in dirs:  # fence every point first, so no point can publish any more
         if not is_terminal(read_record(run_dir).state):
             cancel_run(run_dir, slurm=slurm, user=getpass.getuser())
-        click.echo(f"{run_dir.name}: {read_record(run_dir).state}")
-    _stop_local_sweep(sweep_dir)
-    click.echo(f"{index.sweep_id}: CANCELLED")
-
-
-def _stop_local_sweep(sweep_dir: Path) -> None:
-    from hpcrun.launch.sweep_local import stop_launcher
-
     stop_launcher(sweep_dir)
+    for run_dir in dirs:
+        stop_local_launcher(run_dir)
+        click.echo(f"{run_dir.name}: {read_record(run_dir).state}")
+    click.echo(f"{index.sweep_id}: CANCELLED")
 
 
 @click.command()
@@ -219,9 +235,11 @@ def _stop_local_sweep(sweep_dir: Path) -> None:
 @click.option("--runs-root", default=None, help="Create the run directories here.")
 @click.option("--verify-data", type=click.Choice(VERIFY_DATA), default="sample", show_default=True,
               help="Data objects hashed in full before submitting (as for submit).")
+@click.option("--inject-point", "inject", multiple=True, metavar="K:FAULTS",
+              help="Drills: scheduled faults of point K only (as submit --inject); repeatable.")
 def sweep(spec_path: str, grid: tuple[str, ...], max_parallel: int | None,
           backend: str | None, site_name: str | None, runs_root: str | None,
-          verify_data: str) -> None:
+          verify_data: str, inject: tuple[str, ...]) -> None:
     """Run one spec at many points: one frozen spec and run record per point, one job array.
 
     \b
@@ -233,7 +251,7 @@ def sweep(spec_path: str, grid: tuple[str, ...], max_parallel: int | None,
     """
     done = submit_sweep(SweepRequest(
         spec_path=Path(spec_path), grid=grid, max_parallel=max_parallel, backend=backend,
-        site=site_name, runs_root=runs_root, verify_data=verify_data))
+        site=site_name, runs_root=runs_root, verify_data=verify_data, inject=inject))
     job = f" (slurm array job {done.job_id})" if done.job_id else ""
     click.echo(f"{done.sweep_dir.name}{job}")
     for run_dir in done.run_dirs:

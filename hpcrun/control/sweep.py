@@ -292,6 +292,34 @@ def read_sweep_index(sweep_dir: Path, *, storage: Storage = LOCAL_STORAGE) -> Sw
                           "sweep directory made by `hpcrun sweep`?") from exc
 
 
+POINT_INJECT_ENV = "HPCRUN_INJECT_POINT_"
+"""Prefix of a drill's per-point fault schedule (``HPCRUN_INJECT_POINT_3``): the point's
+runs see it as ``HPCRUN_INJECT``."""
+
+
+def point_environ(environ: Mapping[str, str], index: int) -> dict[str, str]:
+    """``environ`` as point ``index`` of a sweep sees it: its own fault schedule, if a drill
+    gave one (``hpcrun sweep --inject-point K:FAULTS``), is its ``HPCRUN_INJECT``."""
+    out = {k: v for k, v in environ.items() if not k.startswith(POINT_INJECT_ENV)}
+    mine = environ.get(f"{POINT_INJECT_ENV}{index}")
+    if mine is not None:
+        out["HPCRUN_INJECT"] = mine
+    return out
+
+
+def parse_point_inject(text: str) -> tuple[int, str]:
+    """``K:FAULTS`` → (K, FAULTS).
+
+    Raises:
+        SpecError: another form.
+    """
+    k, sep, faults = text.partition(":")
+    if not sep or not k.isdigit() or not faults:
+        raise SpecError(f"--inject-point {text!r}: expected K:FAULTS, e.g. "
+                        "--inject-point 2:preempt@step=20")
+    return int(k), faults
+
+
 def array_task_run_dir(run_dir: Path, environ: Mapping[str, str]) -> Path:
     """The run directory an agent serves: ``run_dir`` itself, or, for a sweep's job array, the
     directory of the point whose index is this task's ``SLURM_ARRAY_TASK_ID``.

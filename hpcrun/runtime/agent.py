@@ -31,6 +31,7 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.log import EntryKind, RunLog, new_holder
 from hpcrun.control.states import RunState
+from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
@@ -443,7 +444,11 @@ def _requeuer(node: NodeInfo) -> Requeuer:
 def agent_main(run_dir: str) -> int:
     """Entry for submitit and the job script: run this node's agent; return its status."""
     try:
-        return build_agent(Path(run_dir), dict(os.environ)).run()
+        environ = dict(os.environ)
+        task = environ.get(ARRAY_TASK_ENV, "")
+        if task.isdigit():
+            environ = point_environ(environ, int(task))
+        return build_agent(array_task_run_dir(Path(run_dir), environ), environ).run()
     except HpcrunError as exc:
         print(f"hpcrun agent: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -26,3 +26,39 @@ def test_stops_that_commit_progress_are_segments_not_requeue_faults(tmp_path: Pa
     assert lines is not None
     report = check_ledger(lines[0], total_steps=steps, malformed=lines[1])
     assert report.ok and len(lines[0]) == steps, report  # each segment resumed exactly
+
+
+def test_a_local_sweep_runs_each_point_as_a_full_run_with_bounded_parallelism(
+        tmp_path: Path) -> None:
+    """Three points, at most two at once; point 1 is preempted and resumes exactly."""
+    from hpcrun.control.sweep import read_sweep_index
+    from hpcrun.testing.runs import hpcrun, write_spec
+    from tests.integration.local_helpers import REPO_ROOT
+
+    steps = 20
+    spec = write_spec(tmp_path / "run.yaml", local_spec(steps=steps, every_steps=100,
+                                                        config={"ledger": True}))
+    env = {"HPCRUN_RUNS": str(tmp_path)}
+    out = hpcrun("sweep", str(spec), "--backend", "local", "--grid", "config.seed=0,1,2",
+                 "--max-parallel", "2", "--inject-point", "1:preempt@step=8",
+                 env=env, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr
+    sweep_dir = tmp_path / out.stdout.split()[0]
+    runs = read_sweep_index(sweep_dir).run_dirs(sweep_dir)
+    records = [wait_for_state(r, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=400)
+               for r in runs]
+    assert [(str(r.state), r.step) for r in records] == [("SUCCEEDED", steps)] * 3
+    assert [r.segments for r in records] == [0, 1, 0]
+    assert [json_seed(r) for r in runs] == [0, 1, 2]
+    for run in runs:
+        lines = read_ledger(run)
+        assert lines is not None and len(lines[0]) == steps  # nothing consumed twice
+    status = hpcrun("status", sweep_dir.name, "--no-reconcile", env=env, cwd=REPO_ROOT)
+    assert "total       3 points: 3 SUCCEEDED" in status.stdout, status.stdout
+    assert "config.seed=1" in status.stdout
+
+
+def json_seed(run_dir: Path) -> int:
+    from hpcrun.control.record import load_run_spec
+
+    return int(load_run_spec(run_dir).config["seed"])
