@@ -20,6 +20,9 @@ _WHERE = {
     # seams
     "Stateful": "hpcrun.protocols", "RunContext": "hpcrun.protocols",
     "Clock": "hpcrun.clock", "CommandRunner": "hpcrun.runner",
+    # campaigns: submit runs and sweeps, drive them through handles
+    "submit": "hpcrun.api", "sweep": "hpcrun.api", "RunHandle": "hpcrun.api",
+    "SweepHandle": "hpcrun.api",
     # control plane
     "RunSpec": "hpcrun.control.spec", "load_spec": "hpcrun.control.spec",
     "RunState": "hpcrun.control.states", "read_record": "hpcrun.control.record",
@@ -46,6 +49,7 @@ __all__ = [
     "Mixture",
     "Permutation",
     "RunContext",
+    "RunHandle",
     "RunSpec",
     "RunState",
     "SchedulerError",
@@ -53,9 +57,12 @@ __all__ = [
     "StaleGenerationError",
     "Stateful",
     "StorageError",
+    "SweepHandle",
     "__version__",
     "load_spec",
     "read_record",
+    "submit",
+    "sweep",
 ]
 
 
@@ -63,6 +70,7 @@ __getattr__ = lazy_getattr(__name__, _WHERE, globals())
 
 
 if TYPE_CHECKING:
+    from hpcrun.api import RunHandle, SweepHandle, submit, sweep
     from hpcrun.checkpoint.checkpointer import Checkpointer
     from hpcrun.clock import Clock
     from hpcrun.control.record import read_record

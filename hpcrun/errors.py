@@ -99,6 +99,10 @@ class RecordError(HpcrunError, RuntimeError):
     """A run record or run directory is missing, unreadable or inconsistent."""
 
 
+class RunNotFinishedError(RecordError):
+    """A run's result was asked for before the run ended."""
+
+
 class PayloadError(RecordError, ValueError):
     """A log entry's payload does not have the shape its kind requires."""
 

@@ -150,32 +150,76 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     On Slurm the gang is one sbatch allocation (through submitit) running one hpcrun agent per
     node; on the local backend the same agents run as local processes. Prints the run id.
     """
+    if dry_run:
+        sub = prepare_submission(spec_path, site_name, backend, runs_root, verify_data,
+                                 inject=inject, cwd=repo_root_of(Path.cwd()))
+        click.echo(sub.report.render(), err=True)
+        click.echo(_dry_run_text(sub))
+        return
+    done = submit_run(SubmitRequest(spec_path=Path(spec_path), backend=backend, site=site_name,
+                                    runs_root=runs_root, verify_data=verify_data, inject=inject,
+                                    after=after))
+    if done.local is not None:
+        click.echo(done.run_dir.name)
+        if wait:
+            sys.exit(_wait_local(done.local, done.run_dir))
+        return
+    click.echo(f"{done.run_dir.name} (slurm job {done.job_id})")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SubmitRequest:
+    """What ``hpcrun submit`` (or :func:`hpcrun.submit`) was asked for."""
+
+    spec_path: Path
+    """The run.yaml."""
+    backend: str | None = None
+    """Where to run (default: the site's)."""
+    site: str | None = None
+    """Site config name or path."""
+    runs_root: str | None = None
+    """Where the run directory goes."""
+    verify_data: str = "sample"
+    """Admission's data check."""
+    inject: str | None = None
+    """Drills: scheduled faults."""
+    after: tuple[str, ...] = ()
+    """``RUN_OR_SWEEP[:ok|any]`` the run waits for."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Submitted:
+    """A created and started run."""
+
+    run_dir: Path
+    """Its run directory."""
+    job_id: str | None = None
+    """Its Slurm job id (None on the local backend)."""
+    local: subprocess.Popen[bytes] | None = None
+    """The local launcher (None on Slurm)."""
+
+
+def submit_run(req: SubmitRequest) -> Submitted:
+    """Admission, then freeze the spec, create the run record and start the gang; every bad
+    input raises before anything is created."""
     cwd = repo_root_of(Path.cwd())
-    upstream = _upstream(after)
-    sub = prepare_submission(spec_path, site_name, backend, runs_root, verify_data,
-                             inject=inject, cwd=cwd)
-    if after and sub.backend != "slurm":
+    upstream = _upstream(req.after)
+    sub = prepare_submission(str(req.spec_path), req.site, req.backend, req.runs_root,
+                             req.verify_data, inject=req.inject, cwd=cwd)
+    if req.after and sub.backend != "slurm":
         from hpcrun.errors import SpecError
 
         raise SpecError(f"--after needs the slurm backend (Slurm holds the run in its queue), "
                         f"found backend {sub.backend!r}; nothing was submitted")
-    if dry_run:
-        click.echo(sub.report.render(), err=True)
-        click.echo(_dry_run_text(sub))
-        return
     run_dir, spec, job_env = create_run_dir(sub, cwd)
-    if inject:
-        job_env["HPCRUN_INJECT"] = inject
-    if after:
+    if req.inject:
+        job_env["HPCRUN_INJECT"] = req.inject
+    if req.after:
         _record_dependency(run_dir, upstream)
     if sub.backend == "local":
-        proc = _start_local(run_dir, job_env)
-        click.echo(run_dir.name)
-        if wait:
-            sys.exit(_wait_local(proc, run_dir))
-        return
+        return Submitted(run_dir=run_dir, local=_start_local(run_dir, job_env))
     job_id = _submit_slurm(run_dir, spec, sub.site, job_env, dependency=upstream.flag)
-    click.echo(f"{run_dir.name} (slurm job {job_id})")
+    return Submitted(run_dir=run_dir, job_id=job_id)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

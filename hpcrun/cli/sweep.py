@@ -40,6 +40,10 @@ class SweepRequest:
     """The base run.yaml, or a sweep YAML naming it."""
     grid: tuple[str, ...] = ()
     """``--grid KEY=V1,V2`` options."""
+    axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """Grid axes already parsed (:func:`hpcrun.sweep`)."""
+    points: tuple[dict[str, Any], ...] = ()
+    """Explicit points (dotted key → value)."""
     max_parallel: int | None = None
     """``--max-parallel``; overrides the sweep YAML's."""
     backend: str | None = None
@@ -75,8 +79,9 @@ def _plan(req: SweepRequest) -> tuple[Path, Any]:
     raw = _read_yaml(req.spec_path)
     base, plan = ((load_sweep_file(req.spec_path)) if isinstance(raw, dict) and "sweep" in raw
                   else (req.spec_path, SweepPlan()))
-    grid = plan.grid + tuple(parse_grid_option(g) for g in req.grid)
-    return base, replace(plan, grid=grid, max_parallel=req.max_parallel or plan.max_parallel)
+    grid = plan.grid + req.axes + tuple(parse_grid_option(g) for g in req.grid)
+    return base, replace(plan, grid=grid, points=plan.points + req.points,
+                         max_parallel=req.max_parallel or plan.max_parallel)
 
 
 def _read_yaml(path: Path) -> Any:

@@ -141,9 +141,13 @@ def expand_points(plan: SweepPlan) -> list[dict[str, Any]]:
     """Every point's overrides: the grid's combinations (first axis slowest), then the list.
 
     Raises:
-        SpecError: the plan has no point at all.
+        SpecError: the plan has no point at all, or a grid axis has no values.
     """
     points: list[dict[str, Any]] = []
+    for key, values in plan.grid:
+        if not values:
+            raise SpecError(f"sweep grid axis {key!r} has no values; an empty grid sweeps "
+                            "nothing; nothing was submitted")
     if plan.grid:
         keys = [k for k, _ in plan.grid]
         points += [dict(zip(keys, combo, strict=True))

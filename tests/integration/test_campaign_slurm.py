@@ -21,11 +21,12 @@ SITE = Path(__file__).resolve().parents[2] / "site_configs" / "testbed.yaml"
 
 
 def _short_lead_site(tmp_path: Path, runs: RunFactory) -> str:
-    """The testbed site with a 30 s preemption lead: on a 1-minute limit the warning lands
-    about 30 s into each allocation, leaving 20+ s to commit, drain and requeue."""
+    """The testbed site with a 15 s preemption lead. Slurm sends the warning up to its 30 s
+    check interval early, so on a 1-minute limit it lands 15-45 s into each allocation (the
+    ranks are stepping from about 15 s on), and 15+ s remain to commit, drain and requeue."""
     (tmp_path / "testbed-short.yaml").write_text(
         SITE.read_text().replace("name: testbed", "name: testbed-short")
-        .replace("preempt_lead_s: 60", "preempt_lead_s: 30"))
+        .replace("preempt_lead_s: 60", "preempt_lead_s: 15"))
     runs.env["HPCRUN_SITE_CONFIGS"] = str(tmp_path)
     return "testbed-short"
 
@@ -41,28 +42,30 @@ def _timeline(run: TestbedRun) -> str:
                      if e.kind in ("state", "commit", "fault", "note", "job", "fence"))
 
 
-def test_a_long_run_finishes_in_segments_past_its_requeue_budget(
+def test_a_long_run_under_a_one_minute_limit_finishes_in_segments(
         testbed: Testbed, runs: RunFactory, slurm: JobClient, tmp_path: Path) -> None:
     site = _short_lead_site(tmp_path, runs)
-    # At most ~22 s of training per allocation at <= 5 steps/s (0.2 s pace): <= 110 steps, so
-    # 450 steps need at least 5 allocations, 4 segments; one fault requeue is all it may use.
-    spec = slurm_spec(testbed, tasks_per_node=1, steps=450, every_steps=10, site=site,
-                      resources={"time_limit_min": 1}, budgets={"max_requeues": 1},
-                      config={"ledger": True})
+    # At most ~30 s of stepping per allocation at ~3.5 steps/s (0.25 s pace): 360 steps need
+    # at least four segments, almost always more. A warning that lands before the first step
+    # of an allocation is a stop without progress: a fault, not a segment.
+    spec = slurm_spec(testbed, tasks_per_node=1, steps=360, every_steps=10, site=site,
+                      resources={"time_limit_min": 1}, config={"ledger": True})
     run = runs.submit(spec, inject=";".join(
-        f"slow@step=1,rank={r},seconds=0.2,every=1" for r in (0, 1)))
+        f"slow@step=1,rank={r},seconds=0.25,every=1" for r in (0, 1)))
     try:
-        rec = run.wait({"SUCCEEDED"}, timeout=540)
+        rec = run.wait({"SUCCEEDED"}, timeout=600)
     except AssertionError:
         print(_timeline(run))
         raise
-    assert rec.step == 450 and rec.segments >= 4 and rec.segments == rec.requeues
-    assert rec.faults == (), [f.detail for f in rec.faults]
+    assert rec.step == 360 and rec.segments >= 4, _timeline(run)
     assert rec.job_ids == (run.job_id,)  # one job, requeued by itself each time
+    # only stops without progress were faults; segments never counted against max_requeues
+    assert len(rec.faults) == rec.requeues - rec.segments
+    assert all(f.fault == "preemption" for f in rec.faults)
     results = check_contracts(collect(run.run_dir, victim_rank=None),
                               row_for(DrillFault.PREEMPT_TIMELIMIT))
-    print(f"\n{rec.segments} segments, {rec.wall_s:.0f} s allocated; "
-          + "; ".join(f"{r.name} {r.mark}" for r in results))
+    print(f"\n{rec.segments} segments, {len(rec.faults)} stops without progress, "
+          f"{rec.wall_s:.0f} s allocated; " + "; ".join(f"{r.name} {r.mark}" for r in results))
     failed = [f"{r.name}: {r.detail}" for r in results if r.ok is False]
     assert not failed, f"drill contracts failed: {failed}"
     status = run.cli("status", run.name, "--no-reconcile")
@@ -112,3 +115,51 @@ def test_a_dependent_run_of_a_failed_upstream_ends_cancelled_with_the_reason(
     reason = str((rec.state_info or {}).get("reason"))
     assert reason.startswith("DependencyNeverSatisfied"), reason
     assert rec.step == 0 and not rec.checkpoints  # it never trained
+
+
+# -- sweeps -------------------------------------------------------------------------------------
+
+def test_a_sweep_is_one_job_array_whose_tasks_are_full_runs(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    """Six points, two at a time; point 1 is preempted, point 3 crashes a rank: all six
+    SUCCEEDED, each resumed exactly (its own sample ledger)."""
+    from hpcrun.control.sweep import read_sweep_index
+    from hpcrun.drill.ledger import check_ledger, read_ledger
+    from hpcrun.testing.runs import hpcrun
+    from tests.integration.helpers import REPO_ROOT, wait_until
+
+    steps = 30
+    spec = runs.write(slurm_spec(testbed, tasks_per_node=1, steps=steps, every_steps=10,
+                                 config={"ledger": True}))
+    out = hpcrun("sweep", str(spec), "--grid", "config.seed=0,1,2,3,4,5", "--max-parallel",
+                 "2", "--inject-point", "1:preempt@step=15",
+                 "--inject-point", "3:crash@step=15,rank=1", env=runs.env, cwd=REPO_ROOT,
+                 timeout=180)
+    assert out.returncode == 0, out.stderr
+    sweep_dir = runs.runs_root / out.stdout.split()[0]
+    array_id = out.stdout.split("slurm array job ")[1].split(")")[0]
+    points = [TestbedRun(run_dir=d, job_id=f"{array_id}_{k}", env=runs.env)
+              for k, d in enumerate(read_sweep_index(sweep_dir).run_dirs(sweep_dir))]
+    runs.runs.extend(points)
+    peak = [0]
+
+    def all_ended() -> bool:
+        states = [str(p.record().state) for p in points]
+        peak[0] = max(peak[0], sum(s in ("STARTING", "RUNNING") for s in states))
+        assert "FAILED" not in states and "CANCELLED" not in states, states
+        return all(s == "SUCCEEDED" for s in states)
+
+    wait_until("all six points SUCCEEDED", all_ended, timeout=600, poll_s=1.0)
+    records = [p.record() for p in points]
+    assert [r.step for r in records] == [steps] * 6 and peak[0] <= 2
+    assert records[1].segments == 1 and records[1].requeues == 1  # just that task requeued
+    assert records[3].restarts + records[3].requeues >= 1
+    assert [f.fault for f in records[3].faults] == ["process_crash"]
+    assert all(r.requeues == 0 for k, r in enumerate(records) if k != 1)
+    for p in points:
+        lines = read_ledger(p.run_dir)
+        assert lines is not None
+        report = check_ledger(lines[0], total_steps=steps, malformed=lines[1])
+        assert report.ok, f"{p.name}: {report}"
+    status = hpcrun("status", sweep_dir.name, "--no-reconcile", env=runs.env, cwd=REPO_ROOT)
+    assert "total       6 points: 6 SUCCEEDED" in status.stdout, status.stdout

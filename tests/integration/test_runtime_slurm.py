@@ -207,8 +207,9 @@ def test_time_limit_signal_requeues_itself_until_done(
     run = runs.submit(spec, inject="slow@step=1,rank=0,seconds=0.1,every=1")
     rec = run.wait({"SUCCEEDED"}, timeout=420)
     assert rec.step == 250 and rec.requeues >= 1 and rec.job_ids == (run.job_id,)
-    # each stop committed progress: a segment, not a preemption fault
-    assert rec.faults == () and rec.segments == rec.requeues
+    # a stop that committed progress is a segment; only one without progress is a fault
+    assert rec.segments >= 1 and len(rec.faults) == rec.requeues - rec.segments
+    assert {f.fault for f in rec.faults} <= {"preemption"}
     history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
     assert "TIMEOUT" not in {r.state for r in history}  # it left before the limit every time
     assert history[-1].state == "COMPLETED" and len(history) == rec.requeues + 1

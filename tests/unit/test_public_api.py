@@ -12,6 +12,7 @@ EXPECTED = {
     "DataPipeline", "FakeClock", "FakeRunner", "HpcrunError", "Mixture", "Permutation",
     "RunContext", "RunSpec", "RunState", "SchedulerError", "SpecError", "StaleGenerationError",
     "Stateful", "StorageError", "__version__", "load_spec", "read_record",
+    "submit", "sweep", "RunHandle", "SweepHandle",
 }
 
 
