@@ -62,3 +62,18 @@ def json_seed(run_dir: Path) -> int:
     from hpcrun.control.record import load_run_spec
 
     return int(load_run_spec(run_dir).config["seed"])
+
+
+def test_the_python_api_submits_waits_and_reads_the_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hpcrun
+    from tests.integration.local_helpers import REPO_ROOT
+
+    monkeypatch.chdir(REPO_ROOT)  # the code a run executes is the current checkout
+    monkeypatch.setenv("HPCRUN_RUNS", str(tmp_path))
+    run = hpcrun.submit(local_spec(steps=10, every_steps=5), backend="local",
+                        runs_root=str(tmp_path))
+    assert run.wait(300, poll_s=0.5) == hpcrun.RunState.SUCCEEDED
+    assert run.state() == hpcrun.RunState.SUCCEEDED and run.job_id is None
+    result = run.result()  # the post-run manifest once runs publish one, else None
+    assert result is None or result["terminal_state"] == "SUCCEEDED"
