@@ -86,3 +86,18 @@ def test_status_shows_the_dependency_and_why_a_dependent_run_was_cancelled() -> 
     assert "after       train-1:ok" in lines
     assert "ended       CANCELLED: DependencyNeverSatisfied: job 5 waits for train-1" in lines
     assert "segments    0 (no limit)" in lines and not any(ln.startswith("finish") for ln in lines)
+
+
+def test_a_sweep_status_has_one_line_per_point_and_totals() -> None:
+    from hpcrun.observe.campaign import PointRow, sweep_lines
+
+    rows = [PointRow(index=0, run_id="lm-sweep-000", overrides="config.seed=0",
+                     state="SUCCEEDED", step=30, loss=1.25, ettr=0.9),
+            PointRow(index=1, run_id="lm-sweep-001", overrides="config.seed=1",
+                     state="RUNNING", step=12, loss=None, ettr=0.7)]
+    lines = sweep_lines("lm-sweep", rows)
+    assert lines[0] == "sweep       lm-sweep" and len(lines) == 5
+    assert lines[2].split() == ["0", "lm-sweep-000", "SUCCEEDED", "30", "1.25", "90%",
+                                "config.seed=0"]
+    assert lines[3].split()[3:6] == ["12", "-", "70%"]
+    assert lines[4] == "total       2 points: 1 RUNNING, 1 SUCCEEDED; mean ETTR 80.0%"
