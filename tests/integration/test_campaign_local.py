@@ -77,3 +77,17 @@ def test_the_python_api_submits_waits_and_reads_the_result(
     assert run.state() == hpcrun.RunState.SUCCEEDED and run.job_id is None
     result = run.result()  # the post-run manifest once runs publish one, else None
     assert result is None or result["terminal_state"] == "SUCCEEDED"
+
+
+def test_a_spent_wall_hour_budget_stops_with_a_commit_and_fails_with_the_reason(
+        tmp_path: Path) -> None:
+    """A 40-second wall budget on a run paced to need minutes: it stops at a step boundary,
+    commits that step and ends FAILED saying which budget was spent."""
+    run = submit(tmp_path, local_spec(steps=2000, every_steps=1000,
+                                      budgets={"max_wall_hours": 40 / 3600}),
+                 inject="slow@step=1,rank=0,seconds=0.1,every=1", wait=False)
+    record = wait_for_state(run, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=300)
+    reason = str((record.state_info or {}).get("reason"))
+    assert str(record.state) == "FAILED" and reason.startswith("wall-hour budget spent"), reason
+    assert "budgets.max_wall_hours" in reason and 0 < record.step < 2000
+    assert max(c.step for c in record.checkpoints) == record.step  # the stop committed
