@@ -303,11 +303,17 @@ runs see it as ``HPCRUN_INJECT``."""
 
 def point_environ(environ: Mapping[str, str], index: int) -> dict[str, str]:
     """``environ`` as point ``index`` of a sweep sees it: its own fault schedule, if a drill
-    gave one (``hpcrun sweep --inject-point K:FAULTS``), is its ``HPCRUN_INJECT``."""
+    gave one (``hpcrun sweep --inject-point K:FAULTS``), is its ``HPCRUN_INJECT``; in a Slurm
+    job array its job id is the element's ``ARRAYJOB_TASK`` (what ``squeue``, ``sacct`` and
+    ``scontrol requeuehold`` name it by, and what submit recorded), not the element's own
+    numeric id, which ``squeue`` reports under the array's name."""
     out = {k: v for k, v in environ.items() if not k.startswith(POINT_INJECT_ENV)}
     mine = environ.get(f"{POINT_INJECT_ENV}{index}")
     if mine is not None:
         out["HPCRUN_INJECT"] = mine
+    array_job = environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job and environ.get(ARRAY_TASK_ENV) == str(index):
+        out["SLURM_JOB_ID"] = f"{array_job}_{index}"
     return out
 
 

@@ -142,3 +142,14 @@ def test_bad_sweep_input_is_one_clear_error_and_creates_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code != 0 and len(err) == 1 and message in err[0], err
     assert not runs.exists()
+
+
+def test_an_array_task_is_named_by_its_element_id_and_sees_its_own_faults() -> None:
+    from hpcrun.control.sweep import point_environ
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "1",
+           "HPCRUN_INJECT_POINT_1": "preempt@step=15", "HPCRUN_INJECT_POINT_3": "crash@step=2"}
+    seen = point_environ(env, 1)
+    assert seen["SLURM_JOB_ID"] == "5_1" and seen["HPCRUN_INJECT"] == "preempt@step=15"
+    assert not any(k.startswith("HPCRUN_INJECT_POINT_") for k in seen)
+    assert point_environ({"SLURM_JOB_ID": "9"}, 0) == {"SLURM_JOB_ID": "9"}
