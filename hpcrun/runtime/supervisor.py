@@ -57,6 +57,7 @@ from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, Age
 from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.membership import (
     ALIVE_EVERY_S,
+    NODE_STALE_S,
     LivenessWatch,
     read_liveness,
     usable_spares,
@@ -147,9 +148,9 @@ class Supervisor:
     def gather(self, inc: Incarnation) -> Observations:
         """Wait for every node's exit note or the first fault (bounded by NODE_EXIT_WAIT_S).
 
-        After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report: a lost
-        node's ``node_failure`` may land just after its peers' collective errors, and it is the
-        cause.
+        After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report (with hot
+        spares, until a vanished one goes stale): a lost node's ``node_failure`` may land just
+        after its peers' collective errors, and it is the cause.
 
         Raises:
             StaleGenerationError: a newer fence (a cancel, another incarnation) took over.
@@ -159,13 +160,21 @@ class Supervisor:
         while True:
             obs = self._observe(inc, timed_out=False)
             if obs.faults and settle_until is None:
-                settle_until = self.clock.monotonic() + FAULT_SETTLE_S
+                settle_until = self.clock.monotonic() + self._settle_s()
             settled = settle_until is not None and self.clock.monotonic() >= settle_until
             if enough_to_decide(obs, settled=settled):
                 return obs
             if self.clock.monotonic() > deadline:
                 return self._observe(inc, timed_out=True)
             self.clock.sleep(POLL_S)
+
+    def _settle_s(self) -> float:
+        """How long silent nodes get to report after the first fault. With hot spares, long
+        enough for a vanished node to go stale: deciding on its peers' collective errors alone
+        would restart the gang on the dead node instead of swapping a spare in."""
+        if self.liveness is None:
+            return FAULT_SETTLE_S
+        return max(FAULT_SETTLE_S, NODE_STALE_S + 2 * ALIVE_EVERY_S)
 
     def _observe(self, inc: Incarnation, *, timed_out: bool) -> Observations:
         self.view.refresh()

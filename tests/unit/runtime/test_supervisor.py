@@ -231,3 +231,15 @@ def test_a_spare_follows_the_run_for_as_long_as_it_goes_on(s: Setup) -> None:
     s.clock.advance(10_000)  # far beyond any wait a gang member has for a decision
     s.log.claim("joblocal-1.r0.a1.y")
     assert s.sup.follow(s.inc, wait_s=None) == AgentExit(next_attempt=1)
+
+
+def test_with_spares_a_peer_error_waits_for_the_silent_node_to_go_stale_then_swaps(
+        tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _spare_setup(tmp_path, live=("n2",))
+    log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
+               payload={"fault": "process_crash", "node": "n0", "rank": 0, "step": 9,
+                        "signature": "process_crash:rank0:1", "detail": "peer closed"})
+    assert sup.conclude(inc) == AgentExit(next_attempt=1)
+    rec = read_record(inc.run_dir)
+    assert rec.membership == ("n0", "n2") and rec.quarantined == ("n1",)
+    assert requeuer.calls == [] and FAULT_SETTLE_S < sup.clock.monotonic() < 10
