@@ -4,7 +4,6 @@ place in the same job (``docs/recovery.md``, node-loss row). Run with ``-s`` to 
 
 from __future__ import annotations
 
-
 import pytest
 
 from hpcrun.control.entries import FaultInjectedNote
@@ -37,7 +36,7 @@ def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
         (rec := run.record()).step >= 3 * EVERY
         and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
     first = run.record()
-    allocation = [e.payload["nodes"] for e in run.valid("job")][0]
+    allocation = next(e.payload["nodes"] for e in run.valid("job"))
     gang = first.membership
     assert len(allocation) == 3 and len(gang) == 2, "N+S nodes allocated, the gang on N"
     spare = next(n for n in allocation if n not in gang)
