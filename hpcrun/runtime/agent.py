@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from hpcrun.launch.site import SiteConfig
     from hpcrun.runtime.nodeobs import NodeObserver
     from hpcrun.runtime.requeue import Requeuer
+    from hpcrun.runtime.warm import WarmPool
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
@@ -94,6 +97,7 @@ class Agent:
         self.preempt_signal = signal_number(site.preempt_signal)
         self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
+        self.warm = self._warm_pool()
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock)
@@ -102,6 +106,8 @@ class Agent:
     def run(self) -> int:
         """Run incarnations until the run ends here; return the agent's exit status."""
         with contextlib.ExitStack() as stack:
+            if self.warm is not None:
+                stack.callback(self.warm.close)
             if self.spec.resources.spare_nodes > 0:
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
@@ -182,6 +188,7 @@ class Agent:
         size = self.spec.resources.nodes
         if len(self.node.nodes) <= size:
             return tuple(self.node.nodes)
+        self.view.refresh()  # the decision that named the gang was published after the view
         prefix = self.node.incarnation_key(0).rsplit(".a", 1)[0] + "."
         states = [e for e in self.view.valid
                   if e.kind == EntryKind.STATE and e.holder.startswith(prefix)]
@@ -222,7 +229,10 @@ class Agent:
     # -- one incarnation ---------------------------------------------------------------------
     def _run_incarnation(self, inc: Incarnation) -> AgentExit:
         if inc.gang and self.node.node not in inc.gang:
-            # a hot spare: idle warm (beating) until a decision names this node or ends the run
+            # a hot spare: idle warm (beating, its ranks pre-started) until a decision names
+            # this node or ends the run
+            if self.warm is not None:
+                self.warm.fill()
             return self.supervisor.follow(inc, wait_s=None)
         gang = self._gang(inc)
         short = self.gpus.shortfall(self.node.node)
@@ -417,7 +427,27 @@ class Agent:
         return Gang(ranks=list(range(first, first + k)), env_for=lambda r: self._rank_env(inc, r),
                     log_dir=inc.logs_dir(), exit_report_for=inc.exit_report, python=self.python,
                     cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
-                    preempt_signal=self.preempt_signal)
+                    preempt_signal=self.preempt_signal, warm=self.warm)
+
+    def _warm_pool(self) -> WarmPool | None:
+        """One warm process per local rank, unless ``HPCRUN_WARM=0``."""
+        from hpcrun.runtime.warm import WARM_ENV, WarmPool
+
+        if self.environ.get(WARM_ENV, "1") == "0":
+            return None
+        return WarmPool(slots=self.spec.resources.tasks_per_node, env=self._base_env(),
+                        python=self.python, log_dir=self.run_dir / "logs" / self.node.node,
+                        cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
+                        preexec=functools.partial(signal.signal, self.preempt_signal,
+                                                  signal.SIG_IGN))
+
+    def _base_env(self) -> dict[str, str]:
+        """What every rank's environment starts from (the incarnation's variables come next)."""
+        env = {k_: v for k_, v in self.environ.items() if not k_.startswith("HPCRUN_AGENT_")}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if self.node.backend == "local":
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        return env
 
     def _rank_env(self, inc: Incarnation, rank: int) -> dict[str, str]:
         from hpcrun.launch.env import DistEnv, derive_master_port
@@ -432,14 +462,11 @@ class Agent:
             master_port=derive_master_port(self.node.job_id, self.node.restart_count,
                                            inc.attempt),
             job_id=self.node.job_id, restart_count=self.node.restart_count, attempt=inc.attempt)
-        env = {k_: v for k_, v in self.environ.items() if not k_.startswith("HPCRUN_AGENT_")}
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env = self._base_env()
         env.update(dist.to_environ())
         env.update(inc.to_environ())
         env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
-        if self.node.backend == "local":
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env
 
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
