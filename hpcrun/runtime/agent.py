@@ -281,13 +281,19 @@ class Agent:
     def _watch_loop(self, inc: Incarnation, gang: Gang, agg: NodeObserver,
                     hang: Callable[[], bool]) -> Watched | AgentExit:
         relay = preemption.Relay(self.stop, self.preempt_signal, clock=self.clock)
+        started, refilled = self.clock.now(), self.warm is None
         while True:
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
             if failed:
                 self._record_rank_faults(inc, failed)
                 return Watched.FAILED
             relay.tick(gang.signal)
-            agg.poll()
+            hb = agg.poll()
+            if not refilled and hb is not None and _all_stepped(hb, gang.ranks, started):
+                # the next incarnation's ranks import now, off this one's critical path
+                refilled = True
+                assert self.warm is not None
+                self.warm.fill()
             moved = self._run_moved_on(inc)
             if moved is not None:
                 return moved
@@ -491,6 +497,12 @@ class Agent:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _all_stepped(hb: Any, ranks: list[int], since: float) -> bool:
+    """Whether every rank of the gang beat a step since ``since`` (restore and first step
+    done: warm processes may start importing without slowing them)."""
+    return all(r in hb.ranks and hb.ranks[r].ts >= since - 1 for r in ranks)
 
 
 def _hang_threshold(spec: RunSpec) -> float:
