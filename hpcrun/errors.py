@@ -121,3 +121,7 @@ class PermissionDeniedError(HpcrunError, PermissionError):
 
 class DistInitError(HpcrunError, RuntimeError):
     """The process group could not be formed (rendezvous unreachable, timeout, bad backend)."""
+
+
+class MembershipError(HpcrunError, RuntimeError):
+    """The allocation has too few usable nodes for the gang (lost nodes, no spare left)."""

@@ -25,6 +25,7 @@ class DrillFault(StrEnum):
     PREEMPT_PRIORITY = "preempt-priority"
     PREEMPT_TIMELIMIT = "preempt-timelimit"
     NODE_LOSS = "node-loss"
+    NODE_LOSS_SPARE = "node-loss-spare"
     HANG = "hang"
     STRAGGLER = "straggler"
     DRAIN_STORAGE_ERROR = "drain-storage-error"
@@ -97,6 +98,9 @@ MATRIX: tuple[MatrixRow, ...] = (
               graceful=True),
     MatrixRow(fault=DrillFault.NODE_LOSS, what="node power loss → requeue on remaining nodes",
               backends=_BOTH, expect_cause="node_failure", recovery=Recovery.REQUEUE),
+    MatrixRow(fault=DrillFault.NODE_LOSS_SPARE,
+              what="node power loss with a hot spare → spare swapped in, same job",
+              backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
     MatrixRow(fault=DrillFault.HANG, what="a rank stops making progress without exiting",
               backends=_BOTH, expect_cause="hang", recovery=Recovery.EITHER),
     MatrixRow(fault=DrillFault.STRAGGLER, what="one rank slowed: reported",

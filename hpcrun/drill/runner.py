@@ -86,7 +86,8 @@ class DrillPlan:
 
 
 OUTSIDE = {DrillFault.CANCEL: frozenset({"local", "slurm"}), DrillFault.NODE_LOSS:
-           frozenset({"slurm"}), DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
+           frozenset({"slurm"}), DrillFault.NODE_LOSS_SPARE: frozenset({"slurm"}),
+           DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
 """Faults the drill does from outside the run, per backend."""
 
 
@@ -112,6 +113,8 @@ def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
         step = every + 1  # the second checkpoint: the first one is the restore point
     spec = dict(raw_spec)
     spec["config"] = {**dict(raw_spec.get("config") or {}), "ledger": True}
+    if row.fault == DrillFault.NODE_LOSS_SPARE:
+        spec["resources"] = {**res, "spare_nodes": max(1, int(res.get("spare_nodes", 0)))}
     env = {"HPCRUN_HANG_S": str(HANG_S)} if row.fault == DrillFault.HANG else {}
     victim = 0 if row.fault == DrillFault.KILL_BEFORE_MANIFEST else nodes * tpn - 1
     inject = injection(row, at=step, world_size=nodes * tpn, tasks_per_node=tpn)
@@ -258,7 +261,7 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
 
     if row.fault == DrillFault.CANCEL:
         return cancel
-    if row.fault == DrillFault.NODE_LOSS and backend == "slurm":
+    if row.fault in (DrillFault.NODE_LOSS, DrillFault.NODE_LOSS_SPARE) and backend == "slurm":
         return crash_node
     return None
 

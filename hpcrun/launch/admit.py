@@ -46,6 +46,7 @@ from hpcrun.launch.admission import (
     assemble,
     capped,
     entrypoint_findings,
+    membership_findings,
     nearest_existing,
     node_local_prefix,
     problem_of,
@@ -132,6 +133,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
             python=python, code_path=str(request.code_path)), runner=runner,
             env=dict(site.env) if site is not None else {})
         findings += probe_data(spec, request.verify_data, storage=storage)
+        findings += membership_findings(spec, backend)
     else:
         findings.append(Skipped(check=CheckKind.ENTRYPOINT, what="entrypoint and data not "
                                 "checked: the spec did not load (see its problem)"))

@@ -4,7 +4,11 @@
 in use it: :func:`render_sbatch` writes them as ``#SBATCH`` lines of a script a user submits with
 plain ``sbatch`` (``hpcrun sbatch run.yaml > job.sh``), and
 :func:`hpcrun.launch.submit.submit_submitit` hands them to submitit. Both start one agent per
-node with ``srun -n <nodes> --ntasks-per-node=1``; each agent spawns its node's ranks.
+node of the allocation with ``srun -n <nodes + spare_nodes> --ntasks-per-node=1``; each agent
+spawns its node's ranks (a hot spare's agent idles until it is swapped in). With spare nodes
+the job and its step are ``--no-kill``: measured on the testbed, a step without it is killed on
+every node once Slurm marks one of its nodes DOWN, and the job ends with it
+(``docs/recovery.md``).
 
 Everything here is pure: values in, text out.
 """
@@ -47,24 +51,28 @@ class AgentStep:
     """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime.agent``."""
 
     nodes: int
-    """Agents to start (one per node of the gang)."""
+    """Agents to start: one per node of the allocation (the gang's and the hot spares')."""
     cpus_per_agent: int
     """CPUs each agent's step task gets (its ranks run inside it)."""
     extra_flags: tuple[str, ...] = ()
     """Site ``srun_extra_flags``."""
+    no_kill: bool = False
+    """Keep the step running on the other nodes when one of its nodes fails (``--no-kill``):
+    runs with hot spares replace the node inside the allocation."""
 
     def srun_args(self) -> list[str]:
         """The ``srun`` flags, without the command."""
         return ["-n", str(self.nodes), "--ntasks-per-node=1",
                 f"--cpus-per-task={self.cpus_per_agent}", "--kill-on-bad-exit=0",
-                *self.extra_flags]
+                *(["--no-kill"] if self.no_kill else []), *self.extra_flags]
 
 
 def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
     """The agent step of ``spec`` on ``site``."""
     r = spec.resources
-    return AgentStep(nodes=r.nodes, cpus_per_agent=r.tasks_per_node * r.cpus_per_task,
-                     extra_flags=site.srun_extra_flags)
+    return AgentStep(nodes=r.nodes + r.spare_nodes,
+                     cpus_per_agent=r.tasks_per_node * r.cpus_per_task,
+                     extra_flags=site.srun_extra_flags, no_kill=r.spare_nodes > 0)
 
 
 def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
@@ -101,6 +109,9 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     args.append(("time", str(r.time_limit_min)))
     args += _placement(spec, site, exclude, begin)
     args.append(("requeue", BARE) if site.requeue_allowed else ("no-requeue", BARE))
+    if r.spare_nodes > 0:
+        # a lost node must not end the allocation: a hot spare takes its place in this job
+        args.append(("no-kill", BARE))
     logs = job_logs_dir(run_dir)
     args += [
         ("signal", f"{site.signal_name()}@{site.preempt_lead_s}"),

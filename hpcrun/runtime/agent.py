@@ -12,7 +12,11 @@ agents find their incarnation by its fence's holder key, and a newer fence tells
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import functools
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -27,6 +31,7 @@ from hpcrun.control.entries import (
     NodeExitNote,
     PayloadError,
     PeerLostNote,
+    QuarantinePayload,
     StatePayload,
 )
 from hpcrun.control.log import EntryKind, RunLog, new_holder
@@ -36,6 +41,7 @@ from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.budget_watch import BudgetWatch
+from hpcrun.runtime.decide import vanished_node_fault
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.gang import Gang, RankExit
 from hpcrun.runtime.gpus import NodeGpus, diagnostics_dir, exit_fault
@@ -49,6 +55,7 @@ from hpcrun.runtime.incarnation import (
     Incarnation,
 )
 from hpcrun.runtime.logview import LogView, decoded, gang_faults
+from hpcrun.runtime.membership import LivenessBeat, initial_gang
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 from hpcrun.runtime.upstream import cancel_if_upstream_broken
@@ -59,6 +66,7 @@ if TYPE_CHECKING:
     from hpcrun.launch.site import SiteConfig
     from hpcrun.runtime.nodeobs import NodeObserver
     from hpcrun.runtime.requeue import Requeuer
+    from hpcrun.runtime.warm import WarmPool
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
@@ -92,6 +100,7 @@ class Agent:
         self.preempt_signal = signal_number(site.preempt_signal)
         self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
+        self.warm = self._warm_pool()
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock)
@@ -99,6 +108,17 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> int:
         """Run incarnations until the run ends here; return the agent's exit status."""
+        with contextlib.ExitStack() as stack:
+            if self.warm is not None:
+                stack.callback(self.warm.close)
+            if self.spec.resources.spare_nodes > 0:
+                # every agent beats from its start, whatever its incarnation does, so the
+                # supervisor tells a vanished node from a busy one
+                stack.enter_context(LivenessBeat(self.run_dir, self.node.node))
+                self.supervisor.watch_nodes()
+            return self._run_incarnations()
+
+    def _run_incarnations(self) -> int:
         attempt = 0
         with preemption.agent_stop_signals(self.preempt_signal, self.stop):
             while True:
@@ -125,15 +145,19 @@ class Agent:
             if attempt == 0 and self.node.restart_count > 0:
                 self.supervisor.record_slurm_requeue(claimed.generation, claimed.holder)
             self._finalize_previous(claimed.generation, claimed.holder)
-            restore_point = self._publish_start(claimed.generation, claimed.holder, attempt)
-            return self._incarnation(claimed.generation, claimed.holder, restore_point, attempt)
+            gang = self._plan_gang()
+            restore_point = self._publish_start(claimed.generation, claimed.holder, attempt,
+                                                gang)
+            return self._incarnation(claimed.generation, claimed.holder, restore_point, attempt,
+                                     gang)
         deadline = self.clock.monotonic() + FENCE_WAIT_S
         while self.clock.monotonic() < deadline:
             self.view.refresh()
             fence = self.view.fence_with_prefix(key)
             start = self._start_of(fence) if fence is not None else None
             if fence is not None and start is not None:
-                return self._incarnation(fence.generation, fence.holder, start, attempt)
+                slot, gang = start
+                return self._incarnation(fence.generation, fence.holder, slot, attempt, gang)
             if self.view.terminal():
                 return None
             self.clock.sleep(POLL_S)
@@ -155,14 +179,34 @@ class Agent:
         finalize_tier1(self.run_dir, log=self.log, generation=generation, holder=holder,
                        num_nodes=len(self.node.nodes))
 
-    def _start_of(self, fence: LogEntry) -> int | None:
-        """Slot of the STARTING entry under ``fence``: the incarnation's restore point."""
+    def _start_of(self, fence: LogEntry) -> tuple[int, tuple[str, ...]] | None:
+        """Slot of the STARTING entry under ``fence`` (the incarnation's restore point) and
+        the gang it names (the whole allocation when it names none)."""
         for e in self.view.valid_of(fence.generation, fence.holder, EntryKind.STATE):
-            if any(p.state == RunState.STARTING for p in decoded([e], StatePayload)):
-                return e.slot
+            for p in decoded([e], StatePayload):
+                if p.state == RunState.STARTING:
+                    return e.slot, tuple(p.nodes or self.node.nodes)
         return None
 
-    def _publish_start(self, generation: int, holder: str, attempt: int) -> int:
+    def _plan_gang(self) -> tuple[str, ...]:
+        """The gang of this allocation's next incarnation: the membership the last decision in
+        this job start named (a spare swapped in), else its first ``resources.nodes`` usable
+        nodes (the supervisor's own always among them); the rest are hot spares."""
+        size = self.spec.resources.nodes
+        if len(self.node.nodes) <= size:
+            return tuple(self.node.nodes)
+        self.view.refresh()  # the decision that named the gang was published after the view
+        prefix = self.node.incarnation_key(0).rsplit(".a", 1)[0] + "."
+        states = [e for e in self.view.valid
+                  if e.kind == EntryKind.STATE and e.holder.startswith(prefix)]
+        for p in reversed(decoded(states, StatePayload)):
+            if p.nodes:
+                return tuple(p.nodes)
+        quarantined = {q.node for q in decoded(self.view.valid, QuarantinePayload)}
+        return initial_gang(self.node.nodes, size, quarantined - {self.node.node})
+
+    def _publish_start(self, generation: int, holder: str, attempt: int,
+                       gang: tuple[str, ...]) -> int:
         """Publish the job and the STARTING state; return STARTING's slot (the restore point)."""
         if attempt == 0:
             self.log.publish_entry(
@@ -172,17 +216,31 @@ class Agent:
         return self.log.publish_entry(
             StatePayload(state=RunState.STARTING, attempt=attempt,
                          reason=f"job {self.node.job_id} restart {self.node.restart_count} "
-                                f"attempt {attempt}"),
+                                f"attempt {attempt}",
+                         nodes=gang if gang != tuple(self.node.nodes) else None),
             generation=generation, holder=holder).slot
 
-    def _incarnation(self, generation: int, holder: str, slot: int, attempt: int) -> Incarnation:
+    def _incarnation(self, generation: int, holder: str, slot: int, attempt: int,
+                     gang: tuple[str, ...]) -> Incarnation:
         return Incarnation(
             run_dir=self.run_dir, run_id=self.run_dir.name, generation=generation, holder=holder,
             fence_slot=slot, job_id=self.node.job_id, restart_count=self.node.restart_count,
-            attempt=attempt, node=self.node.node, node_local_root=self.node.node_local_root)
+            attempt=attempt, node=self.node.node, node_local_root=self.node.node_local_root,
+            gang=gang)
+
+    def _place(self, inc: Incarnation) -> NodeInfo:
+        """This node as a member of ``inc``'s gang: its node rank there, the gang's nodes."""
+        gang = inc.gang or tuple(self.node.nodes)
+        return dataclasses.replace(self.node, nodes=gang, node_rank=gang.index(self.node.node))
 
     # -- one incarnation ---------------------------------------------------------------------
     def _run_incarnation(self, inc: Incarnation) -> AgentExit:
+        if inc.gang and self.node.node not in inc.gang:
+            # a hot spare: idle warm (beating, its ranks pre-started) until a decision names
+            # this node or ends the run
+            if self.warm is not None:
+                self.warm.fill()
+            return self.supervisor.follow(inc, wait_s=None)
         gang = self._gang(inc)
         short = self.gpus.shortfall(self.node.node)
         if short is None:
@@ -204,7 +262,8 @@ class Agent:
             return outcome
         status = self._node_status(gang, outcome)
         if status is not Ending.FAILED and drainer is not None:
-            drain_round_safely(drain_target(self.run_dir, self.node, inc), self.log, last=True)
+            drain_round_safely(drain_target(self.run_dir, self._place(inc), inc), self.log,
+                               last=True)
         self._report_node_exit(inc, status)
         if self.node.is_supervisor:
             ended = self.supervisor.conclude(inc)
@@ -230,6 +289,7 @@ class Agent:
                     hang: Callable[[], bool]) -> Watched | AgentExit:
         relay = preemption.Relay(self.stop, self.preempt_signal, clock=self.clock)
         budget = BudgetWatch.start(self.run_dir, self.spec, clock=self.clock)
+        started, refilled = self.clock.now(), self.warm is None
         while True:
             budget.check(self.stop)
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
@@ -237,7 +297,12 @@ class Agent:
                 self._record_rank_faults(inc, failed)
                 return Watched.FAILED
             relay.tick(gang.signal)
-            agg.poll()
+            hb = agg.poll()
+            if not refilled and hb is not None and _all_stepped(hb, gang.ranks, started):
+                # the next incarnation's ranks import now, off this one's critical path
+                refilled = True
+                assert self.warm is not None
+                self.warm.fill()
             moved = self._run_moved_on(inc)
             if moved is not None:
                 return moved
@@ -258,7 +323,21 @@ class Agent:
                 f.node != self.node.node for f in gang_faults(
                     self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT))):
             return Watched.PEER_FAILED
+        if self.node.is_supervisor and self._record_vanished(inc):
+            return Watched.PEER_FAILED
         return None
+
+    def _record_vanished(self, inc: Incarnation) -> bool:
+        """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
+
+        Their ranks may never fail here (a peer lost without a reset connection blocks a
+        collective): the supervisor ends the incarnation itself.
+        """
+        lost = self.supervisor.vanished(inc)
+        if lost:
+            self.log.append_entry(vanished_node_fault(lost).to_entry(),
+                                  generation=inc.generation, holder=inc.holder)
+        return bool(lost)
 
     def _hang_watch(self, inc: Incarnation, gang: Gang) -> Callable[[], bool]:
         from hpcrun.observe.hang import detect_hangs, never_stepped, respond_to_hang
@@ -359,38 +438,57 @@ class Agent:
     # -- processes ---------------------------------------------------------------------------
     def _gang(self, inc: Incarnation) -> Gang:
         k = self.spec.resources.tasks_per_node
-        first = self.node.node_rank * k
+        first = self._place(inc).node_rank * k
         return Gang(ranks=list(range(first, first + k)), env_for=lambda r: self._rank_env(inc, r),
                     log_dir=inc.logs_dir(), exit_report_for=inc.exit_report, python=self.python,
                     cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
-                    preempt_signal=self.preempt_signal)
+                    preempt_signal=self.preempt_signal, warm=self.warm)
+
+    def _warm_pool(self) -> WarmPool | None:
+        """One warm process per local rank, unless ``HPCRUN_WARM=0``."""
+        from hpcrun.runtime.warm import WARM_ENV, WarmPool
+
+        if self.environ.get(WARM_ENV, "1") == "0":
+            return None
+        return WarmPool(slots=self.spec.resources.tasks_per_node, env=self._base_env(),
+                        python=self.python, log_dir=self.run_dir / "logs" / self.node.node,
+                        cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
+                        preexec=functools.partial(signal.signal, self.preempt_signal,
+                                                  signal.SIG_IGN))
+
+    def _base_env(self) -> dict[str, str]:
+        """What every rank's environment starts from (the incarnation's variables come next)."""
+        env = {k_: v for k_, v in self.environ.items() if not k_.startswith("HPCRUN_AGENT_")}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if self.node.backend == "local":
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        return env
 
     def _rank_env(self, inc: Incarnation, rank: int) -> dict[str, str]:
         from hpcrun.launch.env import DistEnv, derive_master_port
 
         k = self.spec.resources.tasks_per_node
+        place = self._place(inc)  # world size counts the gang's nodes, never the spares
         dist = DistEnv(
-            rank=rank, local_rank=rank % k, node_rank=self.node.node_rank,
-            world_size=k * len(self.node.nodes), local_world_size=k,
-            num_nodes=len(self.node.nodes), nodes=self.node.nodes,
-            master_addr=self.node.master_addr,
+            rank=rank, local_rank=rank % k, node_rank=place.node_rank,
+            world_size=k * len(place.nodes), local_world_size=k,
+            num_nodes=len(place.nodes), nodes=place.nodes,
+            master_addr=place.master_addr,
             master_port=derive_master_port(self.node.job_id, self.node.restart_count,
                                            inc.attempt),
             job_id=self.node.job_id, restart_count=self.node.restart_count, attempt=inc.attempt)
-        env = {k_: v for k_, v in self.environ.items() if not k_.startswith("HPCRUN_AGENT_")}
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env = self._base_env()
         env.update(dist.to_environ())
         env.update(inc.to_environ())
         env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
-        if self.node.backend == "local":
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env
 
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         if self.node.node_local_root is None:
             return None
-        argv = drain_target(self.run_dir, self.node, inc).argv(self.python, interval_s=2.0)
+        argv = drain_target(self.run_dir, self._place(inc), inc).argv(self.python,
+                                                                      interval_s=2.0)
         out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -408,6 +506,12 @@ class Agent:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _all_stepped(hb: Any, ranks: list[int], since: float) -> bool:
+    """Whether every rank of the gang beat a step since ``since`` (restore and first step
+    done: warm processes may start importing without slowing them)."""
+    return all(r in hb.ranks and hb.ranks[r].ts >= since - 1 for r in ranks)
 
 
 def _hang_threshold(spec: RunSpec) -> float:

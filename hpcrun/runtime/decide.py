@@ -3,8 +3,10 @@
 ``decide(observations, record, policy, now=..., rng=...)`` is the whole rule set for the end of
 an incarnation:
 
-- a node that never reported within the wait is a lost node (``node_failure``), even before
-  Slurm flags it;
+- a gang node whose agent vanished (liveness stale), or that never reported within the wait,
+  is a lost node (``node_failure``), even before Slurm flags it; with a live hot spare for
+  each lost node the gang restarts in the allocation with the spares in their places
+  (``SwapSpare``), else the run requeues;
 - a node whose ranks failed with no recorded cause (every failure an echo of a lost peer) is a
   ``process_crash`` of the gang;
 - a gang fault with no stop pending goes through the control plane's retry rules: restart in
@@ -43,9 +45,11 @@ from hpcrun.runtime.decisions import (
     Requeue,
     RestartInAllocation,
     Succeed,
+    SwapSpare,
     retry_decision,
 )
 from hpcrun.runtime.incarnation import Ending
+from hpcrun.runtime.membership import NODE_STALE_S
 
 if TYPE_CHECKING:
     from hpcrun.control.record import RunRecord
@@ -62,6 +66,7 @@ __all__ = [
     "RestartInAllocation",
     "SlurmRequeued",
     "Succeed",
+    "SwapSpare",
     "account_for_requeue",
     "decide",
     "enough_to_decide",
@@ -130,6 +135,8 @@ def within_budget(decision: D, record: RunRecord, policy: DecisionPolicy, *,
 def _faults(obs: Observations) -> tuple[GangFault, ...]:
     """The faults to act on: a silent node after the wait replaces what was seen; failed nodes
     with no recorded cause make one (unless a stop explains them)."""
+    if obs.lost:
+        return (vanished_node_fault(obs.lost),)
     missing = sorted(set(obs.nodes) - set(obs.exits))
     if obs.timed_out and missing:
         return (silent_node_fault(missing, obs.waited_s),)
@@ -144,6 +151,15 @@ def silent_node_fault(missing: Iterable[str], waited_s: float) -> GangFault:
     return GangFault(fault=FaultClass.NODE_FAILURE, node=nodes[0],
                      signature=f"node_failure:{nodes[0]}",
                      detail=f"no exit report from {', '.join(nodes)} within {waited_s:.0f} s")
+
+
+def vanished_node_fault(lost: Iterable[str]) -> GangFault:
+    """Gang nodes whose agent stopped beating are lost: nothing they would report can come."""
+    nodes = list(lost)
+    return GangFault(fault=FaultClass.NODE_FAILURE, node=nodes[0],
+                     signature=f"node_failure:{nodes[0]}",
+                     detail=f"agent of {', '.join(nodes)} vanished: no liveness beat for "
+                            f"{NODE_STALE_S:.0f} s")
 
 
 def unexplained(exits: Mapping[str, Ending]) -> tuple[GangFault, ...]:
@@ -168,9 +184,10 @@ def root_cause(faults: Iterable[GangFault]) -> GangFault:
 
 
 def enough_to_decide(obs: Observations, *, settled: bool) -> bool:
-    """Whether the supervisor may stop waiting: every node reported, or a fault was logged and
-    either the others had ``settled`` time to report or it is a lost node (the cause)."""
-    if set(obs.nodes) <= set(obs.exits):
+    """Whether the supervisor may stop waiting: every node reported, a node vanished, or a fault
+    was logged and either the others had ``settled`` time to report or it is a lost node (the
+    cause)."""
+    if set(obs.nodes) <= set(obs.exits) or obs.lost:
         return True
     lost = any(f.fault == FaultClass.NODE_FAILURE for f in obs.faults)
     return bool(obs.faults) and (settled or lost)

@@ -18,6 +18,7 @@ from hpcrun.control.entries import FaultPayload, SegmentNote
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
 from hpcrun.runtime.incarnation import Ending
+from hpcrun.runtime.membership import swap_in
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec
@@ -86,6 +87,11 @@ class Observations:
     """The site's preemption signal."""
     backend: str = "slurm"
     """``slurm`` or ``local``."""
+    lost: tuple[str, ...] = ()
+    """Gang nodes whose agent vanished (liveness stale): lost, whatever else was seen."""
+    spares: tuple[str, ...] = ()
+    """Hot spare nodes of the allocation still alive and not quarantined, in allocation
+    order."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,8 +172,38 @@ class LeaveToSlurm:
     """The note's detail."""
 
 
-Decision = Succeed | RestartInAllocation | Requeue | Fail | LeaveToSlurm
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwapSpare:
+    """A gang node is lost and a hot spare is alive: quarantine the lost node and restart the
+    gang in this allocation, under a new generation, with the spare in the lost node's place
+    (same job, no requeue)."""
+
+    attempt: int
+    """The next in-allocation attempt."""
+    lost: tuple[str, ...]
+    """The lost nodes (quarantined)."""
+    gang: tuple[str, ...]
+    """The next incarnation's nodes, in node-rank order (each spare in a lost node's place)."""
+    reason: str
+    """Why (the retry rule that allowed it)."""
+    fault: GangFault
+    """The node failure (logged when the supervising agent's watch has not logged it yet)."""
+
+
+Decision = Succeed | RestartInAllocation | SwapSpare | Requeue | Fail | LeaveToSlurm
 """Everything the supervisor can decide when an incarnation ends."""
+
+
+def lost_nodes(obs: Observations, fault: GangFault) -> tuple[str, ...]:
+    """The gang nodes a node failure took: the vanished ones, else the fault's node, else the
+    nodes that stayed silent through the whole wait."""
+    if fault.fault != FaultClass.NODE_FAILURE:
+        return ()
+    if obs.lost:
+        return obs.lost
+    if fault.node in obs.nodes:
+        return (str(fault.node),)
+    return tuple(n for n in obs.nodes if n not in obs.exits) if obs.timed_out else ()
 
 
 def fault_record(obs: Observations, record: RunRecord, fault: GangFault,
@@ -184,17 +220,26 @@ def fault_record(obs: Observations, record: RunRecord, fault: GangFault,
 
 def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
                    policy: DecisionPolicy, *, now: float, rng: random.Random | None,
-                   preempted: bool = False) -> Requeue | Fail | RestartInAllocation:
+                   preempted: bool = False) -> Requeue | Fail | RestartInAllocation | SwapSpare:
     """The control plane's retry rules applied to ``fault`` (pure but for ``rng``'s state).
 
-    A lost node cannot host a restart unless the allocation has spare nodes; a preempted gang is
-    never restarted in its allocation (the allocation is ending).
+    A lost node is replaced in the allocation only by a live hot spare (one per lost node:
+    :class:`SwapSpare`); without one the run requeues. A preempted gang is never restarted in
+    its allocation (the allocation is ending).
     """
-    spares = fault.fault != FaultClass.NODE_FAILURE or policy.spare_nodes > 0
+    lost = lost_nodes(obs, fault)
+    spares = fault.fault != FaultClass.NODE_FAILURE or (
+        bool(lost) and len(obs.spares) >= len(lost))
     rd = decide_retry(record, fault_record(obs, record, fault, now), policy.retry,
                       max_requeues=policy.max_requeues, spares_available=spares,
                       rng=rng if policy.retry.jitter else None, now=now)
     if rd.action == RetryAction.RESTART and not preempted:
+        if fault.fault == FaultClass.NODE_FAILURE:
+            gang = swap_in(obs.nodes, lost, obs.spares)
+            return SwapSpare(attempt=obs.attempt + 1, lost=lost, gang=gang, fault=fault,
+                             reason=f"{rd.reason}: {', '.join(lost)} lost, "
+                                    f"{', '.join(n for n in gang if n not in obs.nodes)} "
+                                    "takes its place")
         return RestartInAllocation(attempt=obs.attempt + 1, reason=rd.reason)
     if rd.action == RetryAction.FAIL:
         return Fail(reason=rd.reason, preempted=preempted)

@@ -1,7 +1,10 @@
 """This node's rank processes: spawn, watch, signal, stop.
 
 Only processes this agent started are ever signalled, by PID. Each rank runs in its own process
-group so a stop reaches the rank and its helpers (data loader workers) and nothing else.
+group so a stop reaches the rank and its helpers (data loader workers) and nothing else. A rank
+is a warm process from the agent's :class:`~hpcrun.runtime.warm.WarmPool` when one is ready
+(interpreter and ``import torch`` already paid), else a fresh ``python -m
+hpcrun.runtime.worker``.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED
+
+if TYPE_CHECKING:
+    from hpcrun.runtime.warm import WarmPool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,7 +73,8 @@ class Gang:
 
     def __init__(self, *, ranks: list[int], env_for: Any, log_dir: Path,
                  exit_report_for: Any, python: str = sys.executable,
-                 cwd: str | None = None, preempt_signal: int = signal.SIGUSR1) -> None:
+                 cwd: str | None = None, preempt_signal: int = signal.SIGUSR1,
+                 warm: WarmPool | None = None) -> None:
         self.ranks = ranks
         self._env_for = env_for
         self._log_dir = log_dir
@@ -75,21 +82,26 @@ class Gang:
         self._python = python
         self._cwd = cwd
         self._preempt_signal = preempt_signal
+        self._warm = warm
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._files: list[IO[bytes]] = []
         self.exits: dict[int, RankExit] = {}
 
     def start(self) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        for rank in self.ranks:
+        for slot, rank in enumerate(self.ranks):
             self._exit_report_for(rank).unlink(missing_ok=True)
-            out = open(self._log_dir / f"rank-{rank:05d}.out", "ab")  # noqa: SIM115
-            self._files.append(out)
-            self.procs[rank] = subprocess.Popen(
-                [self._python, "-m", "hpcrun.runtime.worker"], env=self._env_for(rank),
-                stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd, start_new_session=True,
-                preexec_fn=self._ignore_preempt,
-            )
+            env, log = self._env_for(rank), self._log_dir / f"rank-{rank:05d}.out"
+            warm = self._warm.take(slot, env, log) if self._warm is not None else None
+            self.procs[rank] = warm if warm is not None else self._spawn_cold(env, log)
+
+    def _spawn_cold(self, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        out = open(log, "ab")  # noqa: SIM115 - closed by close()
+        self._files.append(out)
+        return subprocess.Popen(
+            [self._python, "-m", "hpcrun.runtime.worker"], env=env, stdout=out,
+            stderr=subprocess.STDOUT, cwd=self._cwd, start_new_session=True,
+            preexec_fn=self._ignore_preempt)
 
     def _ignore_preempt(self) -> None:
         # In the child before exec: a rank ignores the preemption signal until its handler is

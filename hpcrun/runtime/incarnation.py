@@ -71,6 +71,10 @@ class Incarnation:
     """Name of this process's node."""
     node_local_root: Path | None
     """This node's node-local tier directory (tier 0), or None when the run has no tier 0."""
+    gang: tuple[str, ...] = ()
+    """The incarnation's nodes in node-rank order (its STARTING entry's ``nodes``); the other
+    nodes of the allocation idle as hot spares. Agents only: ranks read the gang from their
+    ``DistEnv``."""
 
     def to_environ(self) -> dict[str, str]:
         """The ``HPCRUN_*`` variables a rank of this incarnation receives."""

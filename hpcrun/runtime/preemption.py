@@ -42,6 +42,7 @@ from hpcrun.runtime.decisions import (
     Observations,
     Requeue,
     RestartInAllocation,
+    SwapSpare,
     retry_decision,
 )
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending
@@ -198,7 +199,8 @@ def decide_after_stop(obs: Observations, record: RunRecord, policy: DecisionPoli
         return LeaveToSlurm()
     decision = retry_decision(obs, record, PREEMPTION_FAULT, policy, now=now, rng=rng,
                               preempted=True)
-    assert not isinstance(decision, RestartInAllocation), "a preempted gang never restarts"
+    assert not isinstance(decision, RestartInAllocation | SwapSpare), \
+        "a preempted gang never restarts"
     return decision
 
 

@@ -51,10 +51,18 @@ from hpcrun.runtime.decisions import (
     Requeue,
     RestartInAllocation,
     Succeed,
+    SwapSpare,
 )
 from hpcrun.runtime.drainer import drain_round_safely, drain_target
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
 from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
+from hpcrun.runtime.membership import (
+    ALIVE_EVERY_S,
+    NODE_STALE_S,
+    LivenessWatch,
+    read_liveness,
+    usable_spares,
+)
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.vocab import Tier
 
@@ -97,6 +105,38 @@ class Supervisor:
         self.preempt_signal = preempt_signal
         self.clock = clock
         self.rng = rng or random.Random()
+        self.liveness: LivenessWatch | None = None
+        self._liveness_read = float("-inf")
+
+    # -- node liveness (runs with hot spares) --------------------------------------------------
+    def watch_nodes(self) -> None:
+        """Watch the other agents' liveness (runs with hot spares only), once per allocation:
+        agents beat from their start, whatever their incarnation does."""
+        if self.policy.spare_nodes > 0 and self.liveness is None:
+            others = [n for n in self.node.nodes if n != self.node.node]
+            self.liveness = LivenessWatch(others, clock=self.clock)
+
+    def vanished(self, inc: Incarnation) -> tuple[str, ...]:
+        """Gang nodes whose agent stopped beating (empty without hot spares)."""
+        if self.liveness is None:
+            return ()
+        now = self.clock.monotonic()
+        if now - self._liveness_read >= ALIVE_EVERY_S:  # one read of N files per beat
+            self.liveness.observe(read_liveness(self.run_dir, self.node.nodes))
+            self._liveness_read = now
+        stale = set(self.liveness.stale())
+        return tuple(n for n in self._gang(inc) if n in stale)
+
+    def live_spares(self, inc: Incarnation) -> tuple[str, ...]:
+        """Spare nodes still beating and never quarantined, in allocation order."""
+        if self.liveness is None:
+            return ()
+        quarantined = {q.node for q in decoded(self.view.valid, QuarantinePayload)}
+        return usable_spares(self.node.nodes, self._gang(inc), quarantined,
+                             stale=self.liveness.stale())
+
+    def _gang(self, inc: Incarnation) -> tuple[str, ...]:
+        return inc.gang or self.node.nodes
 
     # -- node 0 -------------------------------------------------------------------------------
     def conclude(self, inc: Incarnation) -> AgentExit:
@@ -109,9 +149,9 @@ class Supervisor:
     def gather(self, inc: Incarnation) -> Observations:
         """Wait for every node's exit note or the first fault (bounded by NODE_EXIT_WAIT_S).
 
-        After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report: a lost
-        node's ``node_failure`` may land just after its peers' collective errors, and it is the
-        cause.
+        After the first fault, nodes still silent get ``FAULT_SETTLE_S`` to report (with hot
+        spares, until a vanished one goes stale): a lost node's ``node_failure`` may land just
+        after its peers' collective errors, and it is the cause.
 
         Raises:
             StaleGenerationError: a newer fence (a cancel, another incarnation) took over.
@@ -121,13 +161,21 @@ class Supervisor:
         while True:
             obs = self._observe(inc, timed_out=False)
             if obs.faults and settle_until is None:
-                settle_until = self.clock.monotonic() + FAULT_SETTLE_S
+                settle_until = self.clock.monotonic() + self._settle_s()
             settled = settle_until is not None and self.clock.monotonic() >= settle_until
             if enough_to_decide(obs, settled=settled):
                 return obs
             if self.clock.monotonic() > deadline:
                 return self._observe(inc, timed_out=True)
             self.clock.sleep(POLL_S)
+
+    def _settle_s(self) -> float:
+        """How long silent nodes get to report after the first fault. With hot spares, long
+        enough for a vanished node to go stale: deciding on its peers' collective errors alone
+        would restart the gang on the dead node instead of swapping a spare in."""
+        if self.liveness is None:
+            return FAULT_SETTLE_S
+        return max(FAULT_SETTLE_S, NODE_STALE_S + 2 * ALIVE_EVERY_S)
 
     def _observe(self, inc: Incarnation, *, timed_out: bool) -> Observations:
         self.view.refresh()
@@ -140,8 +188,10 @@ class Supervisor:
         exits = node_exits(self.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE))
         faults = tuple(GangFault.from_entry(f) for f in gang_faults(
             self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)))
+        lost = self.vanished(inc)
         return Observations(
-            generation=inc.generation, attempt=inc.attempt, nodes=self.node.nodes,
+            generation=inc.generation, attempt=inc.attempt, nodes=self._gang(inc),
+            lost=lost, spares=self.live_spares(inc),
             exits={n: Ending.read(s) for n, s in exits.items()}, faults=faults,
             timed_out=timed_out, waited_s=NODE_EXIT_WAIT_S, stop_requested=self.stop.is_set,
             stop_signum=self.stop.signum, preempt_signal=self.preempt_signal,
@@ -165,6 +215,14 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                 reason=decision.reason))
                 return AgentExit(next_attempt=decision.attempt)
+            case SwapSpare():
+                self._log_fault_once(inc, decision.fault)
+                for node in decision.lost:
+                    self._append(inc, QuarantinePayload(node=node, reason=decision.reason))
+                # the new membership rides on RECOVERING: the next incarnation starts with it
+                self._publish(inc, StatePayload(state=RunState.RECOVERING,
+                                                reason=decision.reason, nodes=decision.gang))
+                return AgentExit(next_attempt=decision.attempt)
             case Fail():
                 if decision.preempted:
                     self._record_preempted(inc)
@@ -178,6 +236,12 @@ class Supervisor:
                     self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                     reason=decision.reason))
                 return AgentExit(status=self._requeue(inc, decision))
+
+    def _log_fault_once(self, inc: Incarnation, fault: GangFault) -> None:
+        """Log ``fault`` under ``inc`` unless it is there already (its retry history)."""
+        logged = gang_faults(self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT))
+        if not any(f.signature == fault.signature and f.node == fault.node for f in logged):
+            self._append(inc, fault.to_entry())
 
     def _record_preempted(self, inc: Incarnation, *,
                           segment: SegmentNote | None = None) -> None:
@@ -246,10 +310,16 @@ class Supervisor:
                                generation=generation, holder=holder)
 
     # -- other nodes ----------------------------------------------------------------------------
-    def follow(self, inc: Incarnation) -> AgentExit:
-        """Wait for the supervisor's decision about ``inc`` and follow it."""
-        deadline = self.clock.monotonic() + FOLLOW_WAIT_S
-        while self.clock.monotonic() < deadline:
+    def follow(self, inc: Incarnation, *, wait_s: float | None = FOLLOW_WAIT_S) -> AgentExit:
+        """Wait for the supervisor's decision about ``inc`` and follow it.
+
+        Args:
+            inc: the incarnation whose end to follow.
+            wait_s: how long to wait for the decision; None waits for as long as the run goes
+                on (a hot spare idles through the whole incarnation).
+        """
+        deadline = None if wait_s is None else self.clock.monotonic() + wait_s
+        while deadline is None or self.clock.monotonic() < deadline:
             self.view.refresh()
             if self.view.fence.generation != inc.generation:
                 return rejoin(self.view, self.node, inc)

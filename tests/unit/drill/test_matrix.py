@@ -47,3 +47,13 @@ def test_outside_faults_and_backend_applicability() -> None:
     assert drillable(row_for("preempt-timelimit"), "local").startswith("needs slurm")
     assert drillable(row_for("cancel-during-checkpoint"), "local") == ""
     assert drillable(row_for("rank-kill"), "local") == ""
+
+
+def test_node_loss_with_a_spare_adds_one_spare_crashes_from_outside_and_expects_no_requeue(
+        ) -> None:
+    row = row_for("node-loss-spare")
+    plan = plan_drill(SPEC, row, at=5, backend="slurm")
+    assert plan.spec["resources"] == {"nodes": 2, "tasks_per_node": 2, "spare_nodes": 1}
+    assert plan.inject == "" and drillable(row, "slurm") == ""
+    assert row.recovery == "restart" and row.expect_cause == "node_failure"
+    assert drillable(row, "local").startswith("needs slurm"), "local has no node to lose"

@@ -19,7 +19,7 @@ import pytest
 
 from hpcrun.control.spec import RunSpec
 from hpcrun.errors import ConfigError
-from hpcrun.launch.sbatch import format_flag, render_sbatch, sbatch_args
+from hpcrun.launch.sbatch import agent_step, format_flag, render_sbatch, sbatch_args
 from hpcrun.launch.site import SiteConfig, load_site
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -181,3 +181,18 @@ def test_batch_shell_forwards_the_signal_survives_sigterm_and_returns_srun_statu
     assert argv[5:] == ["/usr/bin/python3", "-m", "hpcrun.runtime.agent", "--run-dir",
                         str(tmp_path)]
     assert "got SIGTERM" in (shell.stderr.read() if shell.stderr else "")
+
+
+def test_spare_nodes_start_an_agent_on_every_allocated_node_and_survive_a_node_loss() -> None:
+    spec, site = make_spec(nodes=2, spare_nodes=1), load_site("testbed")
+    flags = dict(sbatch_args(spec, site, run_dir=RUN_DIR, op_id="op-1"))
+    assert flags["nodes"] == "3" and flags["no-kill"] == ""
+    srun = agent_step(spec, site).srun_args()
+    assert srun[:2] == ["-n", "3"], "the spare's agent starts too, and idles warm"
+    assert "--no-kill" in srun, "a step without it dies on every node when one node is DOWN"
+
+
+def test_without_spares_a_node_loss_still_ends_the_job_for_slurm_to_requeue() -> None:
+    spec, site = make_spec(nodes=2), load_site("testbed")
+    assert "no-kill" not in dict(sbatch_args(spec, site, run_dir=RUN_DIR, op_id="op-1"))
+    assert "--no-kill" not in agent_step(spec, site).srun_args()

@@ -24,6 +24,7 @@ from hpcrun.runtime.decide import (
     Requeue,
     RestartInAllocation,
     Succeed,
+    SwapSpare,
     account_for_requeue,
     decide,
     enough_to_decide,
@@ -133,10 +134,46 @@ def test_a_node_silent_after_the_wait_is_a_lost_node_before_slurm_says_so() -> N
     assert isinstance(d, Requeue) and d.reason.startswith("node_failure: requeue")
 
 
-def test_a_silent_node_with_a_spare_restarts_in_the_allocation() -> None:
-    seen = obs(exits={"n0": Ending.SUCCEEDED}, timed_out=True)
+def test_a_silent_node_with_a_live_spare_swaps_the_spare_into_its_place() -> None:
+    seen = obs(exits={"n0": Ending.SUCCEEDED}, timed_out=True, spares=("n2",))
     d = decide(seen, RECORD, replace(POLICY, spare_nodes=1), now=0.0)
-    assert isinstance(d, RestartInAllocation) and d.reason.startswith("node_failure")
+    assert isinstance(d, SwapSpare) and d.reason.startswith("node_failure")
+    assert d.lost == ("n1",) and d.gang == ("n0", "n2") and d.attempt == 1
+
+
+def test_a_vanished_agent_is_a_lost_node_at_once_and_a_spare_takes_its_rank() -> None:
+    gang = ("n0", "n1", "n2")
+    seen = obs(nodes=gang, exits={"n0": Ending.FAILED}, lost=("n1",), spares=("n3", "n4"))
+    assert enough_to_decide(seen, settled=False), "nothing the lost node says can come"
+    d = decide(seen, RECORD, replace(POLICY, spare_nodes=2), now=0.0)
+    assert isinstance(d, SwapSpare)
+    assert (d.attempt, d.lost, d.gang) == (1, ("n1",), ("n0", "n3", "n2"))
+    assert d.reason == "node_failure: restart in allocation (1 of 2): n1 lost, n3 takes its place"
+    assert d.fault.fault == "node_failure" and d.fault.node == "n1"
+
+
+def test_a_lost_node_without_a_live_spare_requeues_and_quarantines_nothing_new() -> None:
+    seen = obs(exits={"n0": Ending.FAILED}, lost=("n1",), spares=())
+    d = decide(seen, RECORD, replace(POLICY, spare_nodes=1), now=0.0)
+    assert isinstance(d, Requeue) and d.reason.startswith("node_failure: requeue")
+
+
+def test_two_lost_nodes_and_one_spare_requeue() -> None:
+    seen = obs(nodes=("n0", "n1", "n2"), lost=("n1", "n2"), spares=("n3",))
+    d = decide(seen, RECORD, replace(POLICY, spare_nodes=1), now=0.0)
+    assert isinstance(d, Requeue)
+
+
+def test_a_spent_in_allocation_budget_requeues_even_with_a_spare() -> None:
+    seen = obs(lost=("n1",), spares=("n2",))
+    d = decide(seen, replace(RECORD, restarts=2), replace(POLICY, spare_nodes=1), now=0.0)
+    assert isinstance(d, Requeue)
+
+
+def test_a_stop_pending_with_a_lost_node_never_swaps() -> None:
+    d = decide(stopped(lost=("n1",), spares=("n2",)), RECORD, replace(POLICY, spare_nodes=1),
+               now=0.0)
+    assert not isinstance(d, SwapSpare | RestartInAllocation)
 
 
 def test_failed_nodes_with_only_peer_loss_echoes_are_a_gang_crash() -> None:

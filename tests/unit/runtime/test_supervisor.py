@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from hpcrun.errors import StaleGenerationError
 from hpcrun.launch.signals import StopFlag
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incarnation
 from hpcrun.runtime.logview import LogView
+from hpcrun.runtime.membership import alive_path
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, Supervisor
 from hpcrun.testing import FakeClock
@@ -164,3 +166,80 @@ def test_a_requeue_logs_the_same_bytes_as_before(s: Setup) -> None:
                           "delay_s": 10.0}
     notes = [dict(e.payload) for e in s.log.read() if e.kind == EntryKind.NOTE]
     assert notes[-1] == {"event": "requeue_sent", "op_id": op_id, "detail": "recorded"}
+
+
+SPARE_SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:main",
+                                "resources": {"nodes": 2, "spare_nodes": 1},
+                                "retry": {"jitter": False, "backoff_base_s": 10}})
+
+
+class BeatingClock(FakeClock):
+    """A fake clock whose sleeps let the live agents beat (their liveness files change)."""
+
+    def __init__(self, run_dir: Path, live: Sequence[str]) -> None:
+        super().__init__()
+        self.run_dir, self.live, self.beat = run_dir, list(live), 0
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds)
+        self.beat += 1
+        for node in self.live:
+            path = alive_path(self.run_dir, node)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"node": node, "beat": self.beat}))
+
+
+def _spare_setup(tmp_path: Path, live: Sequence[str]) -> tuple[Supervisor, Incarnation,
+                                                                 RecordingRequeuer, RunLog]:
+    run_dir = create_run(tmp_path, SPARE_SPEC, run_id="r1")
+    log, requeuer = RunLog(run_dir), RecordingRequeuer()
+    clock = BeatingClock(run_dir, live)
+    node = NodeInfo(node="n0", node_rank=0, nodes=("n0", "n1", "n2"), job_id="7",
+                    restart_count=0, node_local_root=None, backend="slurm")
+    fence = log.claim("job7.r0.a0.x")
+    inc = Incarnation(run_dir=run_dir, run_id="r1", generation=fence.generation,
+                      holder=fence.holder, fence_slot=fence.slot, job_id="7", restart_count=0,
+                      attempt=0, node="n0", node_local_root=None, gang=("n0", "n1"))
+    sup = Supervisor(run_dir=run_dir, node=node, spec=SPARE_SPEC, log=log, view=LogView(log),
+                     requeuer=requeuer, stop=StopFlag(), preempt_signal=int(signal.SIGUSR1),
+                     clock=clock)
+    sup.watch_nodes()
+    return sup, inc, requeuer, log
+
+
+def test_a_vanished_gang_node_is_replaced_by_the_live_spare_in_the_same_job(
+        tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _spare_setup(tmp_path, live=("n2",))  # n1's agent is gone
+    log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+               payload={"event": "node_exit", "node": "n0", "status": "failed", "attempt": 0})
+    assert sup.conclude(inc) == AgentExit(next_attempt=1)
+    assert sup.clock.monotonic() < NODE_EXIT_WAIT_S / 5, "no wait for the silent node's note"
+    rec = read_record(inc.run_dir)
+    assert rec.state == "RECOVERING"
+    assert rec.membership == ("n0", "n2"), "the spare takes n1's node rank"
+    assert rec.quarantined == ("n1",) and requeuer.calls == [], "same job, no requeue"
+    assert [f.fault for f in rec.faults] == ["node_failure"] and "n1" in rec.faults[0].detail
+
+
+def test_a_vanished_node_with_a_dead_spare_requeues_as_before(tmp_path: Path) -> None:
+    sup, inc, requeuer, _ = _spare_setup(tmp_path, live=())
+    sup.conclude(inc)
+    assert read_record(inc.run_dir).state == "REQUEUED" and len(requeuer.calls) == 1
+
+
+def test_a_spare_follows_the_run_for_as_long_as_it_goes_on(s: Setup) -> None:
+    s.clock.advance(10_000)  # far beyond any wait a gang member has for a decision
+    s.log.claim("joblocal-1.r0.a1.y")
+    assert s.sup.follow(s.inc, wait_s=None) == AgentExit(next_attempt=1)
+
+
+def test_with_spares_a_peer_error_waits_for_the_silent_node_to_go_stale_then_swaps(
+        tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _spare_setup(tmp_path, live=("n2",))
+    log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
+               payload={"fault": "process_crash", "node": "n0", "rank": 0, "step": 9,
+                        "signature": "process_crash:rank0:1", "detail": "peer closed"})
+    assert sup.conclude(inc) == AgentExit(next_attempt=1)
+    rec = read_record(inc.run_dir)
+    assert rec.membership == ("n0", "n2") and rec.quarantined == ("n1",)
+    assert requeuer.calls == [] and FAULT_SETTLE_S < sup.clock.monotonic() < 10

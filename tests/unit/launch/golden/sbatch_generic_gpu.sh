@@ -10,6 +10,7 @@
 #SBATCH --time=30
 #SBATCH --partition=gpu
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --signal=USR1@180
 #SBATCH --open-mode=append
 #SBATCH --comment=hpcrun:tiny.submit.0
@@ -39,7 +40,7 @@ forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/
 trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
-srun -n 2 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --cpu-bind=none \
+srun -n 3 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --no-kill --cpu-bind=none \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do

@@ -1,0 +1,145 @@
+"""Which nodes of the allocation run the gang, which wait as hot spares, and which are gone.
+
+An allocation of ``resources.nodes + resources.spare_nodes`` nodes runs an agent on every node;
+the gang is ``resources.nodes`` of them (the *active* set, in node-rank order) and the rest idle
+warm as spares. When an active node is lost, a spare takes its place in the same position, so
+every rank keeps its rank id, the world size stays ``resources.nodes x tasks_per_node`` and the
+global sample order is unchanged.
+
+Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`) and the liveness
+bookkeeping the supervisor keeps (:class:`LivenessWatch`, skew-free: a node is stale when its
+liveness file has not *changed* for ``stale_s`` of the supervisor's own clock). The agent's
+liveness writer (:class:`LivenessBeat`) is the one effectful part: a daemon thread that rewrites
+``<run_dir>/alive/<node>.json`` every :data:`ALIVE_EVERY_S` for as long as the agent lives, so a
+vanished agent is told apart from one that is busy killing or draining its ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import MembershipError
+from hpcrun.storage import LOCAL_STORAGE, Storage
+
+ALIVE_DIR = "alive"
+"""Subdirectory of the run directory holding one liveness file per node."""
+ALIVE_SCHEMA_VERSION = 1
+ALIVE_EVERY_S = 1.0
+"""How often an agent rewrites its liveness file."""
+NODE_STALE_S = 5.0
+"""A node whose liveness file did not change for this long (supervisor's clock) is lost."""
+
+
+def initial_gang(allocation: Sequence[str], size: int, unusable: Iterable[str] = ()) -> tuple[
+        str, ...]:
+    """The first gang of an allocation: its first ``size`` usable nodes, in allocation order.
+
+    Raises:
+        MembershipError: fewer than ``size`` usable nodes.
+    """
+    bad = set(unusable)
+    usable = [n for n in allocation if n not in bad]
+    if len(usable) < size:
+        raise MembershipError(
+            f"the allocation {', '.join(allocation)} has {len(usable)} usable nodes "
+            f"({', '.join(sorted(bad & set(allocation))) or 'none'} quarantined), expected at "
+            f"least resources.nodes={size}; the run requeues onto other nodes")
+    return tuple(usable[:size])
+
+
+def usable_spares(allocation: Sequence[str], gang: Sequence[str], unusable: Iterable[str],
+                  stale: Iterable[str] = ()) -> tuple[str, ...]:
+    """Allocation nodes outside the gang that can take a lost node's place, in allocation order.
+    """
+    out = set(gang) | set(unusable) | set(stale)
+    return tuple(n for n in allocation if n not in out)
+
+
+def swap_in(gang: Sequence[str], lost: Sequence[str], spares: Sequence[str]) -> tuple[str, ...]:
+    """The gang with each lost node replaced, in place, by the next spare.
+
+    Each spare takes the lost node's position, so it takes that node's node rank and ranks.
+
+    Raises:
+        MembershipError: fewer spares than lost nodes.
+    """
+    if len(spares) < len(lost):
+        raise MembershipError(f"{len(lost)} lost node(s) ({', '.join(lost)}) but only "
+                              f"{len(spares)} spare(s); expected one spare per lost node")
+    replacement = dict(zip(lost, spares, strict=False))
+    return tuple(replacement.get(n, n) for n in gang)
+
+
+class LivenessWatch:
+    """The supervisor's record of when each node's liveness file last changed (its own clock)."""
+
+    def __init__(self, nodes: Iterable[str], *, clock: Clock = SYSTEM_CLOCK,
+                 stale_s: float = NODE_STALE_S) -> None:
+        now = clock.monotonic()
+        self._clock, self._stale_s = clock, stale_s
+        self._seen: dict[str, tuple[float | None, float]] = {n: (None, now) for n in nodes}
+
+    def observe(self, beats: Mapping[str, float]) -> None:
+        """Fold the liveness values just read (node -> the writer's counter or time)."""
+        now = self._clock.monotonic()
+        for node, (value, _) in list(self._seen.items()):
+            if node in beats and beats[node] != value:
+                self._seen[node] = (beats[node], now)
+
+    def stale(self) -> tuple[str, ...]:
+        """Nodes whose liveness did not change for ``stale_s``, in watch order."""
+        now = self._clock.monotonic()
+        return tuple(n for n, (_, at) in self._seen.items() if now - at > self._stale_s)
+
+
+def alive_path(run_dir: Path, node: str) -> Path:
+    """Where ``node``'s agent leaves its liveness file."""
+    return Path(run_dir) / ALIVE_DIR / f"{node}.json"
+
+
+def read_liveness(run_dir: Path, nodes: Iterable[str], *,
+                  storage: Storage = LOCAL_STORAGE) -> dict[str, float]:
+    """Each node's liveness counter as written (missing or malformed files are left out)."""
+    out: dict[str, float] = {}
+    for node in nodes:
+        try:
+            body = json.loads(storage.read_bytes(alive_path(run_dir, node)))
+            out[node] = float(body["beat"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+class LivenessBeat:
+    """An agent's liveness writer: a daemon thread, started and stopped as a context manager."""
+
+    def __init__(self, run_dir: Path, node: str, *, every_s: float = ALIVE_EVERY_S,
+                 storage: Storage = LOCAL_STORAGE) -> None:
+        self._path = alive_path(run_dir, node)
+        self._node, self._every_s, self._storage = node, every_s, storage
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hpcrun-liveness", daemon=True)
+
+    def __enter__(self) -> LivenessBeat:
+        self._storage.makedirs(self._path.parent)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        beat = 0
+        while not self._stop.is_set():
+            beat += 1
+            body = {"schema_version": ALIVE_SCHEMA_VERSION, "node": self._node, "beat": beat}
+            # a slow or failing shared tier delays the beat; staleness says so
+            with contextlib.suppress(OSError):
+                self._storage.write_atomic(self._path, json.dumps(body).encode())
+            self._stop.wait(self._every_s)

@@ -1,0 +1,134 @@
+"""Warm rank processes: started and pre-imported before they are needed, handed an incarnation.
+
+A restarted rank's critical path used to begin with an interpreter start and ``import torch``
+(seconds on a loaded node). Each agent keeps one *warm* process per local rank
+(:class:`WarmPool`): ``python -m hpcrun.runtime.warm`` imports torch and the worker, then
+blocks on its stdin. When the gang starts, the agent writes one JSON line to it (the rank's
+environment and its log file: values only, nothing pickled) and closes the pipe; the process
+points its stdout/stderr at the rank's log, replaces its environment and runs
+:func:`hpcrun.runtime.worker.run` as a freshly spawned rank would. EOF without a line (the agent
+discarded it) exits 0. The pool refills itself after each hand-off, so the next incarnation
+finds its processes already warm; a hot spare's agent keeps its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+WARM_ENV = "HPCRUN_WARM"
+"""``0`` turns warm processes off (every rank is spawned cold)."""
+
+
+class WarmPool:
+    """One pre-started, pre-imported process per local rank slot, refilled after each take."""
+
+    def __init__(self, *, slots: int, env: Mapping[str, str], python: str, log_dir: Path,
+                 cwd: str | None, preexec: Callable[[], object]) -> None:
+        self._slots, self._env, self._python = slots, dict(env), python
+        self._log_dir, self._cwd, self._preexec = log_dir, cwd, preexec
+        self._ready: dict[int, subprocess.Popen[bytes]] = {}
+
+    def fill(self) -> None:
+        """Start a warm process for every empty slot (returns at once: they import alone)."""
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        for slot in range(self._slots):
+            proc = self._ready.get(slot)
+            if proc is None or proc.poll() is not None:
+                self._ready[slot] = self._spawn(slot)
+
+    def _spawn(self, slot: int) -> subprocess.Popen[bytes]:
+        out = open(self._log_dir / f"warm-{slot}.out", "ab")  # noqa: SIM115 - the child's
+        try:
+            return subprocess.Popen(
+                [self._python, "-m", "hpcrun.runtime.warm"], env=self._env,
+                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd,
+                start_new_session=True, preexec_fn=self._preexec)
+        finally:
+            out.close()
+
+    def take(self, slot: int, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes] | None:
+        """Hand the warm process of ``slot`` a rank's environment; None when it is not alive."""
+        proc = self._ready.pop(slot, None)
+        if proc is None or proc.poll() is not None or proc.stdin is None:
+            return None
+        try:
+            proc.stdin.write(handoff_line(env, log))
+            proc.stdin.close()
+        except OSError:
+            return None
+        return proc
+
+    def close(self) -> None:
+        """Let every unused warm process go (EOF on its stdin; it exits 0)."""
+        for proc in self._ready.values():
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in self._ready.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._ready.clear()
+
+
+def handoff_line(env: Mapping[str, str], log: Path) -> bytes:
+    """The one line an agent writes to a warm process: the rank's environment and log path."""
+    return (json.dumps({"env": dict(env), "log": str(log)}, sort_keys=True) + "\n").encode()
+
+
+def read_handoff(stream: IO[bytes]) -> tuple[dict[str, str], Path] | None:
+    """The hand-off a warm process reads (None on EOF: the agent discarded it)."""
+    line = stream.readline()
+    if not line.strip():
+        return None
+    body: Any = json.loads(line)
+    env = {str(k): str(v) for k, v in dict(body["env"]).items()}
+    return env, Path(str(body["log"]))
+
+
+def _preimport() -> None:
+    """What a rank would otherwise import on the critical path."""
+    import torch
+    import torch.distributed  # noqa: F401
+
+    import hpcrun.checkpoint.checkpointer
+    import hpcrun.runtime.worker  # noqa: F401
+
+
+def _redirect(log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main() -> None:
+    _preimport()
+    handoff = read_handoff(sys.stdin.buffer)
+    if handoff is None:
+        os._exit(0)
+    env, log = handoff
+    _redirect(log)
+    os.environ.clear()
+    os.environ.update(env)
+    from hpcrun.runtime.worker import main as worker_main
+
+    worker_main()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    main()

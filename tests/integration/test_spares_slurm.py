@@ -1,0 +1,83 @@
+"""Node loss inside the allocation on the real Slurm testbed: a hot spare takes the lost node's
+place in the same job (``docs/recovery.md``, node-loss row). Run with ``-s`` to see the RTO split.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcrun.control.entries import FaultInjectedNote
+from hpcrun.control.fencing import UNFENCED
+from hpcrun.control.log import RunLog
+from hpcrun.drill.contracts import check_contracts
+from hpcrun.drill.evidence import collect
+from hpcrun.drill.matrix import row_for
+from hpcrun.drill.rto import rto_splits
+from hpcrun.testbed import JobClient, Testbed
+from tests.integration.helpers import RunFactory, first_after, slurm_spec, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 300
+EVERY = 10
+
+
+def _pace(seconds: float, ranks: int) -> str:
+    """Every rank sleeps ``seconds`` per step in every incarnation (keeps the run observable)."""
+    return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in range(ranks))
+
+
+def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
+                      resources={"spare_nodes": 1}, config={"ledger": True})
+    run = runs.submit(spec, inject=_pace(0.05, 4))
+    run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
+        (rec := run.record()).step >= 3 * EVERY
+        and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
+    first = run.record()
+    allocation = next(e.payload["nodes"] for e in run.valid("job") if "nodes" in e.payload)
+    gang = first.membership
+    assert len(allocation) == 3 and len(gang) == 2, "N+S nodes allocated, the gang on N"
+    spare = next(n for n in allocation if n not in gang)
+    victim = gang[-1]  # never the batch host (the supervising node)
+    try:
+        testbed.crash(victim)
+        RunLog(run.run_dir).append_entry(FaultInjectedNote(
+            fault="node-loss-spare", node=victim, step=first.step), generation=UNFENCED,
+            holder="")
+        rec = run.wait({"SUCCEEDED"}, timeout=300)
+    finally:
+        testbed.boot(victim)
+    # the same job, no requeue: the spare took the lost node's place (and its ranks)
+    assert rec.job_ids == (run.job_id,) and rec.requeues == 0, rec
+    assert rec.quarantined == (victim,)
+    assert rec.membership == tuple(spare if n == victim else n for n in gang)
+    assert rec.step == STEPS
+    assert [f.fault for f in rec.faults if not f.detail.startswith("checkpoint")][:1] == [
+        "node_failure"] and victim in rec.faults[0].detail
+    states = run.states()
+    swapped = first_after(states, "RECOVERING")
+    assert swapped.payload["nodes"] == list(rec.membership)
+    restarted = first_after(states, "STARTING", swapped.slot)
+    assert restarted.payload["nodes"] == list(rec.membership)
+    # world size counts the gang only: every rank of the swapped-in gang saw 4 ranks
+    starts = [e for e in run.rank_events("restored") if e["generation"] == restarted.generation]
+    assert {e["rank"] for e in starts} == {0, 1, 2, 3}
+    # the drill contracts: exact samples, fencing, no torn checkpoint, a restart not a requeue
+    ev = collect(run.run_dir, victim_rank=3)
+    results = check_contracts(ev, row_for("node-loss-spare"))
+    broken = [f"{r.name}: {r.detail}" for r in results if r.ok is False]
+    assert not broken, broken
+    splits = [s for s in rto_splits(ev.entries, ev.events) if s.cause == "node_failure"]
+    assert len(splits) == 1
+    print(f"\nnode loss with a hot spare: {victim} crashed, {spare} swapped in, "
+          f"RTO {splits[0].total_s:.1f} s: " + ", ".join(
+              f"{k} {v:.1f} s" for k, v in splits[0].phases.items()))
+    # Slurm never requeued the job: it shrank it (RESIZING, the lost node removed) and the
+    # same run completed
+    history = slurm.wait_for_accounting(int(run.job_id), {"COMPLETED"}, timeout=60)
+    assert [r.state for r in history] in (["COMPLETED"], ["RESIZING", "COMPLETED"]), history
+    wait_until(f"{victim} back in service", lambda: slurm.run(
+        "sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed", "allocated"),
+        timeout=60)
