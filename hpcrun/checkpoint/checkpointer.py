@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.checkpoint import commit as protocol
+from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import Manifest, canonical_json
@@ -103,12 +104,14 @@ class Checkpointer:
         self.layout = layout
         self._log, self._clock, self._storage = log, clock, storage
         self._fault = fault_hook or (lambda stage: None)
-        self._comm = Collectives(group, layout.world_size)
+        self._comm = group if isinstance(group, Collectives) else Collectives(
+            group, layout.world_size, rank=layout.rank, node=layout.node)
+        self._known_keys = ""  # key-table digest the coordinator holds (nodes elide it)
+        self._key_tables: dict[str, tuple[tuple[str, ...], Any]] = {}  # rank 0: by digest
         self._buffer = StagingBuffer(max_bytes=staging_limit)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-ckpt")
         self._inflight: _InFlight | None = None
         self._parent: str | None = None
-        self._nodes: tuple[str, ...] | None = None
         self._closed = False
         self.results: list[SaveResult] = []
         self.skipped_steps: list[int] = []
@@ -162,11 +165,9 @@ class Checkpointer:
         return self._finalize() if blocking else None
 
     def _info(self, step: int, extra: Mapping[str, Any] | None) -> protocol.CheckpointInfo:
-        if self._nodes is None:
-            self._nodes = tuple(self._comm.all_gather_object(self.layout.node))
         return protocol.CheckpointInfo(
             ckpt_id=checkpoint_id(generation=self.id.generation, step=step, holder=self.id.holder),
-            identity=self.id, step=step, parent=self._parent, nodes=self._nodes,
+            identity=self.id, step=step, parent=self._parent, nodes=self._comm.nodes(),
             checksum=self.checksum, created=self._clock.now(), extra=dict(extra or {}))
 
     def _write(self, info: protocol.CheckpointInfo, staged: list[Any]) -> protocol.ShardReport:
@@ -216,21 +217,58 @@ class Checkpointer:
     def _finalize(self) -> SaveResult:
         flight, self._inflight = self._inflight, None
         assert flight is not None
-        reports = self._comm.all_gather_object(flight.future.result())
-        verdict = None
-        if self.layout.rank == 0:
-            verdict = protocol.commit(self.tiers.run_dir, self._log, flight.info, reports,
-                                      tier=self.write_tier, fault=self._fault,
-                                      storage=self._storage)
-        verdict = self._comm.broadcast_object(verdict)
+        mine = flight.future.result()
+        node_reports = self._comm.node_gather_object(mine)
+        verdict: tuple[protocol.CommitOutcome, float, str] | None = None
+        if node_reports is not None:  # this rank leads its node
+            summary, write_s = self._summarize(flight.info, node_reports)
+            gathered = self._comm.leaders_gather_object((summary, write_s))
+            if gathered is not None:  # rank 0: the coordinator
+                verdict = self._coordinate(flight.info, gathered)
+        outcome, write_s, keys = self._comm.broadcast_object(verdict)
+        self._known_keys = keys
         result = SaveResult(ckpt_id=flight.info.ckpt_id, step=flight.info.step,
-                            committed=verdict.outcome is protocol.Outcome.COMMITTED,
-                            pause_s=flight.pause_s, write_s=max(r.write_s for r in reports),
-                            bytes=verdict.bytes, staging_bytes=flight.staging_bytes,
-                            error=verdict.message)
+                            committed=outcome.outcome is protocol.Outcome.COMMITTED,
+                            pause_s=flight.pause_s, write_s=write_s, bytes=outcome.bytes,
+                            staging_bytes=flight.staging_bytes, error=outcome.message)
         self.results.append(result)
-        self._after_verdict(verdict, flight.info.ckpt_id)
+        self._after_verdict(outcome, flight.info.ckpt_id)
         return result
+
+    def _summarize(self, info: protocol.CheckpointInfo, reports: list[protocol.ShardReport],
+                   ) -> tuple[hierarchy.NodeSummary, float]:
+        """Node leader: check its node's shard reports, write the node's sub-manifest."""
+        refused = protocol.refusal(reports, info.step)
+        records = [r.record for r in reports if r.record is not None]
+        data, summary = hierarchy.summarize_node(
+            info.ckpt_id, self.layout.node, records, refused=refused[1] if refused else "",
+            nonfinite=refused is not None and refused[0] is protocol.Outcome.NONFINITE,
+            known_keys="" if self.layout.rank == 0 else self._known_keys)
+        if refused is None:
+            try:
+                hierarchy.write_node_manifest(self.tiers.run_dir, info.ckpt_id, self.layout.node,
+                                              data, storage=self._storage)
+            except (HpcrunError, OSError) as exc:
+                summary = replace(summary, problems=(*summary.problems,
+                                                     f"writing its sub-manifest failed: {exc}"))
+        return summary, max(r.write_s for r in reports)
+
+    def _coordinate(self, info: protocol.CheckpointInfo,
+                    gathered: list[tuple[hierarchy.NodeSummary, float]],
+                    ) -> tuple[protocol.CommitOutcome, float, str]:
+        """Rank 0: check coverage across nodes, publish the top manifest and the COMMIT."""
+        for s, _ in gathered:
+            if s.keys:
+                self._key_tables[s.keys_digest] = (s.keys, s.totals)
+        summaries = [s if s.keys or s.keys_digest not in self._key_tables else
+                     replace(s, keys=self._key_tables[s.keys_digest][0],
+                             totals=self._key_tables[s.keys_digest][1])
+                     for s, _ in gathered]
+        outcome = hierarchy.commit_nodes(self.tiers.run_dir, self._log, info, summaries,
+                                         tier=self.write_tier, fault=self._fault,
+                                         storage=self._storage)
+        keys = summaries[0].keys_digest if outcome.outcome is protocol.Outcome.COMMITTED else ""
+        return outcome, max(w for _, w in gathered), keys
 
     def _after_verdict(self, verdict: protocol.CommitOutcome, ckpt_id: str) -> None:
         if verdict.outcome is protocol.Outcome.NONFINITE:

@@ -1,11 +1,13 @@
-"""The publish protocol: shard reports → verified manifest → COMMIT entry in the run log.
+"""The publish protocol's values: shard reports, refusals, the COMMIT entry, reading back.
 
-Order, each step only after the previous one succeeded:
+Order, each step only after the previous one succeeded (:mod:`hpcrun.checkpoint.hierarchy` does
+steps 2-4, node by node and then across nodes):
 
 1. every rank reports its shard (record with byte counts and checksums, non-finite keys, error);
-2. rank 0 refuses on any non-finite value (FAULT ``nonfinite``) or write failure (FAULT
-   ``storage_error``), then verifies every expected shard and full key coverage;
-3. rank 0 writes the manifest (canonical JSON, durable rename) into the shared run directory;
+2. each node's leader refuses on any non-finite value (FAULT ``nonfinite``) or write failure
+   (FAULT ``storage_error``), verifies its node's shards and writes its sub-manifest;
+3. the coordinator (rank 0) checks every rank and row is covered once across the nodes and
+   writes the top manifest (canonical JSON, durable rename) into the shared run directory;
 4. commit = :meth:`hpcrun.control.log.RunLog.publish` of a COMMIT entry, which is void, and
    raises :class:`~hpcrun.errors.StaleGenerationError`, if a newer generation fenced first.
 
@@ -14,7 +16,7 @@ A manifest without a COMMIT entry that counts is staging debris; nothing ever re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -27,14 +29,13 @@ from hpcrun.checkpoint.manifest import (
     check_coverage,
     decode_manifest,
     digest_bytes,
-    encode_manifest,
     node_manifest_refs,
     parse_json,
 )
 from hpcrun.checkpoint.tiers import MANIFEST_NAME, CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.entries import CommitPayload, FaultPayload
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, StaleGenerationError
+from hpcrun.errors import CorruptCheckpointError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import FaultClass
 
@@ -129,18 +130,6 @@ def build_manifest(info: CheckpointInfo, reports: Sequence[ShardReport]) -> Mani
                     created=info.created, shards=shards, extra=dict(info.extra))
 
 
-def write_manifest(run_dir: Path, m: Manifest, *, storage: Storage = LOCAL_STORAGE,
-                   threshold: int | None = None) -> str:
-    """Durably write ``m`` (and its sub-manifests) into the shared run directory; its digest."""
-    top, subs = encode_manifest(m) if threshold is None else encode_manifest(m, threshold=threshold)
-    path = Path(run_dir) / manifest_relpath(m.ckpt_id)
-    storage.makedirs(path.parent / "manifests" if subs else path.parent)
-    for node, data in subs.items():
-        storage.write_atomic(path.parent / "manifests" / f"{node}.json", data)
-    storage.write_atomic(path, top)
-    return digest_bytes(top)
-
-
 def commit_entry(*, run_id: str, ckpt_id: str, generation: int, step: int, tier: Tier,
                  digest: str, total_bytes: int, nodes: Sequence[str]) -> CommitPayload:
     """The COMMIT entry of a checkpoint on ``tier``: every commit path builds it here.
@@ -159,40 +148,6 @@ def commit_entry(*, run_id: str, ckpt_id: str, generation: int, step: int, tier:
     return CommitPayload(ckpt_id=ckpt_id, tier=tier, step=step,
                          manifest=manifest_relpath(ckpt_id), digest=digest, bytes=total_bytes,
                          nodes=tuple(nodes), run_id=run_id, generation=generation)
-
-
-def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[ShardReport], *,
-           tier: Tier, fault: Callable[[str], None] = lambda stage: None,
-           storage: Storage = LOCAL_STORAGE) -> CommitOutcome:
-    """Verify, write the manifest and publish the COMMIT entry (rank 0 only).
-
-    Refusals are recorded as FAULT entries. Never raises for a refused or stale commit: the
-    verdict goes back to every rank, which raise together.
-    """
-    refused = refusal(reports, info.step)
-    if refused is not None:
-        kind = FaultClass.NONFINITE if refused[0] is Outcome.NONFINITE else \
-            FaultClass.STORAGE_ERROR
-        record_fault(log, info, kind=kind, detail=refused[1])
-        return CommitOutcome(outcome=refused[0], message=refused[1])
-    m = build_manifest(info, reports)
-    if problems := check_coverage(m):
-        detail = f"checkpoint {m.ckpt_id} is incomplete: {'; '.join(problems[:4])}"
-        record_fault(log, info, kind=FaultClass.STORAGE_ERROR, detail=detail)
-        return CommitOutcome(outcome=Outcome.FAILED, message=detail)
-    fault("before_manifest")
-    digest = write_manifest(run_dir, m, storage=storage)
-    fault("before_commit")
-    try:
-        entry = log.publish_entry(commit_entry(
-            run_id=m.run_id, ckpt_id=m.ckpt_id, generation=m.generation, step=m.step,
-            tier=tier, digest=digest, total_bytes=m.bytes, nodes=m.node_names),
-            generation=info.identity.generation,
-            holder=info.identity.holder)
-    except StaleGenerationError as exc:
-        return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
-    fault("after_commit")
-    return CommitOutcome(outcome=Outcome.COMMITTED, bytes=m.bytes, slot=entry.slot)
 
 
 def record_fault(log: RunLog, info: CheckpointInfo, *, kind: FaultClass, detail: str,
@@ -247,5 +202,5 @@ def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
 
 
 __all__ = ["FAULT_STAGES", "MANIFEST_NAME", "CheckpointInfo", "CommitOutcome", "Outcome",
-           "ShardReport", "build_manifest", "commit", "commit_entry", "read_manifest",
-           "record_fault", "refusal", "write_manifest"]
+           "ShardReport", "build_manifest", "commit_entry", "read_manifest",
+           "record_fault", "refusal"]
