@@ -20,15 +20,15 @@ from hpcrun.checkpoint import commit as protocol
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
-from hpcrun.checkpoint.manifest import Manifest, canonical_json
-from hpcrun.checkpoint.restore import assemble, plan_gather, read_assigned
+from hpcrun.checkpoint.manifest import canonical_json
+from hpcrun.checkpoint.readplan import need_of
+from hpcrun.checkpoint.restorer import Loaded, RestoreShell
 from hpcrun.checkpoint.retention import collect_run
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
 from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
 from hpcrun.checkpoint.state import (
     RNG_FIELD,
     Layout,
-    Placement,
     RestoreResult,
     SaveResult,
     capture_rng,
@@ -37,9 +37,9 @@ from hpcrun.checkpoint.state import (
     load_into,
     restore_rng,
 )
-from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, checkpoint_id, fold_checkpoints
+from hpcrun.checkpoint.tiers import Tier, checkpoint_id, fold_checkpoints
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.entries import FaultPayload, RestoreFellBackNote
+from hpcrun.control.entries import RestoreFellBackNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import (
     CheckpointError,
@@ -49,7 +49,7 @@ from hpcrun.errors import (
     StaleGenerationError,
 )
 from hpcrun.storage import LOCAL_STORAGE, Storage
-from hpcrun.vocab import AsyncPolicy, FaultClass
+from hpcrun.vocab import AsyncPolicy
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -109,6 +109,8 @@ class Checkpointer:
         self._known_keys = ""  # key-table digest the coordinator holds (nodes elide it)
         self._key_tables: dict[str, tuple[tuple[str, ...], Any]] = {}  # rank 0: by digest
         self._buffer = StagingBuffer(max_bytes=staging_limit)
+        self._restorer = RestoreShell(identity=identity, tiers=tiers, layout=layout, log=log,
+                                      comm=self._comm, storage=storage, buffer=self._buffer)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-ckpt")
         self._inflight: _InFlight | None = None
         self._parent: str | None = None
@@ -298,6 +300,9 @@ class Checkpointer:
     def restore(self, state: Mapping[str, Any]) -> RestoreResult | None:
         """COLLECTIVE: load the newest committed checkpoint that verifies into ``state``.
 
+        Each rank reads only the bytes its state needs, into its state's tensors in place (see
+        :mod:`hpcrun.checkpoint.restorer`).
+
         Returns:
             What was restored, or None for a fresh start (no committed checkpoint verifies).
 
@@ -305,79 +310,36 @@ class Checkpointer:
             ReshardError: the newest good checkpoint cannot be placed on this layout.
         """
         self._check_open()
+        if self._inflight is not None:
+            self._finalize()  # the staging buffer is restore's read buffer
         entries = self._log.read()
         if self.fence_slot >= 0:
             entries = [e for e in entries if e.slot < self.fence_slot]
-        rows = {k: leaf for k, leaf in flatten_state(state).leaves.items()
-                if leaf.placement is Placement.ROW}
+        leaves = flatten_state(state).leaves
+        need = need_of(self.layout.rank, leaves)
         skipped: list[str] = []
         for ckpt in reversed(fold_checkpoints(entries)):
-            loaded = self._try_read(ckpt)
+            loaded = self._restorer.load(ckpt, need, leaves)
             if loaded is None:
                 skipped.append(ckpt.ckpt_id)
                 continue
-            m, buf, tiers = loaded
-            return self._load(m, buf, tiers, state, rows, skipped)
+            return self._apply(loaded, state, skipped)
         return None
 
-    def _try_read(self, ckpt: CommittedCheckpoint) -> tuple[Manifest, Any, set[str]] | None:
-        m, err = None, ""
-        if self.layout.rank == 0:
-            try:
-                m = protocol.read_manifest(self.tiers.run_dir, ckpt, storage=self._storage)
-            except (HpcrunError, OSError) as exc:
-                err = str(exc)
-                self._incident(ckpt, err)
-        m = self._comm.broadcast_object(m)
-        buf, tiers = None, set[str]()
-        if m is not None:
-            try:
-                buf, tiers = read_assigned(m, plan_gather(m, self.layout.world_size),
-                                           self.layout.rank, lambda j: self._candidates(ckpt, m, j))
-            except (HpcrunError, OSError) as exc:
-                self._incident(ckpt, str(exc))
-        ok = self._comm.all_true(m is not None and buf is not None)
-        return (m, buf, tiers) if ok and m is not None else None
-
-    def _candidates(self, ckpt: CommittedCheckpoint, m: Manifest, j: int) -> list[tuple[str, Path]]:
-        paths = self.tiers.paths(ckpt.ckpt_id, run_id=self.id.run_id)
-        rel = m.shards[j].path
-        out = []
-        if paths.node_local is not None and (paths.node_local / rel).exists():
-            out.append((str(Tier.NODE_LOCAL), paths.node_local / rel))
-        if Tier.SHARED in ckpt.tiers or paths.node_local is None:
-            out.append((str(Tier.SHARED), paths.shared / rel))
-        return out
-
-    def _incident(self, ckpt: CommittedCheckpoint, detail: str) -> None:
-        _log.warning("checkpoint %s not restorable on rank %d: %s", ckpt.ckpt_id,
-                     self.layout.rank, detail)
-        self._log.append_entry(FaultPayload(
-            fault=FaultClass.STORAGE_ERROR, node=self.layout.node, rank=self.layout.rank,
-            step=ckpt.step, signature="ckpt:verify", ckpt_id=ckpt.ckpt_id,
-            detail=detail[:2000],
-            background=True),  # an incident: the restore falls back, training goes on
-            generation=self.id.generation, holder=self.id.holder)
-
-    def _load(self, m: Manifest, buf: Any, tiers: set[str], state: Mapping[str, Any],
-              rows: Mapping[str, Any], skipped: list[str]) -> RestoreResult:
-        plan = plan_gather(m, self.layout.world_size)
-        gathered = self._comm.all_gather_bytes(buf, plan.sizes)
-        shared = self._comm.any_true(str(Tier.SHARED) in tiers)
-        tensors, meta = assemble(m, plan, gathered, rank=self.layout.rank,
-                                 world_size=self.layout.world_size, rows=rows)
-        restored = decode_tree(meta, tensors)
-        load_into(state, restored)
-        if isinstance(meta.get(RNG_FIELD), dict):
-            restore_rng(meta[RNG_FIELD])
-        self._parent = m.ckpt_id
+    def _apply(self, loaded: Loaded, state: Mapping[str, Any],
+               skipped: list[str]) -> RestoreResult:
+        load_into(state, decode_tree(loaded.meta, loaded.tensors))
+        if isinstance(loaded.meta.get(RNG_FIELD), dict):
+            restore_rng(loaded.meta[RNG_FIELD])
+        self._parent = loaded.ckpt_id
         if skipped and self.layout.rank == 0:
-            self._log.append_entry(RestoreFellBackNote(restored=m.ckpt_id,
+            self._log.append_entry(RestoreFellBackNote(restored=loaded.ckpt_id,
                                                        skipped=tuple(skipped)),
                                    generation=self.id.generation, holder=self.id.holder)
-        return RestoreResult(ckpt_id=m.ckpt_id, step=m.step,
-                             tier=str(Tier.SHARED if shared else Tier.NODE_LOCAL),
-                             extra=dict(m.extra), skipped=tuple(skipped))
+        return RestoreResult(ckpt_id=loaded.ckpt_id, step=loaded.step,
+                             tier=str(Tier.SHARED if loaded.shared else Tier.NODE_LOCAL),
+                             extra=dict(loaded.extra), skipped=tuple(skipped),
+                             bytes_read=loaded.bytes_read, files_read=loaded.files_read)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -170,15 +170,27 @@ def _new_groups(dist: Any, group: Any, nodes: Sequence[str], rank: int) -> tuple
     def glob(ranks: Sequence[int]) -> list[int]:
         return [r if group is None else dist.get_global_rank(group, r) for r in ranks]
 
+    def make(ranks: Sequence[int]) -> Any:
+        # A subgroup's name is a hash of its ranks: creating the same one twice would collide
+        # in the store, so each is created once per process and reused by later Checkpointers.
+        key = (id(dist.group.WORLD), backend, tuple(glob(ranks)))
+        if key not in _SUBGROUPS:
+            _SUBGROUPS[key] = dist.new_group(list(key[2]), backend=backend,
+                                             use_local_synchronization=True)
+        return _SUBGROUPS[key]
+
     mine = None
     for node in dict.fromkeys(nodes):
         ranks = [r for r, n in enumerate(nodes) if n == node]
         if len(ranks) > 1:
-            made = dist.new_group(glob(ranks), backend=backend, use_local_synchronization=True)
+            made = make(ranks)
             mine = made if rank in ranks else mine
     leaders = _leaders(nodes)
-    lead = dist.new_group(glob(leaders), backend=backend, use_local_synchronization=True)
+    lead = make(leaders)
     return mine, lead if rank in leaders else None
+
+
+_SUBGROUPS: dict[tuple[int, str, tuple[int, ...]], Any] = {}
 
 
 def _all_gather_bytes(dist: Any, group: Any, size: int, dev: torch.device, mine: np.ndarray,

@@ -366,9 +366,21 @@ def encode_top_manifest(info: CheckpointInfo, summaries: Sequence[NodeSummary]) 
         "step": info.step, "parent": info.parent,
         "world_size": len(info.nodes), "nodes": list(info.nodes), "checksum": info.checksum,
         "created": info.created, "extra": dict(info.extra),
-        "schema_version": MANIFEST_SCHEMA_VERSION,
+        "schema_version": MANIFEST_SCHEMA_VERSION, "tensors": tensor_rows(summaries),
         "node_manifests": [{"node": s.node, "path": s.path, "digest": s.digest}
                            for s in sorted(summaries, key=lambda s: s.node)]})
+
+
+def tensor_rows(summaries: Sequence[NodeSummary]) -> dict[str, int]:
+    """Global rows of every replicated and dim-0 sharded tensor, from the key tables sent.
+
+    The top manifest lists them so that a restoring node learns, from the top manifest alone,
+    which tensors exist and whether its own sub-manifest covers what its ranks need.
+    """
+    out: dict[str, int] = {}
+    for s in summaries:
+        out.update(zip(s.keys, np.asarray(s.totals).tolist(), strict=True))
+    return out
 
 
 def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,

@@ -1,9 +1,15 @@
-"""Restore: read only this rank's assigned shards, verify them, exchange pieces, reshard.
+"""Restore's reading and assembling (planning is :mod:`hpcrun.checkpoint.readplan`).
 
-Old shard ``j`` of a checkpoint written by N ranks is read by new rank ``j % M`` (M = new world
-size), so each file is opened once in total and every rank opens about N/M files: no rank opens
-everyone's files. The ranks then all-gather what they read (:func:`plan_gather` fixes, without
-talking, where every dataset lands in whose buffer) and each rank assembles:
+:func:`read_planned` reads the datasets of a rank's plan into its buffer and verifies them;
+:func:`build_tensors` copies each piece into the rank's target tensors in place (a new tensor
+only where the state has none of that shape and dtype).
+
+The rest of this module is the exchange restore, used only when some rank cannot reach a shard
+it needs (its tier-0 copy is on another node and was not drained yet): old shard ``j`` of a
+checkpoint written by N ranks is read by new rank ``j % M`` (M = new world size), so each file
+is opened once in total and every rank opens about N/M files: no rank opens everyone's files.
+The ranks then all-gather what they read (:func:`plan_gather` fixes, without talking, where
+every dataset lands in whose buffer) and each rank assembles:
 
 - replicated tensors in full (any N → M);
 - dim-0 sharded tensors: the rows its current state declares (:class:`~.state.RowShard`),
@@ -25,7 +31,8 @@ import torch
 
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
-from hpcrun.checkpoint.shards import read_shard
+from hpcrun.checkpoint.readplan import RankPlan, Target
+from hpcrun.checkpoint.shards import read_datasets, read_shard
 from hpcrun.checkpoint.stage import torch_dtype
 from hpcrun.checkpoint.state import META_KEY, TensorLeaf
 from hpcrun.errors import CorruptCheckpointError, ReshardError
@@ -195,3 +202,78 @@ def _old_start(m: Manifest, rank: int, key: str) -> int:
         if d.key == key:
             return d.row_start
     return -1
+
+
+def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice) -> set[str]:
+    """Read and verify the datasets of ``plan`` into ``buf``, shard by shard.
+
+    Returns:
+        The tiers read from.
+
+    Raises:
+        CorruptCheckpointError: some shard verified on no tier.
+    """
+    used: set[str] = set()
+    by_shard: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for r in plan.reads:
+        d = plan.files[r.shard].datasets[r.index]
+        by_shard.setdefault(r.shard, []).append((r.index, buf[r.offset:r.offset + d.nbytes]))
+    for j, wanted in by_shard.items():
+        rec = plan.files[j]
+        errors = []
+        for tier, path in candidates(j):
+            try:
+                read_datasets(path, rec, wanted, ckpt_id=plan.ckpt_id, algorithm=plan.checksum)
+                used.add(tier)
+                break
+            except CorruptCheckpointError as exc:
+                errors.append(f"{tier}: {exc}")
+        else:
+            raise CorruptCheckpointError(
+                f"shard of rank {j} of checkpoint {plan.ckpt_id} verified on no tier: "
+                f"{' | '.join(errors) or 'no tier holds it'}")
+    return used
+
+
+def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:
+    """The state's own tensor when it has this shape and dtype (filled in place), else new."""
+    dtype = torch_dtype(target.dtype)
+    if leaf is not None and tuple(leaf.tensor.shape) == target.shape and \
+            leaf.tensor.dtype == dtype:
+        return leaf.tensor
+    return torch.empty(target.shape, dtype=dtype)
+
+
+def build_tensors(plan: RankPlan, own: np.ndarray, shared: Sequence[np.ndarray],
+                  leaves: Mapping[str, TensorLeaf]) -> tuple[dict[str, torch.Tensor],
+                                                             dict[str, Any]]:
+    """This rank's tensors by key (its state's own tensors, filled in place) and meta tree.
+
+    Args:
+        own: this rank's buffer (its own reads).
+        shared: each node position's shared region (replicated pieces).
+        leaves: the current state's leaves (the in-place targets).
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for target, pieces in plan.targets:
+        dest = _dest(target, leaves.get(target.key))
+        for p in pieces:
+            buf = own if p.holder < 0 else shared[p.holder]
+            d = p.record
+            src = _as_tensor(buf[p.offset:p.offset + d.nbytes], d)
+            if not target.global_shape:
+                dest.copy_(src)
+                continue
+            a, b = max(target.start, d.row_start), min(target.stop, d.row_stop)
+            if a < b:
+                dest[a - target.start:b - target.start].copy_(
+                    src[a - d.row_start:b - d.row_start])
+        tensors[target.key] = dest
+    meta: dict[str, Any] = {}
+    if plan.meta is not None:
+        raw = own[plan.meta.offset:plan.meta.offset + plan.meta.record.nbytes]
+        try:
+            meta = json.loads(raw.tobytes())
+        except ValueError as exc:
+            raise CorruptCheckpointError(f"meta tree of {plan.ckpt_id} is not JSON") from exc
+    return tensors, meta

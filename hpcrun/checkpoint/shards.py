@@ -189,7 +189,18 @@ def read_shard(path: Path, rec: ShardRecord, dest: Sequence[np.ndarray], *, ckpt
                algorithm: str) -> None:
     """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset).
 
-    Bulk bytes are read past the page cache. Nothing is returned unverified.
+    Raises:
+        CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
+    """
+    read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm)
+
+
+def read_datasets(path: Path, rec: ShardRecord, wanted: Sequence[tuple[int, np.ndarray]], *,
+                  ckpt_id: str, algorithm: str) -> None:
+    """Read and verify some datasets of a shard: ``(index in rec.datasets, uint8 destination)``.
+
+    Bulk bytes are read past the page cache straight into the destinations. Nothing is
+    returned unverified: each dataset's checksum is checked after its bytes arrive.
 
     Raises:
         CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
@@ -198,19 +209,20 @@ def read_shard(path: Path, rec: ShardRecord, dest: Sequence[np.ndarray], *, ckpt
         raise _corrupt(path, "the file is missing")
     if (size := os.path.getsize(path)) != rec.bytes:
         raise _corrupt(path, f"it is {size} bytes, the manifest says {rec.bytes} (truncated?)")
+    pairs = [(rec.datasets[i], buf) for i, buf in wanted]
     try:
         with h5py.File(path, "r", locking=False) as f:
             if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
                     SHARD_FORMAT, ckpt_id, rec.rank):
                 raise _corrupt(path, "its header names another checkpoint or rank")
-            for d, buf in zip(rec.datasets, dest, strict=True):
+            for d, buf in pairs:
                 _check_dataset(f, d, buf, path)
         read_extents(path, [Extent(file_offset=d.offset, buffer=buf.data)
-                            for d, buf in zip(rec.datasets, dest, strict=True) if d.offset >= 0])
+                            for d, buf in pairs if d.offset >= 0])
     except CorruptCheckpointError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
         raise _corrupt(path, f"HDF5 could not read it ({exc})") from exc
-    for d, buf in zip(rec.datasets, dest, strict=True):
+    for d, buf in pairs:
         if checksum(algorithm, buf) != d.checksum:
             raise _corrupt(path, f"dataset {d.key!r} fails its {algorithm} checksum")

@@ -327,3 +327,7 @@ class RestoreResult:
     """The ``extra`` mapping given to the save."""
     skipped: tuple[str, ...] = ()
     """Newer committed checkpoints that failed verification and were passed over."""
+    bytes_read: int = 0
+    """Data bytes this rank read from shard files (measured by the reads it made)."""
+    files_read: int = 0
+    """Shard files this rank opened."""

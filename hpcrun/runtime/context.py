@@ -123,7 +123,8 @@ class Context:
             self._p.step = self._p.restored_step = self._p.committed_step = int(result.step)
             self._p.tokens = int((result.extra or {}).get("tokens", 0))
             self._p.restored_tier = str(result.tier)
-            self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier)
+            self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier,
+                              bytes_read=result.bytes_read, files_read=result.files_read)
         self._cadence = self._new_cadence(self._p.step)
         return self._p.step
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,12 @@ from hypothesis import strategies as st
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.commit import CheckpointInfo, Outcome, ShardReport, build_manifest
 from hpcrun.checkpoint.identity import CheckpointIdentity
-from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord, encode_manifest
+from hpcrun.checkpoint.manifest import (
+    DatasetRecord,
+    ShardRecord,
+    canonical_json,
+    encode_manifest,
+)
 from hpcrun.checkpoint.tiers import Tier, fold_checkpoints
 from hpcrun.control.log import RunLog
 
@@ -60,7 +66,10 @@ def test_files_match_the_flat_encoding_and_read_back_as_the_same_manifest(tmp_pa
     flat = build_manifest(_info(nodes), [ShardReport(rank=s.rank, record=s) for s in shards])
     top, flat_subs = encode_manifest(flat, threshold=0)
     assert subs == flat_subs  # node agents write exactly what the flat path writes
-    assert hierarchy.encode_top_manifest(_info(nodes), summaries) == top
+    hier_top = json.loads(hierarchy.encode_top_manifest(_info(nodes), summaries))
+    # the top manifest also lists every tensor's rows, for restore planning by node
+    assert hier_top.pop("tensors") == {f"model/t{i}": 12 for i in range(3)}
+    assert canonical_json(hier_top) == top
 
     (tmp_path / "log").mkdir()
     log = RunLog(tmp_path)

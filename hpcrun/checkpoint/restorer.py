@@ -1,0 +1,251 @@
+"""The restore shell: who reads which manifest, which bytes, and who talks to whom.
+
+1. rank 0 reads the top manifest (digest-checked against its COMMIT entry) and broadcasts it;
+2. every rank sends its node leader what its state needs (:class:`~.readplan.Need`); the leader
+   reads only the sub-manifests its node needs and sends each rank its
+   :class:`~.readplan.RankPlan`;
+3. each rank reads only its planned datasets, into the Checkpointer's reused, pre-touched
+   buffer, and verifies them; the gang agrees every rank verified before any state changes;
+4. replicated pieces are exchanged inside the node; each rank copies its pieces into its
+   state's tensors in place.
+
+When some rank cannot reach a shard it needs (a tier-0 copy on another node that was not
+drained yet) or the manifest predates per-node planning, the gang restores that checkpoint
+through the exchange path instead (:func:`~.restore.plan_gather`: each old shard read once, the
+ranks all-gather the pieces).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpcrun.checkpoint import commit as protocol
+from hpcrun.checkpoint import hierarchy
+from hpcrun.checkpoint.collective import Collectives
+from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
+from hpcrun.checkpoint.manifest import ShardRecord, node_manifest_refs
+from hpcrun.checkpoint.readplan import (
+    Need,
+    RankPlan,
+    guess_nodes,
+    plan_node,
+    uncovered,
+    wanted_nodes,
+)
+from hpcrun.checkpoint.restore import (
+    assemble,
+    build_tensors,
+    plan_gather,
+    read_assigned,
+    read_planned,
+)
+from hpcrun.checkpoint.stage import StagingBuffer
+from hpcrun.checkpoint.state import Layout, Placement, TensorLeaf
+from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier
+from hpcrun.control.entries import FaultPayload
+from hpcrun.control.log import RunLog
+from hpcrun.errors import CorruptCheckpointError, HpcrunError, ReshardError
+from hpcrun.storage import Storage
+from hpcrun.vocab import FaultClass
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loaded:
+    """One checkpoint read and assembled on this rank."""
+
+    ckpt_id: str
+    """Checkpoint."""
+    step: int
+    """Its step."""
+    extra: Mapping[str, Any]
+    """The save's extra values."""
+    tensors: dict[str, torch.Tensor]
+    """This rank's tensors by key (its state's own tensors where they fit)."""
+    meta: dict[str, Any]
+    """This rank's meta tree."""
+    shared: bool
+    """Whether some rank read from the shared tier."""
+    bytes_read: int = 0
+    """Data bytes this rank read from shard files."""
+    files_read: int = 0
+    """Shard files this rank opened."""
+    tiers: frozenset[str] = field(default_factory=frozenset)
+    """Tiers this rank read from."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RestoreShell:
+    """One rank's side of a restore (see the module docstring)."""
+
+    identity: CheckpointIdentity
+    tiers: TierLayout
+    layout: Layout
+    log: RunLog
+    comm: Collectives
+    storage: Storage
+    buffer: StagingBuffer
+
+    def load(self, ckpt: CommittedCheckpoint, need: Need,
+             leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
+        """COLLECTIVE: ``ckpt`` read into this rank's tensors, or None when it is not usable."""
+        top = self._top(ckpt)
+        if top is None:
+            return None
+        if not isinstance(top.get("tensors"), dict) or not top.get("node_manifests"):
+            return self._exchange(ckpt, leaves)
+        plan = self._plan(ckpt, top, need)
+        if not self.comm.all_true(plan is not None):
+            return None
+        assert plan is not None
+        if self.comm.any_true(bool(plan.error)):
+            raise ReshardError(plan.error or "another rank cannot place the checkpoint on this "
+                               "layout; its ReshardError names the tensor")
+        if not self.comm.all_true(all(self._candidates(ckpt, s) for s in plan.files.values())):
+            return self._exchange(ckpt, leaves)
+        return self._read(ckpt, top, plan, leaves)
+
+    # -- manifests -------------------------------------------------------------------------
+
+    def _top(self, ckpt: CommittedCheckpoint) -> dict[str, Any] | None:
+        top = None
+        if self.layout.rank == 0:
+            try:
+                top = hierarchy.read_top_manifest(self.tiers.run_dir, ckpt, storage=self.storage)
+                _check_top(top, ckpt)
+            except (HpcrunError, OSError) as exc:
+                top = None
+                self.incident(ckpt, str(exc))
+        return self.comm.broadcast_object(top)
+
+    def _plan(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any],
+              need: Need) -> RankPlan | None:
+        needs = self.comm.node_gather_object(need)
+        plans: list[RankPlan | None] | None = None
+        if needs is not None:
+            try:
+                plans = list(self._plan_node(ckpt, top, needs))
+            except (HpcrunError, OSError) as exc:
+                self.incident(ckpt, str(exc))
+                plans = [None] * len(needs)
+        return self.comm.node_scatter_object(plans)
+
+    def _plan_node(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any],
+                   needs: Sequence[Need]) -> list[RankPlan]:
+        """Node leader: read the sub-manifests the node needs (its own first), plan its ranks."""
+        old_nodes, tensors = tuple(top["nodes"]), dict(top["tensors"])
+        listed = [rel.removeprefix("manifests/").removesuffix(".json")
+                  for rel, _ in node_manifest_refs(top)]
+        records: dict[int, ShardRecord] = {}
+        loaded: set[str] = set()
+        todo = wanted_nodes(old_nodes, [n.rank for n in needs])
+        while todo:
+            for node in todo:
+                shards = hierarchy.read_node_shards(self.tiers.run_dir, ckpt.ckpt_id, top, node,
+                                                    storage=self.storage)
+                records.update((s.rank, s) for s in shards)
+                loaded.add(node)
+            gaps = uncovered(records, tensors, needs, len(old_nodes))
+            if not gaps:
+                break
+            todo = [n for n in guess_nodes(gaps, tensors, old_nodes) if n not in loaded] or \
+                [n for n in listed if n not in loaded]
+        return plan_node(records, needs, ckpt_id=ckpt.ckpt_id, checksum=str(top["checksum"]),
+                         old_world=len(old_nodes), new_world=self.layout.world_size)
+
+    # -- bytes -----------------------------------------------------------------------------
+
+    def _read(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any], plan: RankPlan,
+              leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
+        self.buffer.reserve(plan.size)
+        buf = self.buffer.view(0, plan.size)
+        tiers: set[str] = set()
+        try:
+            tiers = read_planned(plan, buf, lambda j: self._candidates(ckpt, plan.files[j]))
+            ok = True
+        except (HpcrunError, OSError) as exc:
+            self.incident(ckpt, str(exc))
+            ok = False
+        if not self.comm.all_true(ok):
+            return None
+        pos = self.comm.node_ranks().index(self.layout.rank)
+        shared = self.comm.node_all_gather_bytes(buf[:plan.shared[pos]], plan.shared)
+        tensors, meta = build_tensors(plan, buf, shared, leaves)
+        return Loaded(ckpt_id=ckpt.ckpt_id, step=int(top["step"]), extra=dict(top["extra"]),
+                      tensors=tensors, meta=meta,
+                      shared=self.comm.any_true(str(Tier.SHARED) in tiers),
+                      bytes_read=plan.bytes_read, files_read=len(plan.files),
+                      tiers=frozenset(tiers))
+
+    def _candidates(self, ckpt: CommittedCheckpoint, shard: ShardRecord) -> list[tuple[str, Path]]:
+        paths = self.tiers.paths(ckpt.ckpt_id, run_id=self.identity.run_id)
+        out = []
+        if paths.node_local is not None and (paths.node_local / shard.path).exists():
+            out.append((str(Tier.NODE_LOCAL), paths.node_local / shard.path))
+        if Tier.SHARED in ckpt.tiers or paths.node_local is None:
+            out.append((str(Tier.SHARED), paths.shared / shard.path))
+        return out
+
+    # -- exchange path ---------------------------------------------------------------------
+
+    def _exchange(self, ckpt: CommittedCheckpoint,
+                  leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
+        m = None
+        if self.layout.rank == 0:
+            try:
+                m = protocol.read_manifest(self.tiers.run_dir, ckpt, storage=self.storage)
+            except (HpcrunError, OSError) as exc:
+                self.incident(ckpt, str(exc))
+        m = self.comm.broadcast_object(m)
+        buf, tiers, ok = None, set[str](), False
+        plan = plan_gather(m, self.layout.world_size) if m is not None else None
+        if m is not None and plan is not None:
+            try:
+                buf, tiers = read_assigned(m, plan, self.layout.rank,
+                                           lambda j: self._candidates(ckpt, m.shards[j]))
+                ok = True
+            except (HpcrunError, OSError) as exc:
+                self.incident(ckpt, str(exc))
+        if not self.comm.all_true(ok) or m is None or plan is None or buf is None:
+            return None
+        gathered = self.comm.all_gather_bytes(buf, plan.sizes)
+        rows = {k: leaf for k, leaf in leaves.items() if leaf.placement is Placement.ROW}
+        tensors, meta = assemble(m, plan, gathered, rank=self.layout.rank,
+                                 world_size=self.layout.world_size, rows=rows)
+        mine = plan.files[self.layout.rank]
+        return Loaded(ckpt_id=m.ckpt_id, step=m.step, extra=dict(m.extra), tensors=tensors,
+                      meta=meta, shared=self.comm.any_true(str(Tier.SHARED) in tiers),
+                      bytes_read=sum(d.nbytes for j in mine for d in m.shards[j].datasets),
+                      files_read=len(mine), tiers=frozenset(tiers))
+
+    def incident(self, ckpt: CommittedCheckpoint, detail: str) -> None:
+        """A checkpoint this rank could not use: FAULT ``storage_error`` (background)."""
+        _log.warning("checkpoint %s not restorable on rank %d: %s", ckpt.ckpt_id,
+                     self.layout.rank, detail)
+        self.log.append_entry(FaultPayload(
+            fault=FaultClass.STORAGE_ERROR, node=self.layout.node, rank=self.layout.rank,
+            step=ckpt.step, signature="ckpt:verify", ckpt_id=ckpt.ckpt_id,
+            detail=detail[:2000],
+            background=True),  # an incident: the restore falls back, training goes on
+            generation=self.identity.generation, holder=self.identity.holder)
+
+
+def _check_top(top: Mapping[str, Any], ckpt: CommittedCheckpoint) -> None:
+    """The fields restore planning relies on, checked (the manifest is untrusted)."""
+    nodes, tensors = top.get("nodes"), top.get("tensors", {})
+    ok = (top.get("ckpt_id") == ckpt.ckpt_id and isinstance(nodes, list) and nodes
+          and all(isinstance(n, str) for n in nodes) and isinstance(top.get("step"), int)
+          and isinstance(top.get("extra"), dict) and isinstance(top.get("checksum"), str)
+          and isinstance(tensors, dict)
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in tensors.values()))
+    if not ok:
+        raise CorruptCheckpointError(f"top manifest of {ckpt.ckpt_id} lacks or mistypes ckpt_id, "
+                                     "nodes, step, extra, checksum or tensors; it will not be "
+                                     "restored (restore falls back to an older checkpoint)")
