@@ -204,16 +204,18 @@ def _old_start(m: Manifest, rank: int, key: str) -> int:
     return -1
 
 
-def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice) -> set[str]:
+def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice,
+                 ) -> tuple[set[str], int]:
     """Read and verify the datasets of ``plan`` into ``buf``, shard by shard.
 
     Returns:
-        The tiers read from.
+        The tiers read from and the data bytes read (counted as the reads land).
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
     used: set[str] = set()
+    count = 0
     by_shard: dict[int, list[tuple[int, np.ndarray]]] = {}
     for r in plan.reads:
         d = plan.files[r.shard].datasets[r.index]
@@ -225,6 +227,7 @@ def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice) -> set
             try:
                 read_datasets(path, rec, wanted, ckpt_id=plan.ckpt_id, algorithm=plan.checksum)
                 used.add(tier)
+                count += sum(int(dest.size) for _, dest in wanted)
                 break
             except CorruptCheckpointError as exc:
                 errors.append(f"{tier}: {exc}")
@@ -232,7 +235,7 @@ def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice) -> set
             raise CorruptCheckpointError(
                 f"shard of rank {j} of checkpoint {plan.ckpt_id} verified on no tier: "
                 f"{' | '.join(errors) or 'no tier holds it'}")
-    return used
+    return used, count
 
 
 def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:

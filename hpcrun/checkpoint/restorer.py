@@ -167,8 +167,9 @@ class RestoreShell:
         self.buffer.reserve(plan.size)
         buf = self.buffer.view(0, plan.size)
         tiers: set[str] = set()
+        count = 0
         try:
-            tiers = read_planned(plan, buf, lambda j: self._candidates(ckpt, plan.files[j]))
+            tiers, count = read_planned(plan, buf, lambda j: self._candidates(ckpt, plan.files[j]))
             ok = True
         except (HpcrunError, OSError) as exc:
             self.incident(ckpt, str(exc))
@@ -181,7 +182,7 @@ class RestoreShell:
         return Loaded(ckpt_id=ckpt.ckpt_id, step=int(top["step"]), extra=dict(top["extra"]),
                       tensors=tensors, meta=meta,
                       shared=self.comm.any_true(str(Tier.SHARED) in tiers),
-                      bytes_read=plan.bytes_read, files_read=len(plan.files),
+                      bytes_read=count, files_read=len(plan.files),
                       tiers=frozenset(tiers))
 
     def _candidates(self, ckpt: CommittedCheckpoint, shard: ShardRecord) -> list[tuple[str, Path]]:
