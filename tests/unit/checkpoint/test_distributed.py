@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -48,3 +49,21 @@ def test_two_node_commit_drain_and_reshard(run_dir: Path, tmp_path: Path) -> Non
     shards = sorted((run_dir / "ckpt" / first.ckpt_id).rglob("rank-*.h5"))
     sizes = [p.stat().st_size for p in shards]
     assert len(shards) == 4 and max(sizes) < 1.6 * min(sizes)
+
+
+def test_same_layout_restore_reads_only_each_ranks_own_shard(tmp_path: Path) -> None:
+    """4 gloo ranks on 2 emulated nodes (the testbed test's script, without Slurm)."""
+    port, run = _free_port(), tmp_path / "run"
+    run.mkdir()
+    procs = [subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "integration" / "sharded_restore.py"), str(run)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "SLURM_PROCID": str(r), "SLURM_NTASKS": "4",
+             "SLURMD_NODENAME": f"n{r // 2}", "SLURM_NODEID": str(r // 2),
+             "SLURM_LOCALID": str(r % 2), "SLURM_NNODES": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}) for r in range(4)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], "\n".join(outs)[-4000:]
+    rows = [json.loads(next(x for x in o.splitlines() if x.startswith("{"))) for o in outs]
+    assert all(r["rows_ok"] and r["bytes_read"] == r["own_bytes"] > 0 and r["files_read"] == 1
+               for r in rows), rows

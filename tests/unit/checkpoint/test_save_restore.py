@@ -207,3 +207,25 @@ def test_model_registered_now_but_absent_is_an_error(incarnation) -> None:
     incarnation().save(1, {"model": Model(1)}, blocking=True)
     with pytest.raises(Exception, match="registered but the checkpoint has only"):
         incarnation().restore({"model": Model(2), "other": {}})
+
+
+def test_restore_fills_the_states_own_tensors_in_place_and_counts_bytes(run_dir,
+                                                                        incarnation) -> None:
+    saved = {"model": {"w": torch.arange(12.0).view(3, 4),
+                       "b": torch.ones(5, dtype=torch.int64)}}
+    res = incarnation().save(1, saved, blocking=True)
+    target_w, target_b = torch.zeros(3, 4), torch.zeros(5, dtype=torch.int64)
+    target = {"model": {"w": target_w, "b": target_b}}
+    result = incarnation().restore(target)
+    assert result is not None and result.step == 1
+    # the very tensors the state held now hold the checkpoint's values (no new memory)
+    assert torch.equal(target_w, saved["model"]["w"]) and torch.equal(target_b, saved["model"]["b"])
+    assert target["model"]["w"].data_ptr() == target_w.data_ptr()
+    [shard] = _shard_files(run_dir, res.ckpt_id)
+    with h5py.File(shard, "r") as f:
+        data_bytes = sum(f[k].nbytes for k in ("model/w", "model/b", "__meta__"))
+    assert result.bytes_read == data_bytes and result.files_read == 1
+    # a state without a tensor of that shape gets a new one, with the same values
+    other = {"model": {"w": torch.zeros(2, 2)}}
+    incarnation().restore(other)
+    assert torch.equal(other["model"]["w"], saved["model"]["w"])
