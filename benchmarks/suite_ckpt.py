@@ -3,7 +3,9 @@
 Contenders, interleaved in every repeat on the same Llama-shaped bf16 state:
 
 - hpcrun sync (``save(blocking=True)``) and async (``save()`` returns after staging; durable
-  at ``wait()``); restore by a second ``Checkpointer`` after the cache drop;
+  at ``wait()``); restore, after the cache drop, by a reader ``Checkpointer`` kept across
+  repeats (its pre-touched read buffer reused) into the model's tensors in place, and by a new
+  reader (the first restore of a process, whose read buffer is new memory);
 - ``torch.save`` + fsync; ``torch.load(weights_only=True)``; ``torch.load(mmap=True)`` followed
   by a copy into the model's tensors (what ``load_state_dict`` does; without it nothing is read);
 - torch.distributed.checkpoint (``FileSystemWriter(sync_files=True)``, load in place);
@@ -43,6 +45,7 @@ class HpcrunSide:
         fence = self.log.claim(self.holder)
         self.generation = fence.generation
         self.ck = self._make(fence.slot)
+        self.reader: Checkpointer | None = None
         self.step = 0
 
     def _make(self, fence_slot: int) -> Checkpointer:
@@ -70,14 +73,27 @@ class HpcrunSide:
         assert res is not None and res.committed, res
         return time.perf_counter() - t0, returned
 
-    def restore(self) -> float:
-        # fence_slot -1: a read-only reader that sees every commit (no new generation claimed)
+    def restore(self, target: dict[str, torch.Tensor]) -> float:
+        """Restore into ``target``'s tensors by a reader kept across repeats (its read buffer
+        is reused, as by a rank that restores after saving, or restores twice)."""
+        if self.reader is None:
+            # fence_slot -1: a read-only reader that sees every commit (no generation claimed)
+            self.reader = self._make(-1)
+        reader = self.reader
+        return timed(lambda: reader.restore({"model": target}))
+
+    def restore_first(self, target: dict[str, torch.Tensor]) -> float:
+        """Restore by a new reader: the first restore of a process (its buffer is new)."""
         reader = self._make(-1)
-        target: dict[str, Any] = {"model": {}}
         try:
-            return timed(lambda: reader.restore(target))
+            return timed(lambda: reader.restore({"model": target}))
         finally:
             reader.close()
+
+    def close(self) -> None:
+        self.ck.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def _torch_save(state: dict[str, torch.Tensor], d: Path) -> float:
@@ -139,7 +155,9 @@ def one_repeat(state: dict[str, torch.Tensor], base: Path, hp: HpcrunSide,
     s.add("hpcrun writer.write_s", writer)
     s.add("memcpy_s", _memcpy(state, target))
     how = drop_caches(hp.run_dir)
-    s.add("hpcrun sync.read_s", hp.restore())
+    s.add("hpcrun sync.read_s", hp.restore(target))
+    drop_caches(hp.run_dir)
+    s.add("hpcrun first restore.read_s", hp.restore_first(target))
     durable, returned = hp.save_async(state)
     s.add("hpcrun async.write_s", durable)
     s.add("hpcrun async.pause_s", returned)
@@ -168,8 +186,8 @@ def one_repeat(state: dict[str, torch.Tensor], base: Path, hp: HpcrunSide,
     return how
 
 
-METHODS = ("hpcrun sync", "hpcrun async", "hpcrun writer", "torch.save", "torch.load(mmap)",
-           "dcp", "safetensors")
+METHODS = ("hpcrun sync", "hpcrun first restore", "hpcrun async", "hpcrun writer", "torch.save",
+           "torch.load(mmap)", "dcp", "safetensors")
 
 
 def run_size(size_gib: float, base: Path, repeats: int) -> dict[str, Any]:
@@ -181,11 +199,12 @@ def run_size(size_gib: float, base: Path, repeats: int) -> dict[str, Any]:
     _memcpy(state, target)  # fault the target in once: it is the warm buffer of the memcpy
     hp = HpcrunSide(base / "hpcrun")
     hp.save_sync(state)  # first save faults the staging buffer in (once per process)
+    hp.restore(target)  # and the first restore the reader's (reused by later restores)
     s = Samples()
     how = ""
     for _ in range(repeats):
         how = one_repeat(state, base, hp, target, s)
-    hp.ck.close()
+    hp.close()
     shutil.rmtree(base / "hpcrun", ignore_errors=True)
     return summarize(size, s, repeats, how)
 
@@ -208,6 +227,9 @@ def summarize(size: int, s: Samples, repeats: int, how: str) -> dict[str, Any]:
                 "writer_vs_raw": ratio(rows["hpcrun writer"]["write_gbps"], raw["write"]),
                 "write_vs_torch_save": ratio(h["write_gbps"], rows["torch.save"]["write_gbps"]),
                 "restore_vs_raw": ratio(h["read_gbps"], raw["read"]),
+                "restore_vs_mmap": ratio(h["read_gbps"], rows["torch.load(mmap)"]["read_gbps"]),
+                "first_restore_vs_raw": ratio(rows["hpcrun first restore"]["read_gbps"],
+                                              raw["read"]),
                 "pause_vs_memcpy": ratio(med.get("hpcrun sync.pause_s"), med.get("memcpy_s"))}}
 
 
@@ -234,6 +256,11 @@ def render(name: str, r: dict[str, Any]) -> list[str]:
                  verdict(q["write_vs_torch_save"], 2.0, at_least=True)],
                 ["hpcrun cold restore ≥ 0.9 × raw O_DIRECT read", q["restore_vs_raw"],
                  verdict(q["restore_vs_raw"], 0.9, at_least=True)],
+                ["hpcrun cold restore ≥ torch.load(mmap=True) + copy", q["restore_vs_mmap"],
+                 verdict(q["restore_vs_mmap"], 1.0, at_least=True)],
+                ["hpcrun first restore of a process (new read buffer) ≥ 0.9 × raw read",
+                 q["first_restore_vs_raw"], verdict(q["first_restore_vs_raw"], 0.9,
+                                                    at_least=True)],
                 [f"exposed pause ≤ 1.5 × warm memcpy ({r['pause_s']:.3f} s vs "
                  f"{r['memcpy_s']:.3f} s)", q["pause_vs_memcpy"],
                  verdict(q["pause_vs_memcpy"], 1.5, at_least=False)]]),

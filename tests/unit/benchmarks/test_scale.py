@@ -1,0 +1,46 @@
+"""The scale benchmark drives the real Checkpointer, and the harness writes results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness
+from benchmarks.scale.__main__ import ScaleConfig, render, run_one
+from benchmarks.scale.gang import SimulatedGang
+
+
+def test_the_real_checkpointer_commits_and_restores_a_simulated_gang(tmp_path: Path) -> None:
+    small = run_one(ScaleConfig(ranks=16, tensors=6), tmp_path / "a")
+    large = run_one(ScaleConfig(ranks=128, tensors=6), tmp_path / "b")
+    for row in (small, large):
+        # rank 0 restored its own rows (checked in run_one) from its own shard only
+        assert row["files_read_per_rank"] == 1 and row["bytes_read_per_rank"] > 0
+        assert row["commit_s"] > 0 and row["restore_plan_s"] > 0
+    assert small["bytes_read_per_rank"] == large["bytes_read_per_rank"]
+    # metadata per rank stays constant as the gang grows (one shard, a share of a leader's)
+    assert large["save_metadata_ops_per_rank"] <= small["save_metadata_ops_per_rank"]
+    assert large["restore_metadata_ops_per_rank"] <= small["restore_metadata_ops_per_rank"]
+    assert large["summary_wire_bytes"] > small["summary_wire_bytes"]
+    text = render([small, large])
+    assert "files opened per rank on restore: 1 shard" in text and "NOT met" not in text
+
+
+def test_the_gang_never_gathers_across_all_ranks() -> None:
+    gang = SimulatedGang(64, 8, 1)
+    assert gang.node_ranks() == tuple(range(8)) and gang.num_nodes == 8
+    with pytest.raises(NotImplementedError):
+        gang.all_gather_object(1)
+
+
+def test_results_are_written_as_json_and_markdown(tmp_path: Path) -> None:
+    s = harness.Samples()
+    for v in (3.0, 1.0, 2.0):
+        s.add("x", v)
+    assert s.median("x") == 2.0 and harness.ratio(4.0, s.median("x")) == 2.0
+    assert harness.verdict(0.7, 0.8, at_least=True) == "NOT met"
+    js, md = harness.write_results(s.values, "| a |", tmp_path)
+    assert json.loads(js.read_text()) == {"x": [3.0, 1.0, 2.0]}
+    assert md.read_text() == "| a |\n" and js.stem == md.stem
