@@ -153,9 +153,12 @@ def _save(ck: Checkpointer, gang: SimulatedGang, meter: _Meter, cfg: ScaleConfig
             "coordinator_ops": at["broadcast"] - at["received"]}
 
 
-def _restore(cfg: ScaleConfig, reader: Checkpointer, gang: SimulatedGang,
-             meter: _Meter) -> dict[str, Any]:
+def _restore(cfg: ScaleConfig, reader: Checkpointer, gang: SimulatedGang, meter: _Meter,
+             log: RunLog) -> dict[str, Any]:
     target = rank0_state(cfg, 0.0)
+    before = meter.now()
+    log.read()  # what every rank's restore reads first: the run log
+    log_ops = meter.now() - before
     start = meter.now()
     t0 = time.perf_counter()
     res = reader.restore(target)
@@ -166,7 +169,8 @@ def _restore(cfg: ScaleConfig, reader: Checkpointer, gang: SimulatedGang,
     planned = meter.at["scatter"]
     return {"restore_plan_s": gang.marks["scatter"] - t0, "restore_s": total,
             "bytes_read_per_rank": res.bytes_read, "files_read_per_rank": res.files_read,
-            "restore_leader_ops": planned - start, "restore_rank_ops": meter.now() - planned}
+            "log_ops": log_ops, "restore_leader_ops": planned - start - log_ops,
+            "restore_rank_ops": meter.now() - planned}
 
 
 def run_one(cfg: ScaleConfig, root: Path) -> dict[str, Any]:
@@ -189,17 +193,20 @@ def run_one(cfg: ScaleConfig, root: Path) -> dict[str, Any]:
         tracemalloc.stop()
         ck.close()
         reader = _checkpointer(cfg, run_dir, log, gang, storage, fence.generation, -1)
-        restored = _restore(cfg, reader, gang, meter)
+        restored = _restore(cfg, reader, gang, meter, log)
         reader.close()
     ckpt_dir = run_dir / manifest_relpath(ck.results[-1].ckpt_id)
     nodes = gang.num_nodes
-    save_ops_rank = steady["shard_ops"] + (steady["leader_ops"] * nodes
-                                           + steady["coordinator_ops"]) / cfg.ranks
-    restore_ops_rank = restored["restore_rank_ops"] + restored["restore_leader_ops"] * nodes \
-        / cfg.ranks
+    # The first save's shard window has no retention in it (retention of a commit runs on rank
+    # 0's writer thread before the next shard write): it is the coordinator's.
+    coordinator = steady["coordinator_ops"] + steady["shard_ops"] - first["shard_ops"]
+    save_ops_rank = first["shard_ops"] + (steady["leader_ops"] * nodes + coordinator) / cfg.ranks
+    restore_ops_rank = restored["restore_rank_ops"] + restored["log_ops"] + (
+        restored["restore_leader_ops"] * nodes) / cfg.ranks
     return {"ranks": cfg.ranks, "nodes": nodes, "tensors": cfg.tensors,
             "datasets": cfg.ranks * (cfg.tensors + 1),
-            "commit_first_s": first["commit_s"], **steady,
+            "commit_first_s": first["commit_s"], **steady, "shard_ops": first["shard_ops"],
+            "coordinator_ops": coordinator,
             "summary_wire_bytes": gang.wire_bytes,
             "top_manifest_bytes": ckpt_dir.stat().st_size,
             "sub_manifest_bytes": (ckpt_dir.parent / "manifests"

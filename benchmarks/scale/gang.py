@@ -7,8 +7,9 @@ are made here, by the same functions their own Checkpointers would run:
 - a node's shard reports: rank 0's real shard record with the rank, node, path and rows of the
   other rank (every simulated rank holds the same tensors, one row block of each);
 - the other node leaders' ``(NodeSummary, write_s)``: :func:`hierarchy.summarize_node` over
-  those records, with the key-table digest the last verdict broadcast (as their Checkpointers
-  do). Their sub-manifest writes are counted, not stored: nothing restores them here;
+  node 1's records, with the key-table digest the last verdict broadcast (as their
+  Checkpointers do), shifted to each node's ranks and rows. Their sub-manifest writes are
+  counted, not stored: nothing restores them here;
 - restore needs and plans of rank 0's node: the real :func:`readplan.need_of` shape.
 
 What crosses the wire to rank 0 is pickled and unpickled, as ``gather_object`` does, and the time
@@ -28,7 +29,7 @@ import numpy as np
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.commit import ShardReport
-from hpcrun.checkpoint.manifest import ShardRecord
+from hpcrun.checkpoint.manifest import ShardRecord, digest_bytes
 from hpcrun.checkpoint.readplan import Need
 from hpcrun.checkpoint.shards import shard_relpath
 
@@ -57,6 +58,7 @@ class SimulatedGang(Collectives):
         """Called with each mark's name (the benchmark snapshots its counters there)."""
         self._ckpt_id = ""
         self._template: ShardRecord | None = None
+        self._node1: tuple[tuple[str, str], hierarchy.NodeSummary] | None = None
 
     # -- whole gang: rank 0 is the source and every rank agrees ----------------------------
 
@@ -135,15 +137,28 @@ class SimulatedGang(Collectives):
                                      for k, (a, b, g) in mine.rows.items()})
 
     def summary(self, node0: hierarchy.NodeSummary, node: int) -> hierarchy.NodeSummary:
-        """What node ``node``'s leader sends (it runs the same summarize as rank 0)."""
+        """What node ``node``'s leader sends: the same ``summarize_node`` rank 0 ran.
+
+        Node 1's leader's summary is computed for real over its ranks' records; the others
+        are that summary with its ranks and rows shifted and a digest of their own (every node
+        holds the same tensors, so their summaries differ in nothing else).
+        """
         del node0
-        ranks = range(node * self.per_node, min(self.world_size, (node + 1) * self.per_node))
-        assert self._template is not None
-        records = [self.record(self._template, r) for r in ranks]
-        _, summary = hierarchy.summarize_node(self._ckpt_id, node_name(ranks[0], self.per_node),
-                                              records, known_keys=self.known_keys)
+        if self._node1 is None or self._node1[0] != (self._ckpt_id, self.known_keys):
+            assert self._template is not None
+            ranks = range(self.per_node, min(self.world_size, 2 * self.per_node))
+            records = [self.record(self._template, r) for r in ranks]
+            _, real = hierarchy.summarize_node(self._ckpt_id, node_name(ranks[0], self.per_node),
+                                               records, known_keys=self.known_keys)
+            self._node1 = ((self._ckpt_id, self.known_keys), real)
+        one = self._node1[1]
+        shift = (node - 1) * self.per_node
+        name = node_name(node * self.per_node, self.per_node)
         self.leader_ops += 2  # write_node_manifest: makedirs + write_atomic
-        return summary
+        return replace(one, node=name, path=f"manifests/{name}.json",
+                       digest=digest_bytes(f"{self._ckpt_id}/{name}".encode()),
+                       ranks=tuple(r + shift for r in one.ranks if r + shift < self.world_size),
+                       starts=one.starts + shift * self.rows, stops=one.stops + shift * self.rows)
 
     def prepare(self, ckpt_id: str) -> None:
         """The checkpoint the next save commits (every rank derives it without talking)."""

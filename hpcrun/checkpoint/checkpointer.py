@@ -2,7 +2,9 @@
 
 ``save`` stages a host copy on the training thread (the exposed pause), writes the shard in one
 background thread, and finalizes on the training thread at the next ``save``/``poll``/``wait``:
-gather the shard reports, rank 0 commits, every rank learns the verdict. Collectives are only
+each node's leader gathers its ranks' shard reports and writes the node's sub-manifest, rank 0
+gathers the leaders' summaries and commits (:mod:`hpcrun.checkpoint.hierarchy`), every rank
+learns the verdict. Collectives are only
 ever called from the training thread. One checkpoint is in flight; a newer save waits for it
 (``block``) or is skipped (``skip``), so host memory for staging stays bounded by one buffer.
 """
@@ -83,7 +85,8 @@ class Checkpointer:
             keep_last: committed checkpoints retention keeps (>= 2).
             async_policy: ``block`` or ``skip`` a save while the previous one is writing.
             checksum: shard checksum algorithm.
-            group: process group of the gang (None: the default group, or a single process).
+            group: host (CPU) process group of the gang (None: the default group, or a single
+                process), or a :class:`Collectives` to use as is.
             clock: time source.
             fault_hook: called with each stage's name (fault injection for drills and tests).
             staging_limit: most bytes the staging buffer may hold (None: no limit).

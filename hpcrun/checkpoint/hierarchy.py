@@ -1,9 +1,9 @@
-"""Hierarchical commit for large gangs: node agents verify their node, the coordinator the nodes.
+"""The commit path: node leaders verify their node, the coordinator (rank 0) the nodes.
 
 At 16,384 ranks with 800 dim-0 sharded tensors a checkpoint has 13 M datasets; one process cannot
 gather, check and encode all of them within a second. So the work splits by node:
 
-1. each node's agent (or local rank 0) takes its ranks' shard records, checks them (every rank
+1. each node's leader (its lowest rank) takes its ranks' shard records, checks them (every rank
    on this node, each with its meta dataset, rows of each tensor merged without overlap),
    writes the node's sub-manifest ``manifests/<node>.json`` and hands the coordinator a compact
    :class:`NodeSummary`: the sub-manifest's digest, the node's ranks and bytes, and per tensor
@@ -14,10 +14,13 @@ gather, check and encode all of them within a second. So the work splits by node
    intervals)), writes the top manifest listing the sub-manifests with their digests, and
    publishes the COMMIT entry.
 
-The files are the same as :func:`hpcrun.checkpoint.manifest.encode_manifest` writes for a large
-checkpoint, so :func:`hpcrun.checkpoint.commit.read_manifest` reads them unchanged. On restore a
+The :class:`~hpcrun.checkpoint.Checkpointer` commits only through here, whatever the gang size
+(one node is the same path). The sub-manifests have the format
+:func:`hpcrun.checkpoint.manifest.encode_manifest` writes, so
+:func:`hpcrun.checkpoint.commit.read_manifest` (audit, drain) reads them unchanged. On restore a
 node needs only the top manifest (read once and broadcast) and its own sub-manifest
-(:func:`read_top_manifest`, :func:`read_node_shards`).
+(:func:`read_top_manifest`, :func:`read_node_shards`); the top manifest's ``tensors`` (rows of
+every tensor) tells a node whether that is enough.
 """
 
 from __future__ import annotations
@@ -390,8 +393,8 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     """Coordinator: verify the node summaries, write the top manifest, publish the COMMIT.
 
     The node agents have already written their sub-manifests. Refusals are recorded as FAULT
-    entries; like :func:`hpcrun.checkpoint.commit.commit` this never raises for a refused or
-    stale commit.
+    entries; this never raises for a refused or stale commit: the verdict goes back to every
+    rank, which raise together.
     """
     if any(s.nonfinite for s in summaries):
         detail = "; ".join(p for s in summaries if s.nonfinite for p in s.problems[:1])

@@ -197,7 +197,8 @@ class _Builder:
     def __init__(self, positions: int) -> None:
         self.shared = [0] * positions
         self.reads: list[list[Read]] = [[] for _ in range(positions)]
-        self.own: list[list[tuple[int, int, DatasetRecord]]] = [[] for _ in range(positions)]
+        self.own: list[list[Read]] = [[] for _ in range(positions)]
+        self.own_size = [0] * positions
         self.placed: dict[tuple[int, int], Placed] = {}
 
     def share(self, shard: int, index: int, d: DatasetRecord) -> Placed:
@@ -209,8 +210,10 @@ class _Builder:
         return self.placed[(shard, index)]
 
     def mine(self, pos: int, shard: int, index: int, d: DatasetRecord) -> Placed:
-        base = sum(align_up(x.nbytes) for _, _, x in self.own[pos])
-        self.own[pos].append((shard, index, d))
+        """An own read; its offset is relative to the end of the shared region (see _own)."""
+        base = self.own_size[pos]
+        self.own[pos].append(Read(shard=shard, index=index, offset=base))
+        self.own_size[pos] = align_up(base + d.nbytes)
         return Placed(record=d, holder=-1, offset=base)
 
 
@@ -300,15 +303,12 @@ def plan_node(records: Mapping[int, ShardRecord], needs: Sequence[Need], *, ckpt
     plans = []
     for pos, (targets, meta, error) in enumerate(per_rank):
         base = b.shared[pos]
-        own = [Read(shard=j, index=i, offset=base + sum(align_up(x.nbytes)
-                                                         for _, _, x in b.own[pos][:k]))
-               for k, (j, i, _) in enumerate(b.own[pos])]
+        own = [Read(shard=r.shard, index=r.index, offset=base + r.offset) for r in b.own[pos]]
         reads = tuple(sorted([*b.reads[pos], *own], key=lambda r: (r.shard, r.offset)))
-        size = base + sum(align_up(d.nbytes) for _, _, d in b.own[pos])
         plans.append(RankPlan(
             ckpt_id=ckpt_id, checksum=checksum, reads=reads,
             files={r.shard: records[r.shard] for r in reads},
-            shared=tuple(b.shared), size=size, meta=_shift(meta, base),
+            shared=tuple(b.shared), size=base + b.own_size[pos], meta=_shift(meta, base),
             targets=tuple((t, tuple(_own(p, base) for p in ps)) for t, ps in targets),
             error=error))
     return plans
