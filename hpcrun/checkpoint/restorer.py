@@ -30,6 +30,7 @@ from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import ShardRecord, node_manifest_refs
+from hpcrun.checkpoint.rawio import aligned_buffer
 from hpcrun.checkpoint.readplan import (
     Need,
     RankPlan,
@@ -50,7 +51,7 @@ from hpcrun.checkpoint.state import Layout, Placement, TensorLeaf
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier
 from hpcrun.control.entries import FaultPayload
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, HpcrunError, ReshardError
+from hpcrun.errors import CheckpointError, CorruptCheckpointError, HpcrunError, ReshardError
 from hpcrun.storage import Storage
 from hpcrun.vocab import FaultClass
 
@@ -86,12 +87,19 @@ class RestoreShell:
     """One rank's side of a restore (see the module docstring)."""
 
     identity: CheckpointIdentity
+    """Run and fencing token (for incident entries)."""
     tiers: TierLayout
+    """Where this node's tiers are."""
     layout: Layout
+    """This rank's place in the gang."""
     log: RunLog
+    """The run log."""
     comm: Collectives
+    """The Checkpointer's collectives (host group)."""
     storage: Storage
+    """Filesystem seam (manifests)."""
     buffer: StagingBuffer
+    """The Checkpointer's reused, pre-touched staging buffer (restore reads into it)."""
 
     def load(self, ckpt: CommittedCheckpoint, need: Need,
              leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
@@ -164,8 +172,11 @@ class RestoreShell:
 
     def _read(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any], plan: RankPlan,
               leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
-        self.buffer.reserve(plan.size)
-        buf = self.buffer.view(0, plan.size)
+        try:
+            self.buffer.reserve(plan.size)
+            buf = self.buffer.view(0, plan.size)
+        except CheckpointError:  # above the staging limit: this restore gets its own buffer
+            buf = aligned_buffer(plan.size, touch=False)
         tiers: set[str] = set()
         count = 0
         try:
