@@ -391,7 +391,9 @@ def write_job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str
 @click.argument("run")
 def cancel(run: str) -> None:
     """Cancel RUN: fence it first (so running workers can no longer publish), then scancel."""
+    from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.cancel import cancel_run
+    from hpcrun.observe.postrun import post_run_publisher
     from hpcrun.observe.status import resolve_run_dir
     from hpcrun.scheduler.slurm import SlurmClient
 
@@ -402,7 +404,8 @@ def cancel(run: str) -> None:
         cancel_sweep(sweep_dir)
         return
     run_dir = resolve_run_dir(run)
-    cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser())
+    cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser(),
+               on_end=post_run_publisher(clock=SYSTEM_CLOCK))
     stop_local_launcher(run_dir)
     click.echo(f"{run_dir.name}: CANCELLED")
 
@@ -502,9 +505,11 @@ def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
 def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once
+    from hpcrun.observe.postrun import post_run_publisher
     from hpcrun.scheduler.slurm import SlurmClient
 
-    result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run)
+    result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run,
+                        on_end=post_run_publisher(clock=SYSTEM_CLOCK))
     return f"{run_dir.name}: {result.record.state}, {result.summary()}"
 
 
