@@ -56,6 +56,8 @@ def test_job_cancelled_behind_hpcruns_back_is_marked_cancelled(
     assert str(rec.state) == "CANCELLED"
     assert f"job {run.job_id} was cancelled outside hpcrun" in str(rec.state_info)
     assert rec.job_ids == (run.job_id,)  # nothing resubmitted
+    run.shown_manifest("CANCELLED")  # published by the pass that recorded the ending
+    rec = run.record()
     _reconcile(run)  # a second pass finds nothing to do
     assert run.record().last_slot == rec.last_slot
     job = scontrol_job(slurm, run.job_id)
@@ -211,6 +213,7 @@ def test_cancel_fences_a_training_worker(testbed: Testbed, runs: RunFactory,
     valid = {e.slot for e in run.valid()}
     assert not [e for e in late if e.slot in valid], "an entry of the fenced worker counted"
     assert scontrol_job(slurm, run.job_id).get("Restarts") == "0"
+    assert run.shown_manifest("CANCELLED")["steps"] == at_cancel.step
     print(f"\ncancel at step {at_cancel.step}: {len(late)} void entries of generation {old} "
           f"after the cancel fence ({sorted({e.kind for e in late})})")
 
