@@ -119,5 +119,10 @@ class PermissionDeniedError(HpcrunError, PermissionError):
     """The caller lacks authority for an operation on a run (e.g. cancel by a non-owner)."""
 
 
+class UnsafeDirectoryError(HpcrunError, PermissionError):
+    """A directory hpcrun would write into is owned by another user, writable by others without
+    the sticky bit, or reached through a symlink where none is allowed."""
+
+
 class DistInitError(HpcrunError, RuntimeError):
     """The process group could not be formed (rendezvous unreachable, timeout, bad backend)."""

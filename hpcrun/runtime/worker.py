@@ -163,6 +163,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
         tiers=TierLayout(run_dir=inc.run_dir, node_local_root=inc.node_local_root),
         layout=layout, log=log, fence_slot=inc.fence_slot, keep_last=policy.keep_last,
         async_policy=str(policy.async_policy), group=groups.checkpoint_group,
+        checksum=str(policy.checksum),
         fault_hook=faults.checkpoint_hook(
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
             step=lambda: built[0].step if built else 0),
