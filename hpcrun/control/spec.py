@@ -113,6 +113,9 @@ class Resources:
     """Slurm feature constraint (``--constraint``)."""
     exclude: tuple[str, ...] = ()
     """Nodes never to run on (quarantined nodes are added per allocation)."""
+    sbatch_extra: Mapping[str, str] = field(default_factory=dict)
+    """sbatch options hpcrun does not model (``mem: 64G``, ``exclusive: ""`` for a bare flag),
+    overriding the site's ``sbatch_extra`` option by option; checked at submit."""
 
     def __post_init__(self) -> None:
         for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_limit_min"):
@@ -121,6 +124,7 @@ class Resources:
         for key in ("spare_nodes", "gpus_per_node"):
             value = getattr(self, key)
             _check(value >= 0, key, "an integer >= 0", value, f"set {key} to 0 or more")
+        object.__setattr__(self, "sbatch_extra", types.MappingProxyType(dict(self.sbatch_extra)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -387,8 +391,9 @@ class RunSpec:
         """JSON-ready dict with every default filled and a ``schema_version``.
 
         Sections added after schema 1 (``dist``) and fields added inside a section
-        (``checkpoint.checksum``) are written only when they differ from their defaults, so the
-        ``spec_id`` of a spec that does not use them stays what it was.
+        (``checkpoint.checksum``, ``resources.sbatch_extra``) are written only when they differ
+        from their defaults, so the ``spec_id`` of a spec that does not use them stays what it
+        was.
         """
         plain = _to_plain(self)
         for key, default in _LATER_SECTIONS.items():
@@ -429,7 +434,8 @@ class RunSpec:
 _LATER_SECTIONS: dict[str, Any] = {"dist": DistSpec()}
 """Sections added after schema 1, with the default that leaves them out of the digest."""
 
-_LATER_FIELDS: dict[tuple[str, str], Any] = {("checkpoint", "checksum"): ChecksumAlgorithm.XXH3}
+_LATER_FIELDS: dict[tuple[str, str], Any] = {("checkpoint", "checksum"): ChecksumAlgorithm.XXH3,
+                                             ("resources", "sbatch_extra"): {}}
 """Fields added inside a section after schema 1, with the default that leaves them out of the
 digest."""
 

@@ -74,6 +74,6 @@ def test_a_run_directory_planted_by_another_user_is_refused(tmp_path: Path) -> N
     planted.mkdir()
     os.chown(planted, OTHER_UID, -1)
     spec = RunSpec.from_dict({"name": "t", "entrypoint": "m:f"})
-    with pytest.raises(UnsafeDirectoryError, match="run directory .*r-1 is owned by nobody"):
+    with pytest.raises(UnsafeDirectoryError, match=r"run directory .*r-1 is owned by nobody"):
         create_run(tmp_path, spec, run_id="r-1")
     assert not (planted / "spec.json").exists()
