@@ -58,6 +58,11 @@ class StorageError(HpcrunError, OSError):
     """A tier (node-local or shared filesystem) failed a read or write."""
 
 
+class StorageTimeoutError(StorageError):
+    """A storage operation did not finish within its deadline (a stuck OST, an NFS server gone);
+    the operation may still be blocked in the kernel."""
+
+
 class CheckpointError(HpcrunError, RuntimeError):
     """A checkpoint could not be written, committed or restored."""
 

@@ -46,6 +46,7 @@ class FaultClass(StrEnum):
     NONFINITE = "nonfinite"
     DATA_ERROR = "data_error"
     STORAGE_ERROR = "storage_error"
+    STORAGE_TIMEOUT = "storage_timeout"  # a shared-tier operation outlived its deadline
     USER_ERROR = "user_error"
     UNKNOWN = "unknown"
 

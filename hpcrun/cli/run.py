@@ -77,6 +77,16 @@ def _inject_findings(inject: str | None) -> list[Any]:
     return []
 
 
+def _stripe(run_dir: Path, site: Any, runner: SubprocessRunner) -> None:
+    """The checkpoint directory gets the site's Lustre layout (or a warning that it cannot)."""
+    from hpcrun.checkpoint.tiers import shared_root
+    from hpcrun.launch.striping import apply_striping
+
+    warning = apply_striping(site.shared_tier, shared_root(run_dir), runner=runner)
+    if warning is not None:
+        click.echo(f"hpcrun: warning: {warning}", err=True)
+
+
 def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
             run_id: str | None = None) -> tuple[Path, Any, dict[str, str]]:
     """Freeze the spec (``sub.spec`` unless ``spec`` is given: a sweep point), create the run
@@ -94,6 +104,7 @@ def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
     sub.runs_root.mkdir(parents=True, exist_ok=True, mode=0o750)
     run_dir = Path(create_run(sub.runs_root, spec, run_id=run_id))
     save_site_snapshot(run_dir, sub.site)
+    _stripe(run_dir, sub.site, runner)
     code_path = cwd
     if dirty:
         snapshot_tree(cwd, run_dir / SNAPSHOT_DIR, runner)

@@ -30,6 +30,7 @@ from hpcrun.errors import ConfigError
 from hpcrun.launch.jobsetup import ContainerConfig, container_from_dict, sbatch_extra_from_dict
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
+from hpcrun.launch.striping import SharedTierConfig, shared_tier_from_dict
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import DistBackend
 
@@ -126,6 +127,9 @@ class SiteConfig:
     sbatch_extra: Mapping[str, str] = field(default_factory=dict)
     """sbatch options hpcrun does not model (``mem: 0``, ``exclusive: true``); a spec's
     ``resources.sbatch_extra`` overrides them option by option."""
+    shared_tier: SharedTierConfig | None = None
+    """Lustre striping of checkpoint directories and the deadline of shared-tier operations
+    (:class:`~hpcrun.launch.striping.SharedTierConfig`); None: defaults, no striping."""
 
     def __post_init__(self) -> None:
         _check(bool(_NAME_RE.match(self.name)), "name", "letters, digits, '_', '.', '-'",
@@ -168,7 +172,7 @@ class SiteConfig:
         out: dict[str, Any] = {"schema_version": SITE_SCHEMA_VERSION}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, ContainerConfig):
+            if isinstance(value, ContainerConfig | SharedTierConfig):
                 value = value.to_dict()
             elif isinstance(value, tuple):
                 value = list(value)
@@ -195,7 +199,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint_timeout_s": (int, float),
 }
 _LIST_KEYS = frozenset({"modules", "srun_extra_flags", "setup"})
-_MAPPING_KEYS = frozenset({"container", "sbatch_extra"})
+_MAPPING_KEYS = frozenset({"container", "sbatch_extra", "shared_tier"})
 _NULLABLE = frozenset({"partition", "high_partition", "account", "qos", "constraint", "gres",
                        "python"})
 _REQUIRED = ("name", "node_local_path", "shared_path")
@@ -248,6 +252,8 @@ def _convert(key: str, value: object, source: str) -> object:
         return _as_env(value, source, key=key)
     if key == "container":
         return container_from_dict(value, source=source)
+    if key == "shared_tier":
+        return shared_tier_from_dict(value, source=source)
     if key == "sbatch_extra":
         return sbatch_extra_from_dict(value, source=source)
     if value is None and key in _NULLABLE:

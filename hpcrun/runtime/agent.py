@@ -390,7 +390,9 @@ class Agent:
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         if self.node.node_local_root is None:
             return None
-        argv = drain_target(self.run_dir, self.node, inc).argv(self.python, interval_s=2.0)
+        argv = drain_target(self.run_dir, self.node, inc,
+                            injection=self.environ.get("HPCRUN_INJECT", "")).argv(
+            self.python, interval_s=2.0)
         out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
