@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from hpcrun.errors import SchedulerError
+from hpcrun.errors import HpcrunError, SchedulerError
 from hpcrun.runner import SubprocessRunner
 
 BACKENDS = ("slurm", "local")
@@ -495,11 +495,59 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
     import time
 
     while True:
-        for run_dir in _watch_targets(runs):
-            click.echo(_watch_one(run_dir, dry_run=dry_run))
+        targets = _watch_targets(runs)
+        failed = []
+        for run_dir in targets:
+            try:
+                click.echo(_watch_one(run_dir, dry_run=dry_run))
+            except HpcrunError as exc:  # one run's failure never stops the pass for the others
+                failed.append(run_dir.name)
+                click.echo(f"{run_dir.name}: reconcile failed: {exc}", err=True)
+        if not dry_run:
+            for line in _deliver_alerts(targets):
+                click.echo(line)
         if interval is None:
+            if failed:
+                raise SchedulerError(f"the reconcile pass failed for {', '.join(failed)}; the "
+                                     "next pass retries (see the lines above)")
             return
         time.sleep(interval)
+
+
+def _deliver_alerts(run_dirs: list[Path]) -> list[str]:
+    """Evaluate the alert rules of each run and deliver new alerts to its site's sinks; a run
+    or sink that fails is reported and left for the next pass."""
+    from hpcrun.observe.notify import deliver_alerts, run_alerts
+    from hpcrun.observe.status import runs_root
+
+    fired, senders, lines = [], {}, []
+    for run_dir in run_dirs:
+        try:
+            senders[run_dir.name] = _alert_senders(run_dir)
+            fired += run_alerts(run_dir)
+        except (HpcrunError, OSError) as exc:
+            lines.append(f"{run_dir.name}: alerts not evaluated: {exc}")
+    if not any(senders.values()):
+        return lines
+    return lines + deliver_alerts(runs_root(os.environ), fired, senders=senders,
+                                  runs=[d.name for d in run_dirs])
+
+
+def _alert_senders(run_dir: Path) -> dict[str, Any]:
+    import shutil
+
+    from hpcrun.launch.site import load_site_snapshot
+    from hpcrun.observe.notify import email_sender, webhook_sender
+
+    sinks = load_site_snapshot(run_dir).alerts
+    if sinks is None:
+        return {}
+    out: dict[str, Any] = {}
+    if sinks.webhook:
+        out["webhook"] = webhook_sender(sinks.webhook)
+    if sinks.email and shutil.which("sendmail"):
+        out["email"] = email_sender(sinks.email, runner=SubprocessRunner())
+    return out
 
 
 def _watch_targets(runs: tuple[str, ...]) -> list[Path]:

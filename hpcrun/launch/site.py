@@ -27,6 +27,7 @@ import yaml
 
 from hpcrun.checkpoint.cadence import DEFAULT_MTBF_PRIOR_H
 from hpcrun.errors import ConfigError
+from hpcrun.launch.alertsinks import AlertSinks, alert_sinks_from_dict
 from hpcrun.launch.jobsetup import ContainerConfig, container_from_dict, sbatch_extra_from_dict
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
@@ -130,6 +131,9 @@ class SiteConfig:
     shared_tier: SharedTierConfig | None = None
     """Lustre striping of checkpoint directories and the deadline of shared-tier operations
     (:class:`~hpcrun.launch.striping.SharedTierConfig`); None: defaults, no striping."""
+    alerts: AlertSinks | None = None
+    """Where ``hpcrun watch`` delivers new alerts (:class:`~hpcrun.launch.alertsinks.AlertSinks`:
+    a webhook, email); None: alerts are only shown by ``hpcrun status``."""
 
     def __post_init__(self) -> None:
         _check(bool(_NAME_RE.match(self.name)), "name", "letters, digits, '_', '.', '-'",
@@ -172,7 +176,7 @@ class SiteConfig:
         out: dict[str, Any] = {"schema_version": SITE_SCHEMA_VERSION}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, ContainerConfig | SharedTierConfig):
+            if isinstance(value, ContainerConfig | SharedTierConfig | AlertSinks):
                 value = value.to_dict()
             elif isinstance(value, tuple):
                 value = list(value)
@@ -199,7 +203,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint_timeout_s": (int, float),
 }
 _LIST_KEYS = frozenset({"modules", "srun_extra_flags", "setup"})
-_MAPPING_KEYS = frozenset({"container", "sbatch_extra", "shared_tier"})
+_MAPPING_KEYS = frozenset({"container", "sbatch_extra", "shared_tier", "alerts"})
 _NULLABLE = frozenset({"partition", "high_partition", "account", "qos", "constraint", "gres",
                        "python"})
 _REQUIRED = ("name", "node_local_path", "shared_path")
@@ -252,6 +256,8 @@ def _convert(key: str, value: object, source: str) -> object:
         return _as_env(value, source, key=key)
     if key == "container":
         return container_from_dict(value, source=source)
+    if key == "alerts":
+        return alert_sinks_from_dict(value, source=source)
     if key == "shared_tier":
         return shared_tier_from_dict(value, source=source)
     if key == "sbatch_extra":
