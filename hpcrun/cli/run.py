@@ -483,7 +483,16 @@ def _crash_local_node(run_dir: Path, node: str) -> None:
 @click.option("--interval", type=float, default=None,
               help="Repeat every INTERVAL seconds (default: one pass, for cron).")
 @click.option("--dry-run", is_flag=True, help="Plan the actions but send nothing.")
-def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
+@click.option("--install", is_flag=True,
+              help="Schedule this pass every --every minutes with scrontab (else print the "
+                   "crontab line).")
+@click.option("--uninstall", is_flag=True, help="Remove the scheduled pass from scrontab.")
+@click.option("--every", "every_min", type=int, default=5, show_default=True,
+              help="Minutes between scheduled passes (with --install).")
+@click.option("--scron-option", "scron_options", multiple=True,
+              help="sbatch option for the scheduled job (#SCRON line), e.g. -p=batch.")
+def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool, install: bool,
+          uninstall: bool, every_min: int, scron_options: tuple[str, ...]) -> None:
     """Reconcile runs with Slurm from the login node: one bounded pass per run.
 
     \b
@@ -491,8 +500,15 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
     acts (requeue with backoff, resubmit, mark failed), logging each action's operation id before
     sending it so a pass that crashed half-way is never repeated. Lock-free and idempotent:
     safe under cron, e.g. `*/5 * * * * hpcrun watch`. Without RUNS, every unfinished run.
+    New alerts of those runs go to the site's alert sinks. `--install` schedules the pass with
+    Slurm's scrontab where the site enables it (no cron needed), else prints the crontab line.
     """
     import time
+
+    if install or uninstall:
+        _schedule_watch(runs, install=install, every_min=every_min,
+                        scron_options=scron_options)
+        return
 
     while True:
         targets = _watch_targets(runs)
@@ -512,6 +528,31 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
                                      "next pass retries (see the lines above)")
             return
         time.sleep(interval)
+
+
+_SCHEDULE_ENV = ("HPCRUN_RUNS", "HPCRUN_SITE_CONFIGS", "PYTHONPATH", "PATH", "SLURM_CONF")
+"""Variables the scheduled pass needs as they are here (it runs in a fresh batch job)."""
+
+
+def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
+                    scron_options: tuple[str, ...]) -> None:
+    from hpcrun.control.schedule import install_watch, uninstall_watch, watch_entry
+    from hpcrun.observe.status import runs_root
+
+    runner = SubprocessRunner()
+    if not install:
+        click.echo(uninstall_watch(runner=runner).detail)
+        return
+    root = runs_root(os.environ)
+    root.mkdir(parents=True, exist_ok=True)  # the scheduled pass appends to its watch.log
+    env = {k: os.environ[k] for k in _SCHEDULE_ENV if os.environ.get(k)}
+    env["HPCRUN_RUNS"] = str(root)
+    entry = watch_entry(argv=[sys.executable, "-m", "hpcrun.cli.main", "watch", *runs],
+                        env=env, every_min=every_min, log_path=root / "watch.log",
+                        scron_options=("--job-name=hpcrun-watch", "--time=5",
+                                       *scron_options))
+    result = install_watch(entry, runner=runner)
+    click.echo(f"{result.detail}:\n{result.entry}")
 
 
 def _deliver_alerts(run_dirs: list[Path]) -> list[str]:

@@ -230,3 +230,30 @@ def _pending(slurm: JobClient, job_id: str) -> dict[str, str] | None:
 
 def _epoch(stamp: str) -> int:
     return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S").timestamp())
+
+
+@pytest.mark.slow
+def test_the_scheduled_pass_resubmits_a_vanished_job_with_no_one_running_a_command(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    """`hpcrun watch --install` puts the pass in scrontab; the job vanishes behind hpcrun's
+    back; Slurm runs the pass by itself within a minute or two and it resubmits the run."""
+    run = runs.sbatch(slurm_spec(testbed, tasks_per_node=1, steps=20, every_steps=10), slurm,
+                      submit=False)
+    _vanished_running_run(run)
+    installed = run.cli("watch", "--install", "--every", "1", "--scron-option=--partition=batch")
+    try:
+        assert installed.returncode == 0, installed.stderr
+        assert "installed in your scrontab" in installed.stdout, installed.stdout
+        listed = slurm.run("scrontab", "-l")
+        assert "hpcrun.cli.main watch" in listed.stdout, listed.stdout + listed.stderr
+        rec = run.wait_for("the scheduled pass to resubmit the run", lambda: (
+            r if len((r := run.record()).job_ids) == 2 else None), timeout=200)
+        runs.runs.append(TestbedRun(run_dir=run.run_dir, job_id=rec.job_ids[1], env=run.env))
+        assert scontrol_job(slurm, rec.job_ids[1]).get("Comment", "").startswith(
+            "hpcrun:submit-")
+        done = run.wait({"SUCCEEDED"}, timeout=150)
+        assert done.step == 20 and done.job_ids[-1] == rec.job_ids[1]
+    finally:
+        removed = run.cli("watch", "--uninstall")
+    assert "removed hpcrun watch" in removed.stdout, removed.stdout + removed.stderr
+    assert "hpcrun.cli.main watch" not in slurm.run("scrontab", "-l").stdout
