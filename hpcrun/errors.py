@@ -63,6 +63,10 @@ class StorageTimeoutError(StorageError):
     the operation may still be blocked in the kernel."""
 
 
+class DeliveryError(HpcrunError, OSError):
+    """An alert did not reach its sink (a webhook refused it, sendmail failed)."""
+
+
 class CheckpointError(HpcrunError, RuntimeError):
     """A checkpoint could not be written, committed or restored."""
 

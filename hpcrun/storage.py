@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from hpcrun.errors import StorageError, StorageTimeoutError
+from hpcrun.errors import ConfigError, StorageError, StorageTimeoutError
 
 T = TypeVar("T")
 
@@ -216,7 +216,8 @@ class DeadlineStorage:
         wrapper per drain round still sees the earlier rounds' stuck threads); ``on_timeout``
         is told each timeout's message before it is raised (to record the fault)."""
         if deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0, found {deadline_s}")
+            raise ConfigError(f"storage deadline_s must be > 0, found {deadline_s}; set "
+                              "shared_tier.deadline_s to a positive number of seconds")
         self.inner = inner
         self.deadline_s = deadline_s
         self.max_stuck = max_stuck
@@ -275,7 +276,7 @@ class FaultyStorage:
     def __init__(self, inner: Storage, *, mode: str, while_path: str,
                  ops: tuple[str, ...] = STORAGE_OPS) -> None:
         if mode not in ("fail", "stall"):
-            raise ValueError(f"mode must be fail or stall, found {mode!r}")
+            raise ConfigError(f"storage fault mode must be fail or stall, found {mode!r}")
         self.inner, self.mode, self.while_path, self.ops = inner, mode, while_path, ops
 
     def __getattr__(self, name: str) -> Callable[..., Any]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcrun.errors import DeliveryError
 from hpcrun.runner import CommandRunner
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
@@ -143,7 +144,7 @@ def webhook_sender(url: str, *, timeout_s: float = 10.0) -> Sender:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             if response.status >= 300:
-                raise OSError(f"webhook answered HTTP {response.status}")
+                raise DeliveryError(f"webhook answered HTTP {response.status}")
 
     return send
 
@@ -155,7 +156,8 @@ def email_sender(addresses: Sequence[str], *, runner: CommandRunner) -> Sender:
                 f"{d.alert.run_id}: {d.alert.rule}\n\n{d.text()}\n")
         result = runner.run(["sendmail", "-t"], input=mail, timeout=30)
         if result.returncode != 0:
-            raise OSError(f"sendmail exited {result.returncode}: {result.stderr.strip()[:200]}")
+            raise DeliveryError(f"sendmail exited {result.returncode}: "
+                                f"{result.stderr.strip()[:200]}")
 
     return send
 
