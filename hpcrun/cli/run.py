@@ -536,14 +536,15 @@ _SCHEDULE_ENV = ("HPCRUN_RUNS", "HPCRUN_SITE_CONFIGS", "PYTHONPATH", "PATH", "SL
 
 def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
                     scron_options: tuple[str, ...]) -> None:
-    from hpcrun.control.schedule import install_watch, uninstall_watch, watch_entry
+    from hpcrun.control.schedule import chain_script, install_watch, uninstall_watch, watch_entry
     from hpcrun.observe.status import runs_root
 
     runner = SubprocessRunner()
-    if not install:
-        click.echo(uninstall_watch(runner=runner).detail)
-        return
     root = runs_root(os.environ)
+    chain = root / ".watch-job.sh"
+    if not install:
+        click.echo(uninstall_watch(runner=runner, chain=chain).detail)
+        return
     root.mkdir(parents=True, exist_ok=True)  # the scheduled pass appends to its watch.log
     env = {k: os.environ[k] for k in _SCHEDULE_ENV if os.environ.get(k)}
     env["HPCRUN_RUNS"] = str(root)
@@ -551,7 +552,10 @@ def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
                         env=env, every_min=every_min, log_path=root / "watch.log",
                         scron_options=("--job-name=hpcrun-watch", "--time=5",
                                        *scron_options))
-    result = install_watch(entry, runner=runner)
+    argv = [sys.executable, "-m", "hpcrun.cli.main", "watch", *runs]
+    script = chain_script(argv=argv, env=env, every_min=every_min, log_path=root / "watch.log",
+                          script_path=chain, options=scron_options)
+    result = install_watch(entry, runner=runner, chain=(chain, script), every_min=every_min)
     click.echo(f"{result.detail}:\n{result.entry}")
 
 

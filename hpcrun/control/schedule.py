@@ -4,7 +4,10 @@ Many sites forbid cron on login nodes; Slurm (>= 20.11) has ``scrontab``, which 
 entry as a small batch job (``ScronParameters=enable`` in slurm.conf). :func:`install_watch`
 adds hpcrun's entry to the user's scrontab, between marker lines so that a reinstall replaces it
 and :func:`uninstall_watch` removes exactly it, leaving the user's other entries alone. Where
-scrontab is missing or disabled, the same line is returned for the user's own crontab.
+scrontab is missing or disabled (some distributions do not package it) but ``sbatch`` works, the
+pass runs as a self-renewing batch job instead (:func:`chain_script`): each run first submits the
+next one ``--begin=now+N`` (``--dependency=singleton``, so never two at once), then reconciles.
+Without either, the crontab line is returned for the user's own crontab.
 
 :func:`watch_entry`, :func:`with_entry` and :func:`without_entry` are pure; the two effectful
 functions go through the injected runner.
@@ -12,6 +15,7 @@ functions go through the injected runner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import tempfile
@@ -22,8 +26,11 @@ from pathlib import Path
 from hpcrun.errors import SchedulerError
 from hpcrun.runner import CommandRunner
 
-__all__ = ["BEGIN", "END", "InstallResult", "install_watch", "uninstall_watch", "watch_entry",
-           "with_entry", "without_entry"]
+__all__ = ["BEGIN", "CHAIN_JOB_NAME", "END", "InstallResult", "chain_script", "install_watch",
+           "uninstall_watch", "watch_entry", "with_entry", "without_entry"]
+
+CHAIN_JOB_NAME = "hpcrun-watch"
+"""Name of the self-renewing batch job (``squeue --name=hpcrun-watch`` shows it)."""
 
 BEGIN = "# >>> hpcrun watch (managed by `hpcrun watch --install`) >>>"
 END = "# <<< hpcrun watch <<<"
@@ -55,6 +62,22 @@ def watch_entry(*, argv: Sequence[str], env: Mapping[str, str], every_min: int,
             f">> {shlex.quote(str(log_path))} 2>&1")
     scron = [f"#SCRON {' '.join(scron_options)}"] if scron_options else []
     return "\n".join([BEGIN, *scron, line, END])
+
+
+def chain_script(*, argv: Sequence[str], env: Mapping[str, str], every_min: int,
+                 log_path: Path, script_path: Path, options: Sequence[str] = ()) -> str:
+    """The batch script of the self-renewing pass (pure): resubmit itself, then reconcile."""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    flags = "".join(f"#SBATCH {o}\n" for o in (
+        f"--job-name={CHAIN_JOB_NAME}", "--time=5", "--nodes=1", "--ntasks=1",
+        f"--output={log_path}", "--open-mode=append", *options))
+    script = shlex.quote(str(script_path))
+    return (f"#!/bin/bash\n{BEGIN}\n{flags}{exports}"
+            f"# The next pass first: this one may fail, the schedule must not. Removing the\n"
+            f"# script (hpcrun watch --uninstall) ends the chain.\n"
+            f"[ -f {script} ] && sbatch --begin=now+{every_min}minutes "
+            f"--dependency=singleton {script}\n"
+            f"{' '.join(shlex.quote(a) for a in argv)}\n{END}\n")
 
 
 def without_entry(table: str) -> str:
@@ -100,9 +123,16 @@ def _write_scrontab(runner: CommandRunner, table: str) -> None:
                              "check `scrontab -l` and the #SCRON options")
 
 
-def install_watch(entry: str, *, runner: CommandRunner) -> InstallResult:
-    """Put ``entry`` into the user's scrontab (replacing an earlier one)."""
+def install_watch(entry: str, *, runner: CommandRunner, chain: tuple[Path, str] | None = None,
+                  every_min: int = 5) -> InstallResult:
+    """Put ``entry`` into the user's scrontab (replacing an earlier one); without scrontab,
+    start the self-renewing job ``chain`` = (script path, :func:`chain_script` text) when
+    ``sbatch`` works; else return the crontab line."""
     table = _current_scrontab(runner)
+    if table is None and chain is not None:
+        started = _start_chain(runner, *chain, every_min=every_min)
+        if started is not None:
+            return started
     if table is None:
         return InstallResult(scheduler="crontab", entry=entry, detail=(
             "scrontab is not available here (Slurm < 20.11, or ScronParameters=enable is not "
@@ -112,8 +142,39 @@ def install_watch(entry: str, *, runner: CommandRunner) -> InstallResult:
                          detail="installed in your scrontab (`scrontab -l` shows it)")
 
 
-def uninstall_watch(*, runner: CommandRunner) -> InstallResult:
-    """Remove hpcrun's entry from the user's scrontab (a no-op when there is none)."""
+def _start_chain(runner: CommandRunner, script_path: Path, text: str, *,
+                 every_min: int) -> InstallResult | None:
+    """Write the chain's script and submit its first job; None when sbatch does not work."""
+    _stop_chain(runner, script_path)
+    script_path.write_text(text)
+    try:
+        result = runner.run(["sbatch", "--parsable", f"--begin=now+{every_min}minutes",
+                             "--dependency=singleton", str(script_path)], timeout=60)
+    except (SchedulerError, OSError):
+        result = None
+    if result is None or result.returncode != 0:
+        script_path.unlink(missing_ok=True)
+        return None
+    return InstallResult(scheduler="sbatch", entry=text, detail=(
+        f"scrontab is not available here; scheduled as a self-renewing batch job "
+        f"{CHAIN_JOB_NAME} (job {result.stdout.strip().split(';')[0]}, script {script_path})"))
+
+
+def _stop_chain(runner: CommandRunner, script_path: Path) -> bool:
+    """End the self-renewing job: its script first (no more resubmits), then its jobs."""
+    had = script_path.exists()
+    script_path.unlink(missing_ok=True)
+    with contextlib.suppress(SchedulerError, OSError):  # no Slurm client: nothing submitted
+        runner.run(["scancel", f"--name={CHAIN_JOB_NAME}", "--state=PENDING"], timeout=60)
+    return had
+
+
+def uninstall_watch(*, runner: CommandRunner, chain: Path | None = None) -> InstallResult:
+    """Remove hpcrun's entry from the user's scrontab (a no-op when there is none), and end
+    the self-renewing job whose script is ``chain``."""
+    if chain is not None and _stop_chain(runner, chain):
+        return InstallResult(scheduler="sbatch", entry="", detail=(
+            f"removed the self-renewing batch job {CHAIN_JOB_NAME} ({chain})"))
     table = _current_scrontab(runner)
     if table is None:
         return InstallResult(scheduler="crontab", entry="", detail=(

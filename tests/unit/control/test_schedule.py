@@ -69,3 +69,40 @@ def test_where_scrontab_is_disabled_the_crontab_line_is_given_instead() -> None:
     result = install_watch(ENTRY, runner=scron)
     assert result.scheduler == "crontab" and result.entry == ENTRY
     assert "crontab -e" in result.detail and scron.table == ""
+
+
+class FakeSlurm(FakeScrontab):
+    """No scrontab binary, a working sbatch/scancel."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], *, input: str | None = None,
+            env: Mapping[str, str] | None = None, timeout: float | None = None) -> CommandResult:
+        if argv[0] == "scrontab":
+            from hpcrun.errors import SchedulerError
+
+            raise SchedulerError("command not found: 'scrontab'")
+        self.calls.append(list(argv))
+        return CommandResult(argv=tuple(argv), returncode=0, stdout="77\n", stderr="")
+
+
+def test_without_scrontab_the_pass_becomes_a_self_renewing_batch_job(tmp_path: Path) -> None:
+    from hpcrun.control.schedule import chain_script
+
+    script = tmp_path / ".watch-job.sh"
+    text = chain_script(argv=["python", "-m", "hpcrun.cli.main", "watch"], env={"A": "1"},
+                        every_min=2, log_path=tmp_path / "watch.log", script_path=script,
+                        options=("--partition=debug",))
+    slurm = FakeSlurm()
+    result = install_watch(ENTRY, runner=slurm, chain=(script, text), every_min=2)
+    assert result.scheduler == "sbatch" and "job 77" in result.detail
+    assert script.read_text() == text
+    assert f"sbatch --begin=now+2minutes --dependency=singleton {script}" in text
+    assert "#SBATCH --partition=debug" in text and "export A=1" in text
+    assert slurm.calls[-1] == ["sbatch", "--parsable", "--begin=now+2minutes",
+                               "--dependency=singleton", str(script)]
+    removed = uninstall_watch(runner=slurm, chain=script)
+    assert "removed the self-renewing batch job" in removed.detail and not script.exists()
+    assert slurm.calls[-1] == ["scancel", "--name=hpcrun-watch", "--state=PENDING"]
