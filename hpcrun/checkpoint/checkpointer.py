@@ -46,6 +46,7 @@ from hpcrun.errors import (
     HpcrunError,
     NonFiniteError,
     StaleGenerationError,
+    StorageTimeoutError,
 )
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import AsyncPolicy, FaultClass
@@ -196,6 +197,9 @@ class Checkpointer:
             record = write_shard(path, header, self._buffer, staged, algorithm=info.checksum,
                                  fault=self._fault, storage=self._storage)
             return protocol.ShardReport(rank=rank, record=record,
+                                        write_s=self._clock.monotonic() - t0)
+        except StorageTimeoutError as exc:  # a hung tier: abandon this checkpoint, go on
+            return protocol.ShardReport(rank=rank, record=None, error=str(exc), timed_out=True,
                                         write_s=self._clock.monotonic() - t0)
         except (HpcrunError, OSError) as exc:
             return protocol.ShardReport(rank=rank, record=None, error=str(exc),

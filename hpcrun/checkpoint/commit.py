@@ -34,7 +34,7 @@ from hpcrun.checkpoint.manifest import (
 from hpcrun.checkpoint.tiers import MANIFEST_NAME, CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.entries import CommitPayload, FaultPayload
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, StaleGenerationError
+from hpcrun.errors import CorruptCheckpointError, StaleGenerationError, StorageTimeoutError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import FaultClass
 
@@ -65,6 +65,8 @@ class ShardReport:
     """Why the write failed."""
     write_s: float = 0.0
     """Seconds spent writing."""
+    timed_out: bool = False
+    """The write failed because a storage operation outlived its deadline (a hung tier)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,6 +173,8 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
     """
     refused = refusal(reports, info.step)
     if refused is not None:
+        if refused[0] is Outcome.FAILED and all(r.timed_out for r in reports if r.error):
+            return abandon_on_timeout(log, info, refused[1])
         kind = FaultClass.NONFINITE if refused[0] is Outcome.NONFINITE else \
             FaultClass.STORAGE_ERROR
         record_fault(log, info, kind=kind, detail=refused[1])
@@ -181,7 +185,10 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
         record_fault(log, info, kind=FaultClass.STORAGE_ERROR, detail=detail)
         return CommitOutcome(outcome=Outcome.FAILED, message=detail)
     fault("before_manifest")
-    digest = write_manifest(run_dir, m, storage=storage)
+    try:
+        digest = write_manifest(run_dir, m, storage=storage)
+    except StorageTimeoutError as exc:
+        return abandon_on_timeout(log, info, f"manifest of {m.ckpt_id} not written: {exc}")
     fault("before_commit")
     try:
         entry = log.publish_entry(commit_entry(
@@ -193,6 +200,17 @@ def commit(run_dir: Path, log: RunLog, info: CheckpointInfo, reports: Sequence[S
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")
     return CommitOutcome(outcome=Outcome.COMMITTED, bytes=m.bytes, slot=entry.slot)
+
+
+def abandon_on_timeout(log: RunLog, info: CheckpointInfo, detail: str) -> CommitOutcome:
+    """A hung tier: this checkpoint is abandoned (never committed) and training goes on; the
+    incident is a background ``storage_timeout`` fault, not a fault of the gang."""
+    log.append_entry(FaultPayload(
+        fault=FaultClass.STORAGE_TIMEOUT, node=info.nodes[0] if info.nodes else "",
+        step=info.step, signature="ckpt:storage_timeout", detail=detail[:2000],
+        ckpt_id=info.ckpt_id, background=True),
+        generation=info.identity.generation, holder=info.identity.holder)
+    return CommitOutcome(outcome=Outcome.FAILED, message=f"checkpoint abandoned: {detail}")
 
 
 def record_fault(log: RunLog, info: CheckpointInfo, *, kind: FaultClass, detail: str,
