@@ -217,6 +217,8 @@ def test_a_stalled_shared_tier_is_a_storage_timeout_not_a_hang(
     assert "deadline" in timeouts[0].payload["detail"]
     assert step_after > step_before + EVERY, "training stalled with the shared tier"
     assert rec.step == steps and rec.requeues == 0 and rec.restarts == 0
+    tail = [(e.payload.get("step"), e.payload.get("tier")) for e in run.valid(EntryKind.COMMIT)]
+    print(f"last commits (step, tier): {tail[-4:]}")
     assert [c for c in rec.checkpoints if c.tier == "shared"][-1].step == steps
 
 
