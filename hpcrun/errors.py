@@ -58,6 +58,15 @@ class StorageError(HpcrunError, OSError):
     """A tier (node-local or shared filesystem) failed a read or write."""
 
 
+class StorageTimeoutError(StorageError):
+    """A storage operation did not finish within its deadline (a stuck OST, an NFS server gone);
+    the operation may still be blocked in the kernel."""
+
+
+class DeliveryError(HpcrunError, OSError):
+    """An alert did not reach its sink (a webhook refused it, sendmail failed)."""
+
+
 class CheckpointError(HpcrunError, RuntimeError):
     """A checkpoint could not be written, committed or restored."""
 
@@ -117,6 +126,11 @@ class TransitionError(HpcrunError, ValueError):
 
 class PermissionDeniedError(HpcrunError, PermissionError):
     """The caller lacks authority for an operation on a run (e.g. cancel by a non-owner)."""
+
+
+class UnsafeDirectoryError(HpcrunError, PermissionError):
+    """A directory hpcrun would write into is owned by another user, writable by others without
+    the sticky bit, or reached through a symlink where none is allowed."""
 
 
 class DistInitError(HpcrunError, RuntimeError):

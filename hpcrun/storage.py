@@ -12,11 +12,16 @@ import collections
 import errno
 import os
 import shutil
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from hpcrun.errors import StorageError
+from hpcrun.errors import ConfigError, StorageError, StorageTimeoutError
+
+T = TypeVar("T")
 
 PathLike = str | os.PathLike[str]
 
@@ -189,3 +194,110 @@ class CountingStorage:
 
 
 LOCAL_STORAGE = LocalStorage()
+
+STORAGE_OPS: tuple[str, ...] = CountingStorage._OPS
+"""The names of every :class:`Storage` operation."""
+
+
+class DeadlineStorage:
+    """Wraps a :class:`Storage`: every operation must finish within ``deadline_s``.
+
+    An operation that outlives its deadline (a stuck OST, an NFS server gone) raises
+    :class:`~hpcrun.errors.StorageTimeoutError` to the caller, which goes on; the operation
+    itself stays blocked in its own daemon thread (a kernel wait cannot be interrupted). While
+    ``max_stuck`` operations are still blocked, new ones are refused at once instead of piling
+    up more threads on a dead mount.
+    """
+
+    def __init__(self, inner: Storage, *, deadline_s: float, max_stuck: int = 4,
+                 stuck: set[threading.Thread] | None = None,
+                 on_timeout: Callable[[str], None] | None = None) -> None:
+        """``stuck`` shares the blocked operations between wrappers of one process (a new
+        wrapper per drain round still sees the earlier rounds' stuck threads); ``on_timeout``
+        is told each timeout's message before it is raised (to record the fault)."""
+        if deadline_s <= 0:
+            raise ConfigError(f"storage deadline_s must be > 0, found {deadline_s}; set "
+                              "shared_tier.deadline_s to a positive number of seconds")
+        self.inner = inner
+        self.deadline_s = deadline_s
+        self.max_stuck = max_stuck
+        self._stuck: set[threading.Thread] = set() if stuck is None else stuck
+        self._on_timeout = on_timeout
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in STORAGE_OPS:
+            raise AttributeError(name)
+        fn = getattr(self.inner, name)
+        return lambda *args, **kwargs: self.call(name, fn, *args, **kwargs)
+
+    def call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` under the deadline (``op`` names it in errors)."""
+        for done in [t for t in self._stuck if not t.is_alive()]:
+            self._stuck.discard(done)
+        where = os.fspath(args[0]) if args else "?"
+        if len(self._stuck) >= self.max_stuck:
+            raise self._timeout(
+                f"{op} {where!r} not started: {len(self._stuck)} earlier storage operations "
+                f"are still blocked past their {self.deadline_s:g} s deadline; the tier is "
+                "hung (check the mount, `lfs check servers`, the NFS server)")
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name=f"hpcrun-storage-{op}", daemon=True)
+        worker.start()
+        worker.join(self.deadline_s)
+        if worker.is_alive():
+            self._stuck.add(worker)
+            raise self._timeout(
+                f"{op} {where!r} did not finish within its {self.deadline_s:g} s deadline; the "
+                "tier is stuck or overloaded (a hung OST or NFS server); it is retried later")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]  # type: ignore[no-any-return]
+
+
+    def _timeout(self, message: str) -> StorageTimeoutError:
+        if self._on_timeout is not None:
+            self._on_timeout(message)
+        return StorageTimeoutError(message)
+
+
+class FaultyStorage:
+    """Fault injection at the storage seam (drills and tests): while ``while_path`` exists,
+    each operation in ``ops`` fails (``fail``) or blocks in the kernel (``stall``: it opens
+    the FIFO at ``while_path`` for reading, which waits until a writer opens it, as a hung
+    mount does). Other operations go straight to ``inner``."""
+
+    def __init__(self, inner: Storage, *, mode: str, while_path: str,
+                 ops: tuple[str, ...] = STORAGE_OPS) -> None:
+        if mode not in ("fail", "stall"):
+            raise ConfigError(f"storage fault mode must be fail or stall, found {mode!r}")
+        self.inner, self.mode, self.while_path, self.ops = inner, mode, while_path, ops
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name not in STORAGE_OPS:
+            raise AttributeError(name)
+        fn = getattr(self.inner, name)
+        if name not in self.ops:
+            return fn  # type: ignore[no-any-return]
+
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            self._inject(name, args[0] if args else "?")
+            return fn(*args, **kwargs)
+
+        return faulty
+
+    def _inject(self, op: str, path: Any) -> None:
+        if not os.path.exists(self.while_path):
+            return
+        if self.mode == "fail":
+            raise StorageError(f"{op} {os.fspath(path)!r} failed: shared tier unwritable "
+                               f"(injected while {self.while_path} exists)")
+        with open(self.while_path, "rb"):  # blocks until the drill opens the FIFO for writing
+            time.sleep(0)
+

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "DistBackend", "FaultClass", "ResumeContract",
-           "RunState", "Tier"]
+__all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "ChecksumAlgorithm", "DistBackend",
+           "FaultClass", "ResumeContract", "RunState", "Tier"]
 
 
 class RunState(StrEnum):
@@ -46,6 +46,7 @@ class FaultClass(StrEnum):
     NONFINITE = "nonfinite"
     DATA_ERROR = "data_error"
     STORAGE_ERROR = "storage_error"
+    STORAGE_TIMEOUT = "storage_timeout"  # a shared-tier operation outlived its deadline
     USER_ERROR = "user_error"
     UNKNOWN = "unknown"
 
@@ -83,6 +84,14 @@ class CadenceKind(StrEnum):
     EVERY_STEPS = "every_steps"
     EVERY_SECONDS = "every_seconds"
     YOUNG = "young"
+
+
+class ChecksumAlgorithm(StrEnum):
+    """How checkpoint shards are checksummed (the spec's ``checkpoint.checksum``); a manifest
+    records the one its shards were written with, and every reader verifies with that one."""
+
+    XXH3 = "xxh3"
+    SHA256 = "sha256"
 
 
 class AsyncPolicy(StrEnum):

@@ -49,6 +49,7 @@ from hpcrun.errors import (
     HpcrunError,
     NonFiniteError,
     StaleGenerationError,
+    StorageTimeoutError,
 )
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import AsyncPolicy
@@ -203,6 +204,9 @@ class Checkpointer:
                                  fault=self._fault, storage=self._storage)
             return protocol.ShardReport(rank=rank, record=record,
                                         write_s=self._clock.monotonic() - t0)
+        except StorageTimeoutError as exc:  # a hung tier: abandon this checkpoint, go on
+            return protocol.ShardReport(rank=rank, record=None, error=str(exc), timed_out=True,
+                                        write_s=self._clock.monotonic() - t0)
         except (HpcrunError, OSError) as exc:
             return protocol.ShardReport(rank=rank, record=None, error=str(exc),
                                         write_s=self._clock.monotonic() - t0)
@@ -248,6 +252,8 @@ class Checkpointer:
         data, summary = hierarchy.summarize_node(
             info.ckpt_id, self.layout.node, records, refused=refused[1] if refused else "",
             nonfinite=refused is not None and refused[0] is protocol.Outcome.NONFINITE,
+            timed_out=refused is not None and refused[0] is protocol.Outcome.FAILED
+            and all(r.timed_out for r in reports if r.error),
             known_keys="" if self.layout.rank == 0 else self._known_keys)
         if refused is None:
             try:
@@ -255,7 +261,8 @@ class Checkpointer:
                                               data, storage=self._storage)
             except (HpcrunError, OSError) as exc:
                 summary = replace(summary, problems=(*summary.problems,
-                                                     f"writing its sub-manifest failed: {exc}"))
+                                                     f"writing its sub-manifest failed: {exc}"),
+                                  timed_out=isinstance(exc, StorageTimeoutError))
         return summary, max(r.write_s for r in reports)
 
     def _coordinate(self, info: protocol.CheckpointInfo,

@@ -66,6 +66,8 @@ class ShardReport:
     """Why the write failed."""
     write_s: float = 0.0
     """Seconds spent writing."""
+    timed_out: bool = False
+    """The write failed because a storage operation outlived its deadline (a hung tier)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,6 +150,17 @@ def commit_entry(*, run_id: str, ckpt_id: str, generation: int, step: int, tier:
     return CommitPayload(ckpt_id=ckpt_id, tier=tier, step=step,
                          manifest=manifest_relpath(ckpt_id), digest=digest, bytes=total_bytes,
                          nodes=tuple(nodes), run_id=run_id, generation=generation)
+
+
+def abandon_on_timeout(log: RunLog, info: CheckpointInfo, detail: str) -> CommitOutcome:
+    """A hung tier: this checkpoint is abandoned (never committed) and training goes on; the
+    incident is a background ``storage_timeout`` fault, not a fault of the gang."""
+    log.append_entry(FaultPayload(
+        fault=FaultClass.STORAGE_TIMEOUT, node=info.nodes[0] if info.nodes else "",
+        step=info.step, signature="ckpt:storage_timeout", detail=detail[:2000],
+        ckpt_id=info.ckpt_id, background=True),
+        generation=info.identity.generation, holder=info.identity.holder)
+    return CommitOutcome(outcome=Outcome.FAILED, message=f"checkpoint abandoned: {detail}")
 
 
 def record_fault(log: RunLog, info: CheckpointInfo, *, kind: FaultClass, detail: str,

@@ -36,6 +36,7 @@ from hpcrun.checkpoint.commit import (
     CheckpointInfo,
     CommitOutcome,
     Outcome,
+    abandon_on_timeout,
     commit_entry,
     read_committed_json,
     record_fault,
@@ -54,7 +55,12 @@ from hpcrun.checkpoint.manifest import (
 from hpcrun.checkpoint.state import META_KEY
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, FormatError, StaleGenerationError
+from hpcrun.errors import (
+    CorruptCheckpointError,
+    FormatError,
+    StaleGenerationError,
+    StorageTimeoutError,
+)
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import FaultClass
 
@@ -95,6 +101,9 @@ class NodeSummary:
     """What the node agent found wrong (empty when its shards are complete)."""
     nonfinite: bool = False
     """Whether a rank of the node refused its shard for NaN/Inf."""
+    timed_out: bool = False
+    """Whether every problem of the node is a shared-tier operation past its deadline (the
+    coordinator abandons the checkpoint instead of calling it a fault of the gang)."""
 
     def __post_init__(self) -> None:
         n = len(self.starts)
@@ -183,13 +192,14 @@ def key_table_digest(keys: Sequence[str], totals: np.ndarray) -> str:
 
 
 def summarize_node(ckpt_id: str, node: str, shards: Sequence[ShardRecord], *,
-                   refused: str = "", nonfinite: bool = False,
+                   refused: str = "", nonfinite: bool = False, timed_out: bool = False,
                    known_keys: str = "") -> tuple[bytes, NodeSummary]:
     """Node agent: check the node's shards and encode its sub-manifest and summary (pure).
 
     Args:
         refused: why the node's ranks did not all write (from ``commit.refusal``), if so.
         nonfinite: whether that refusal is for non-finite values.
+        timed_out: whether that refusal is only shared-tier operations past their deadline.
         known_keys: digest of the key table the coordinator already has (rank 0's, sent with
             the save); a node whose table has this digest leaves it out of its summary, which
             keeps what the coordinator receives small at thousands of nodes.
@@ -216,7 +226,7 @@ def summarize_node(ckpt_id: str, node: str, shards: Sequence[ShardRecord], *,
         starts=np.array([a for a, _ in flat], dtype=np.int64),
         stops=np.array([b for _, b in flat], dtype=np.int64),
         problems=tuple(([refused] if refused else []) + _node_problems(node, ordered) + problems),
-        nonfinite=nonfinite)
+        nonfinite=nonfinite, timed_out=timed_out)
 
 
 def write_node_manifest(run_dir: Path, ckpt_id: str, node: str, data: bytes, *,
@@ -400,6 +410,9 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
         detail = "; ".join(p for s in summaries if s.nonfinite for p in s.problems[:1])
         record_fault(log, info, kind=FaultClass.NONFINITE, detail=detail)
         return CommitOutcome(outcome=Outcome.NONFINITE, message=detail)
+    hung = [s for s in summaries if s.problems]
+    if hung and all(s.timed_out for s in hung):
+        return abandon_on_timeout(log, info, "; ".join(s.problems[0] for s in hung[:4]))
     if problems := check_nodes(info.nodes, summaries):
         detail = f"checkpoint {info.ckpt_id} is incomplete: {'; '.join(problems[:4])}"
         record_fault(log, info, kind=FaultClass.STORAGE_ERROR, detail=detail)
@@ -407,8 +420,11 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     fault("before_manifest")
     top = encode_top_manifest(info, summaries)
     path = Path(run_dir) / manifest_relpath(info.ckpt_id)
-    storage.makedirs(path.parent)
-    storage.write_atomic(path, top)
+    try:
+        storage.makedirs(path.parent)
+        storage.write_atomic(path, top)
+    except StorageTimeoutError as exc:
+        return abandon_on_timeout(log, info, f"manifest of {info.ckpt_id} not written: {exc}")
     fault("before_commit")
     total = sum(s.bytes for s in summaries)
     payload = commit_entry(run_id=info.identity.run_id, ckpt_id=info.ckpt_id,

@@ -29,11 +29,12 @@ def _reconcile(run_dir: Path, timeout_s: float) -> Any:
     def once() -> Any:
         from hpcrun.clock import SYSTEM_CLOCK
         from hpcrun.control.watch import watch_once
+        from hpcrun.observe.postrun import post_run_publisher
         from hpcrun.runner import SubprocessRunner
         from hpcrun.scheduler.slurm import SlurmClient
 
         return watch_once(run_dir, SlurmClient(SubprocessRunner(), timeout=timeout_s),
-                          SYSTEM_CLOCK)
+                          SYSTEM_CLOCK, on_end=post_run_publisher(clock=SYSTEM_CLOCK))
 
     return run_bounded(once, timeout_s=timeout_s)
 

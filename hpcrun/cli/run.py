@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from hpcrun.errors import SchedulerError
+from hpcrun.errors import HpcrunError, SchedulerError
 from hpcrun.runner import SubprocessRunner
 
 BACKENDS = ("slurm", "local")
@@ -77,6 +77,16 @@ def _inject_findings(inject: str | None) -> list[Any]:
     return []
 
 
+def _stripe(run_dir: Path, site: Any, runner: SubprocessRunner) -> None:
+    """The checkpoint directory gets the site's Lustre layout (or a warning that it cannot)."""
+    from hpcrun.checkpoint.tiers import shared_root
+    from hpcrun.launch.striping import apply_striping
+
+    warning = apply_striping(site.shared_tier, shared_root(run_dir), runner=runner)
+    if warning is not None:
+        click.echo(f"hpcrun: warning: {warning}", err=True)
+
+
 def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
             run_id: str | None = None) -> tuple[Path, Any, dict[str, str]]:
     """Freeze the spec (``sub.spec`` unless ``spec`` is given: a sweep point), create the run
@@ -94,6 +104,7 @@ def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
     sub.runs_root.mkdir(parents=True, exist_ok=True, mode=0o750)
     run_dir = Path(create_run(sub.runs_root, spec, run_id=run_id))
     save_site_snapshot(run_dir, sub.site)
+    _stripe(run_dir, sub.site, runner)
     code_path = cwd
     if dirty:
         snapshot_tree(cwd, run_dir / SNAPSHOT_DIR, runner)
@@ -391,7 +402,9 @@ def write_job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str
 @click.argument("run")
 def cancel(run: str) -> None:
     """Cancel RUN: fence it first (so running workers can no longer publish), then scancel."""
+    from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.cancel import cancel_run
+    from hpcrun.observe.postrun import post_run_publisher
     from hpcrun.observe.status import resolve_run_dir
     from hpcrun.scheduler.slurm import SlurmClient
 
@@ -402,7 +415,8 @@ def cancel(run: str) -> None:
         cancel_sweep(sweep_dir)
         return
     run_dir = resolve_run_dir(run)
-    cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser())
+    cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser(),
+               on_end=post_run_publisher(clock=SYSTEM_CLOCK))
     stop_local_launcher(run_dir)
     click.echo(f"{run_dir.name}: CANCELLED")
 
@@ -469,7 +483,16 @@ def _crash_local_node(run_dir: Path, node: str) -> None:
 @click.option("--interval", type=float, default=None,
               help="Repeat every INTERVAL seconds (default: one pass, for cron).")
 @click.option("--dry-run", is_flag=True, help="Plan the actions but send nothing.")
-def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
+@click.option("--install", is_flag=True,
+              help="Schedule this pass every --every minutes with scrontab (else print the "
+                   "crontab line).")
+@click.option("--uninstall", is_flag=True, help="Remove the scheduled pass from scrontab.")
+@click.option("--every", "every_min", type=int, default=5, show_default=True,
+              help="Minutes between scheduled passes (with --install).")
+@click.option("--scron-option", "scron_options", multiple=True,
+              help="sbatch option for the scheduled job (#SCRON line), e.g. -p=batch.")
+def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool, install: bool,
+          uninstall: bool, every_min: int, scron_options: tuple[str, ...]) -> None:
     """Reconcile runs with Slurm from the login node: one bounded pass per run.
 
     \b
@@ -477,15 +500,99 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool) -> None:
     acts (requeue with backoff, resubmit, mark failed), logging each action's operation id before
     sending it so a pass that crashed half-way is never repeated. Lock-free and idempotent:
     safe under cron, e.g. `*/5 * * * * hpcrun watch`. Without RUNS, every unfinished run.
+    New alerts of those runs go to the site's alert sinks. `--install` schedules the pass with
+    Slurm's scrontab where the site enables it (no cron needed), else prints the crontab line.
     """
     import time
 
+    if install or uninstall:
+        _schedule_watch(runs, install=install, every_min=every_min,
+                        scron_options=scron_options)
+        return
+
     while True:
-        for run_dir in _watch_targets(runs):
-            click.echo(_watch_one(run_dir, dry_run=dry_run))
+        targets = _watch_targets(runs)
+        failed = []
+        for run_dir in targets:
+            try:
+                click.echo(_watch_one(run_dir, dry_run=dry_run))
+            except HpcrunError as exc:  # one run's failure never stops the pass for the others
+                failed.append(run_dir.name)
+                click.echo(f"{run_dir.name}: reconcile failed: {exc}", err=True)
+        if not dry_run:
+            for line in _deliver_alerts(targets):
+                click.echo(line)
         if interval is None:
+            if failed:
+                raise SchedulerError(f"the reconcile pass failed for {', '.join(failed)}; the "
+                                     "next pass retries (see the lines above)")
             return
         time.sleep(interval)
+
+
+_SCHEDULE_ENV = ("HPCRUN_RUNS", "HPCRUN_SITE_CONFIGS", "PYTHONPATH", "PATH", "SLURM_CONF")
+"""Variables the scheduled pass needs as they are here (it runs in a fresh batch job)."""
+
+
+def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
+                    scron_options: tuple[str, ...]) -> None:
+    from hpcrun.control.schedule import chain_script, install_watch, uninstall_watch, watch_entry
+    from hpcrun.observe.status import runs_root
+
+    runner = SubprocessRunner()
+    root = runs_root(os.environ)
+    chain = root / ".watch-job.sh"
+    if not install:
+        click.echo(uninstall_watch(runner=runner, chain=chain).detail)
+        return
+    root.mkdir(parents=True, exist_ok=True)  # the scheduled pass appends to its watch.log
+    env = {k: os.environ[k] for k in _SCHEDULE_ENV if os.environ.get(k)}
+    env["HPCRUN_RUNS"] = str(root)
+    entry = watch_entry(argv=[sys.executable, "-m", "hpcrun.cli.main", "watch", *runs],
+                        env=env, every_min=every_min, log_path=root / "watch.log",
+                        scron_options=("--job-name=hpcrun-watch", "--time=5",
+                                       *scron_options))
+    argv = [sys.executable, "-m", "hpcrun.cli.main", "watch", *runs]
+    script = chain_script(argv=argv, env=env, every_min=every_min, log_path=root / "watch.log",
+                          script_path=chain, options=scron_options)
+    result = install_watch(entry, runner=runner, chain=(chain, script), every_min=every_min)
+    click.echo(f"{result.detail}:\n{result.entry}")
+
+
+def _deliver_alerts(run_dirs: list[Path]) -> list[str]:
+    """Evaluate the alert rules of each run and deliver new alerts to its site's sinks; a run
+    or sink that fails is reported and left for the next pass."""
+    from hpcrun.observe.notify import deliver_alerts, run_alerts
+    from hpcrun.observe.status import runs_root
+
+    fired, senders, lines = [], {}, []
+    for run_dir in run_dirs:
+        try:
+            senders[run_dir.name] = _alert_senders(run_dir)
+            fired += run_alerts(run_dir)
+        except (HpcrunError, OSError) as exc:
+            lines.append(f"{run_dir.name}: alerts not evaluated: {exc}")
+    if not any(senders.values()):
+        return lines
+    return lines + deliver_alerts(runs_root(os.environ), fired, senders=senders,
+                                  runs=[d.name for d in run_dirs])
+
+
+def _alert_senders(run_dir: Path) -> dict[str, Any]:
+    import shutil
+
+    from hpcrun.launch.site import load_site_snapshot
+    from hpcrun.observe.notify import email_sender, webhook_sender
+
+    sinks = load_site_snapshot(run_dir).alerts
+    if sinks is None:
+        return {}
+    out: dict[str, Any] = {}
+    if sinks.webhook:
+        out["webhook"] = webhook_sender(sinks.webhook)
+    if sinks.email and shutil.which("sendmail"):
+        out["email"] = email_sender(sinks.email, runner=SubprocessRunner())
+    return out
 
 
 def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
@@ -502,9 +609,11 @@ def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
 def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once
+    from hpcrun.observe.postrun import post_run_publisher
     from hpcrun.scheduler.slurm import SlurmClient
 
-    result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run)
+    result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run,
+                        on_end=post_run_publisher(clock=SYSTEM_CLOCK))
     return f"{run_dir.name}: {result.record.state}, {result.summary()}"
 
 

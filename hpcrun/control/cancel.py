@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.ending import EndPublisher, publish_ending
 from hpcrun.control.entries import ActionKind, OpPayload, OpPhase, StatePayload
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog, new_holder
@@ -62,15 +63,19 @@ def check_authority(spec: RunSpec, record: RunRecord, run_dir: Path, user: str) 
         "or list more users under cancel_authority in the spec of future runs")
 
 
-def _fence_and_record(log: RunLog, user: str) -> int:
-    """Claim a generation, then publish CANCELLED under it; retry a lost race."""
+def _fence_and_record(log: RunLog, user: str) -> tuple[int, str]:
+    """Claim a generation, then publish CANCELLED under it; retry a lost race.
+
+    Returns:
+        The generation and holder the cancel fenced with.
+    """
     for _ in range(CLAIM_TRIES):
         try:
             fence = log.claim(new_holder("cancel-"))
             log.publish_entry(StatePayload(state=RunState.CANCELLED,
                                            reason=f"cancelled by {user}"),
                               generation=fence.generation, holder=fence.holder)
-            return fence.generation
+            return fence.generation, fence.holder
         except StaleGenerationError:
             continue  # an incarnation fenced at the same moment: claim the next generation
     raise SchedulerError(f"could not fence run {log.run_dir.name} in {CLAIM_TRIES} tries: "
@@ -107,8 +112,13 @@ def _scancel_all(log: RunLog, record: RunRecord, slurm: SlurmClient) -> tuple[st
 
 
 def cancel_run(run_dir: str | os.PathLike[str], *, slurm: SlurmClient, user: str,
-               clock: Clock = SYSTEM_CLOCK, storage: Storage = LOCAL_STORAGE) -> CancelResult:
+               clock: Clock = SYSTEM_CLOCK, storage: Storage = LOCAL_STORAGE,
+               on_end: EndPublisher | None = None) -> CancelResult:
     """Cancel a run: authority check, fence, CANCELLED entry, then scancel every job.
+
+    ``on_end`` publishes the post-run manifest under the cancel's fence (see
+    :mod:`hpcrun.control.ending`); it runs before the scancels, so the manifest exists even
+    when one of them fails.
 
     Raises:
         PermissionDeniedError: ``user`` is neither the owner nor in ``cancel_authority``.
@@ -121,7 +131,8 @@ def cancel_run(run_dir: str | os.PathLike[str], *, slurm: SlurmClient, user: str
     log = RunLog(run_dir, storage=storage, clock=clock)
     generation = None
     if not is_terminal(record.state):
-        generation = _fence_and_record(log, user)
+        generation, holder = _fence_and_record(log, user)
+        publish_ending(on_end, log, generation=generation, holder=holder)
     record = read_record(run_dir, storage=storage, spec_id=spec.spec_id)
     cancelled = _scancel_all(log, record, slurm)
     return CancelResult(run_id=record.run_id, state=record.state, fenced_generation=generation,

@@ -61,6 +61,7 @@ from hpcrun.control.log import LogDebris, RunLog, slot_name
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import can_transition, is_terminal
 from hpcrun.errors import FormatError, RecordError, SpecError, StorageError
+from hpcrun.safedirs import ensure_private_dir
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import FaultClass, RunState, Tier
 
@@ -485,6 +486,7 @@ def new_run_id(name: str, now: float) -> str:
 
 def _make_dir(storage: Storage, path: Path) -> None:
     storage.makedirs(path, mode=DIR_MODE)
+    ensure_private_dir(path, what="run directory", mode=DIR_MODE)  # not another user's
     try:
         os.chmod(path, DIR_MODE)  # makedirs' mode is masked by the umask; never world-writable
     except OSError as exc:

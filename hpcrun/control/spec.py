@@ -29,7 +29,15 @@ from typing import Any
 import yaml
 
 from hpcrun.errors import SpecError
-from hpcrun.vocab import AsyncPolicy, CadenceKind, DistBackend, FaultClass, ResumeContract, Tier
+from hpcrun.vocab import (
+    AsyncPolicy,
+    CadenceKind,
+    ChecksumAlgorithm,
+    DistBackend,
+    FaultClass,
+    ResumeContract,
+    Tier,
+)
 
 SPEC_SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -105,6 +113,9 @@ class Resources:
     """Slurm feature constraint (``--constraint``)."""
     exclude: tuple[str, ...] = ()
     """Nodes never to run on (quarantined nodes are added per allocation)."""
+    sbatch_extra: Mapping[str, str] = field(default_factory=dict)
+    """sbatch options hpcrun does not model (``mem: 64G``, ``exclusive: ""`` for a bare flag),
+    overriding the site's ``sbatch_extra`` option by option; checked at submit."""
 
     def __post_init__(self) -> None:
         for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_limit_min"):
@@ -113,6 +124,7 @@ class Resources:
         for key in ("spare_nodes", "gpus_per_node"):
             value = getattr(self, key)
             _check(value >= 0, key, "an integer >= 0", value, f"set {key} to 0 or more")
+        object.__setattr__(self, "sbatch_extra", types.MappingProxyType(dict(self.sbatch_extra)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,6 +172,8 @@ class CheckpointPolicy:
     """Recovery point objective: most seconds of work a failure may lose."""
     rto_s: float | None = None
     """Recovery time objective: most seconds from failure to training again."""
+    checksum: ChecksumAlgorithm = ChecksumAlgorithm.XXH3
+    """Shard checksum: ``xxh3`` (fast) or ``sha256`` (cryptographic, for audits)."""
 
     def __post_init__(self) -> None:
         if self.cadence == CadenceKind.EVERY_STEPS:
@@ -376,13 +390,18 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with every default filled and a ``schema_version``.
 
-        Sections added after schema 1 (``dist``) are written only when they differ from their
-        defaults, so the ``spec_id`` of a spec that does not use them stays what it was.
+        Sections added after schema 1 (``dist``) and fields added inside a section
+        (``checkpoint.checksum``, ``resources.sbatch_extra``) are written only when they differ
+        from their defaults, so the ``spec_id`` of a spec that does not use them stays what it
+        was.
         """
         plain = _to_plain(self)
         for key, default in _LATER_SECTIONS.items():
             if getattr(self, key) == default:
                 plain.pop(key)
+        for (section, key), default in _LATER_FIELDS.items():
+            if getattr(getattr(self, section), key) == default:
+                plain[section].pop(key)
         return {"schema_version": SPEC_SCHEMA_VERSION, **plain}
 
     @classmethod
@@ -414,6 +433,11 @@ class RunSpec:
 
 _LATER_SECTIONS: dict[str, Any] = {"dist": DistSpec()}
 """Sections added after schema 1, with the default that leaves them out of the digest."""
+
+_LATER_FIELDS: dict[tuple[str, str], Any] = {("checkpoint", "checksum"): ChecksumAlgorithm.XXH3,
+                                             ("resources", "sbatch_extra"): {}}
+"""Fields added inside a section after schema 1, with the default that leaves them out of the
+digest."""
 
 
 def _check_json_value(value: Any, key: str) -> None:

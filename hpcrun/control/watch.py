@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.ending import EndPublisher, publish_ending
 from hpcrun.control.entries import (
     EntryPayload,
     FaultPayload,
@@ -96,8 +97,9 @@ def script_submitter(run_dir: str | os.PathLike[str], slurm: SlurmClient) -> Sub
 class _Executor:
     def __init__(self, *, log: RunLog, slurm: SlurmClient, record: RunRecord,
                  fence: Fence | None, submitter: Submitter | None, holder_prefix: str,
-                 clock: Clock, lease_s: float) -> None:
+                 clock: Clock, lease_s: float, on_end: EndPublisher | None = None) -> None:
         self.log, self.slurm, self.record = log, slurm, record
+        self.on_end = on_end
         self.fence, self.submitter, self.holder_prefix = fence, submitter, holder_prefix
         self.clock, self.lease_s = clock, lease_s
         self.pass_id = new_holder("pass-")
@@ -138,6 +140,13 @@ class _Executor:
         self.log.publish_entry(payload, generation=self.fence.generation,
                                holder=self.fence.holder)
 
+    def _ended(self) -> None:
+        """The run reached a terminal state under this pass's fence: its post-run manifest."""
+        if self.fence is None:
+            return  # nothing was published under a fence of this pass
+        publish_ending(self.on_end, self.log, generation=self.fence.generation,
+                       holder=self.fence.holder)
+
     def _perform(self, action: Action, *, resumed: bool) -> dict[str, Any]:
         handler = getattr(self, f"_do_{action.kind.value}")
         return handler(action, resumed)  # type: ignore[no-any-return]
@@ -151,10 +160,13 @@ class _Executor:
     def _do_mark_state(self, a: MarkState, resumed: bool) -> dict[str, Any]:
         self._fenced(StatePayload(state=a.state, reason=a.reason, not_before=a.not_before,
                                   exclude=a.exclude, op_id=a.op_id))
+        if is_terminal(a.state):
+            self._ended()
         return {}
 
     def _do_mark_failed(self, a: MarkFailed, resumed: bool) -> dict[str, Any]:
         self._fenced(ResultPayload(state=RunState.FAILED, reason=a.reason, op_id=a.op_id))
+        self._ended()
         return {}
 
     def _do_submit(self, a: Submit, resumed: bool) -> dict[str, Any]:
@@ -205,7 +217,7 @@ class _Executor:
 def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, record: RunRecord,
             fence: Fence | None = None, submitter: Submitter | None = None,
             holder_prefix: str = "watch-", clock: Clock = SYSTEM_CLOCK,
-            lease_s: float | None = None) -> list[Outcome]:
+            lease_s: float | None = None, on_end: EndPublisher | None = None) -> list[Outcome]:
     """Carry out ``actions`` in order: log intent (with a lease), send, log done.
 
     The pass stops at the first intent that does not claim the run (another pass holds it,
@@ -222,6 +234,8 @@ def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, recor
         clock: the time an intent's lease is measured from.
         lease_s: how long an intent holds the run; default
             :func:`~hpcrun.control.lease.lease_seconds` of the client's command timeout.
+        on_end: publishes the post-run manifest when an action ends the run (see
+            :mod:`hpcrun.control.ending`); None publishes none.
 
     Raises:
         SchedulerError: Slurm refused or failed; the operation is logged ``failed`` and the
@@ -230,7 +244,8 @@ def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, recor
     """
     ex = _Executor(log=log, slurm=slurm, record=record, fence=fence, submitter=submitter,
                    holder_prefix=holder_prefix, clock=clock,
-                   lease_s=lease_seconds(slurm.timeout) if lease_s is None else lease_s)
+                   lease_s=lease_seconds(slurm.timeout) if lease_s is None else lease_s,
+                   on_end=on_end)
     outcomes: list[Outcome] = []
     for action in actions:
         outcomes.append(ex.run(action))
@@ -321,11 +336,13 @@ def _settling(obs: Observation | None, policy: ReconcilePolicy) -> str:
 
 def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock, *,
                storage: Storage = LOCAL_STORAGE, submitter: Submitter | None = None,
-               dry_run: bool = False, **policy_overrides: Any) -> WatchResult:
+               dry_run: bool = False, on_end: EndPublisher | None = None,
+               **policy_overrides: Any) -> WatchResult:
     """One bounded, idempotent, lock-free reconcile pass over a run.
 
     ``policy_overrides`` go to :meth:`ReconcilePolicy.from_spec` (``hang_timeout_s``,
-    ``preempt_mode``). With ``dry_run`` the actions are planned but not executed.
+    ``preempt_mode``). With ``dry_run`` the actions are planned but not executed. ``on_end``
+    publishes the post-run manifest when the pass ends the run.
     """
     run_dir = Path(run_dir)
     spec = load_run_spec(run_dir, storage=storage)
@@ -347,6 +364,7 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
     if actions and not dry_run:
         outcomes = execute(actions, log=RunLog(run_dir, storage=storage, clock=clock),
                            slurm=slurm, record=record, clock=clock,
-                           submitter=submitter or script_submitter(run_dir, slurm))
+                           submitter=submitter or script_submitter(run_dir, slurm),
+                           on_end=on_end)
     return WatchResult(record=record, observation=obs, actions=tuple(actions),
                        outcomes=tuple(outcomes), waiting=waiting)

@@ -29,6 +29,7 @@ class DrillFault(StrEnum):
     HANG = "hang"
     STRAGGLER = "straggler"
     DRAIN_STORAGE_ERROR = "drain-storage-error"
+    DRAIN_STORAGE_STALL = "drain-storage-stall"
     CORRUPT_SHARD = "corrupt-shard"
     STALE_WORKER = "stale-worker"
     DATA_CHANGED = "data-changed"
@@ -107,6 +108,10 @@ MATRIX: tuple[MatrixRow, ...] = (
               backends=_BOTH, recovery=Recovery.NONE),
     MatrixRow(fault=DrillFault.DRAIN_STORAGE_ERROR,
               what="shared tier fails during drain: training goes on, drain retried",
+              backends=_SLURM, recovery=Recovery.NONE),
+    MatrixRow(fault=DrillFault.DRAIN_STORAGE_STALL,
+              what="shared tier hangs during drain (blocked FIFO): storage_timeout within the "
+                   "deadline, training goes on",
               backends=_SLURM, recovery=Recovery.NONE),
     MatrixRow(fault=DrillFault.CORRUPT_SHARD,
               what="truncated / bit-flipped shard → previous checkpoint restored",

@@ -280,17 +280,19 @@ def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
         return action
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once
+    from hpcrun.observe.postrun import post_run_publisher
     from hpcrun.runner import SubprocessRunner
     from hpcrun.scheduler.slurm import SlurmClient
 
     last = [time.monotonic()]
+    on_end = post_run_publisher(clock=SYSTEM_CLOCK)
 
     def poll(record: Any) -> None:
         if action is not None:
             action(record)
         if time.monotonic() - last[0] >= WATCH_EVERY_S:
             last[0] = time.monotonic()
-            watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK)
+            watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, on_end=on_end)
 
     return poll
 

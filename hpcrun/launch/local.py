@@ -41,6 +41,7 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.log import RunLog
 from hpcrun.exits import EXIT_PREEMPTED
+from hpcrun.safedirs import ensure_private_dir
 from hpcrun.vocab import FaultClass
 
 LAUNCHER_FILE = "local/launcher.json"
@@ -162,7 +163,8 @@ class LocalLauncher:
         env = agent_environ(self.plan, node_rank=node_rank, job_id=self.job_id,
                             restart_count=restart, base=self.environ)
         node = self.plan.nodes[node_rank]
-        self.plan.node_local[node].mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(self.plan.node_local[node], what="node-local directory",
+                           check_ancestors=True)
         logs = self.plan.run_dir / "logs" / node
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / "agent.out", "ab") as out:

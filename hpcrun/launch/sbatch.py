@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import jinja2
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.jobsetup import merge_sbatch_extra, render_container
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.site import SiteConfig
 
@@ -94,7 +95,8 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         array: ``--array`` value (``0-5%2``) of a sweep's job array.
 
     Raises:
-        ConfigError: the spec asks for more GPUs per node than the site has.
+        ConfigError: the spec asks for more GPUs per node than the site has, or its
+            ``resources.sbatch_extra`` names an unknown option or one hpcrun sets itself.
     """
     r = spec.resources
     args: list[tuple[str, str]] = [
@@ -122,6 +124,7 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     ]
     args += [(key, value) for key, value in (("dependency", dependency), ("array", array))
              if value]
+    args += merge_sbatch_extra(site.sbatch_extra, spec.resources.sbatch_extra)
     return args
 
 
@@ -169,13 +172,16 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     """
     flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin,
                         dependency=dependency, array=array)
+    srun_args, interpreter = render_container(
+        site.container, agent_step(spec, site).srun_args(),
+        python or site.python or shlex.quote(sys.executable))
     context = {
         "run_name": spec.name, "site_name": site.name, "spec_id": spec.spec_id, "op_id": op_id,
         "sbatch_lines": [format_flag(k, v) for k, v in flags],
         "modules": list(site.modules), "env": sorted(site.env.items()),
+        "setup": list(site.setup),
         "run_dir": str(run_dir), "signal": site.signal_name(),
-        "srun_args": agent_step(spec, site).srun_args(),
-        "python": python or site.python or shlex.quote(sys.executable),
+        "srun_args": srun_args, "python": interpreter,
     }
     return _environment().get_template(template).render(**context)
 

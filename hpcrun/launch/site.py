@@ -27,8 +27,11 @@ import yaml
 
 from hpcrun.checkpoint.cadence import DEFAULT_MTBF_PRIOR_H
 from hpcrun.errors import ConfigError
+from hpcrun.launch.alertsinks import AlertSinks, alert_sinks_from_dict
+from hpcrun.launch.jobsetup import ContainerConfig, container_from_dict, sbatch_extra_from_dict
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
+from hpcrun.launch.striping import SharedTierConfig, shared_tier_from_dict
 from hpcrun.storage import LOCAL_STORAGE, Storage
 from hpcrun.vocab import DistBackend
 
@@ -116,6 +119,21 @@ class SiteConfig:
     nccl_env: Mapping[str, str] = field(default_factory=dict)
     """Overrides of the NCCL variables the agent sets for GPU ranks (an empty value unsets
     one); see :data:`hpcrun.launch.gpu.DEFAULT_NCCL_ENV`."""
+    setup: tuple[str, ...] = ()
+    """Shell lines the job runs before the agents start (``module load ...``, ``source
+    /path/venv/bin/activate``, ``conda activate env``); a failing line ends the job."""
+    container: ContainerConfig | None = None
+    """The image the agents and ranks run in (:class:`~hpcrun.launch.jobsetup.ContainerConfig`);
+    None: the host environment."""
+    sbatch_extra: Mapping[str, str] = field(default_factory=dict)
+    """sbatch options hpcrun does not model (``mem: 0``, ``exclusive: true``); a spec's
+    ``resources.sbatch_extra`` overrides them option by option."""
+    shared_tier: SharedTierConfig | None = None
+    """Lustre striping of checkpoint directories and the deadline of shared-tier operations
+    (:class:`~hpcrun.launch.striping.SharedTierConfig`); None: defaults, no striping."""
+    alerts: AlertSinks | None = None
+    """Where ``hpcrun watch`` delivers new alerts (:class:`~hpcrun.launch.alertsinks.AlertSinks`:
+    a webhook, email); None: alerts are only shown by ``hpcrun status``."""
 
     def __post_init__(self) -> None:
         _check(bool(_NAME_RE.match(self.name)), "name", "letters, digits, '_', '.', '-'",
@@ -137,6 +155,7 @@ class SiteConfig:
             raise ConfigError(f"site {self.name!r}: preempt_signal: {exc}") from None
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "nccl_env", MappingProxyType(dict(self.nccl_env)))
+        object.__setattr__(self, "sbatch_extra", MappingProxyType(dict(self.sbatch_extra)))
 
     def signal_name(self) -> str:
         """The preemption signal as Slurm spells it in ``--signal`` (``USR1``)."""
@@ -157,7 +176,9 @@ class SiteConfig:
         out: dict[str, Any] = {"schema_version": SITE_SCHEMA_VERSION}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, tuple):
+            if isinstance(value, ContainerConfig | SharedTierConfig | AlertSinks):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):
                 value = dict(value)
@@ -181,7 +202,8 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "pg_init_timeout_s": (int, float), "step_timeout_s": (int, float),
     "checkpoint_timeout_s": (int, float),
 }
-_LIST_KEYS = frozenset({"modules", "srun_extra_flags"})
+_LIST_KEYS = frozenset({"modules", "srun_extra_flags", "setup"})
+_MAPPING_KEYS = frozenset({"container", "sbatch_extra", "shared_tier", "alerts"})
 _NULLABLE = frozenset({"partition", "high_partition", "account", "qos", "constraint", "gres",
                        "python"})
 _REQUIRED = ("name", "node_local_path", "shared_path")
@@ -216,7 +238,7 @@ def _check_schema_version(version: object, source: str) -> None:
 
 
 def _check_keys(body: Mapping[Any, Any], source: str) -> None:
-    known = set(_SCALAR_TYPES) | _LIST_KEYS | _ENV_KEYS
+    known = set(_SCALAR_TYPES) | _LIST_KEYS | _ENV_KEYS | _MAPPING_KEYS
     for key in body:
         if key not in known:
             raise ConfigError(f"{source}: unknown key {key!r}; expected one of "
@@ -232,6 +254,14 @@ def _convert(key: str, value: object, source: str) -> object:
         return _as_str_tuple(key, value, source)
     if key in _ENV_KEYS:
         return _as_env(value, source, key=key)
+    if key == "container":
+        return container_from_dict(value, source=source)
+    if key == "alerts":
+        return alert_sinks_from_dict(value, source=source)
+    if key == "shared_tier":
+        return shared_tier_from_dict(value, source=source)
+    if key == "sbatch_extra":
+        return sbatch_extra_from_dict(value, source=source)
     if value is None and key in _NULLABLE:
         return None
     types = _SCALAR_TYPES[key]

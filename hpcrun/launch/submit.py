@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import SchedulerError
+from hpcrun.launch.jobsetup import render_container
 from hpcrun.launch.sbatch import BARE, agent_step, job_logs_dir, sbatch_args
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.site import SiteConfig
@@ -61,6 +62,8 @@ def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str) -> list[str]:
     they commit. The agents get the signal from Slurm directly (``--signal`` without ``B:``).
     """
     lines = [f"module load {shlex.quote(m)}" for m in site.modules]
+    lines += [f"{line} || {{ echo \"hpcrun: site setup line failed\" >&2; exit 1; }}"
+              for line in site.setup]
     exports = {"HPCRUN_RUN_DIR": str(run_dir), "HPCRUN_SITE": site.name, "HPCRUN_OP_ID": op_id}
     exports.update(sorted(site.env.items()))
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
@@ -87,7 +90,7 @@ def submitit_parameters(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id
     params.update(
         additional_parameters=additional,
         setup=setup_lines(site, run_dir=run_dir, op_id=op_id),
-        srun_args=agent_step(spec, site).srun_args(),
+        srun_args=render_container(site.container, agent_step(spec, site).srun_args(), "")[0],
         signal_delay_s=site.preempt_lead_s,
     )
     return params
@@ -115,6 +118,8 @@ def submit_submitit(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: st
     run_dir = Path(run_dir)
     job_logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
     interpreter = python or site.python
+    if site.container is not None:  # Apptainer wraps the interpreter; Pyxis leaves it as is
+        interpreter = site.container.wrap(interpreter or "python3")
     try:
         executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR, python=interpreter)
         executor.update_parameters(**submitit_parameters(

@@ -198,3 +198,22 @@ def publish_post_run(run_dir: Path, *, record: Any, spec: Any, log: Any, generat
                               ettr=ettr, created_ts=now)
     return publish_manifest(run_dir, manifest, log=log, generation=generation, holder=holder,
                             previous_result=getattr(record, "result", None))
+
+
+def post_run_publisher(*, clock: Any, storage: Storage = LOCAL_STORAGE,
+                       node_hour_price: float | None = None) -> Any:
+    """An :data:`hpcrun.control.ending.EndPublisher` that reads the run's record and spec at
+    the moment a terminal state was published, then builds, writes and publishes its manifest.
+
+    Cancel, the reconcile pass and the in-job supervisor call it under their own fence.
+    """
+    from hpcrun.control.record import load_run_spec, read_record
+
+    def publish(log: Any, generation: int, holder: str) -> None:
+        run_dir = Path(log.run_dir)
+        spec = load_run_spec(run_dir, storage=storage)
+        record = read_record(run_dir, storage=storage, spec_id=spec.spec_id)
+        publish_post_run(run_dir, record=record, spec=spec, log=log, generation=generation,
+                         holder=holder, now=clock.now(), node_hour_price=node_hour_price)
+
+    return publish

@@ -487,8 +487,9 @@ class Agent:
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         if self.node.node_local_root is None:
             return None
-        argv = drain_target(self.run_dir, self._place(inc), inc).argv(self.python,
-                                                                      interval_s=2.0)
+        argv = drain_target(self.run_dir, self._place(inc), inc,
+                            injection=self.environ.get("HPCRUN_INJECT", "")).argv(
+            self.python, interval_s=2.0)
         out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -523,12 +524,15 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     """Wire an agent from the run directory and this process's environment."""
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.site import load_site_snapshot
+    from hpcrun.safedirs import ensure_private_dir
 
     spec = load_run_spec(run_dir)
     site = load_site_snapshot(run_dir)
     node = NodeInfo.from_environ(environ, node_local_template=site.node_local_path)
     if node.node_local_root is not None:
-        node.node_local_root.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(node.node_local_root, what="node-local directory",
+                           check_ancestors=True)
+    ensure_private_dir(run_dir, what="run directory", mode=0o750)
     (run_dir / "logs" / node.node).mkdir(parents=True, exist_ok=True)
     return Agent(run_dir=run_dir, node=node, spec=spec, site=site, log=RunLog(run_dir),
                  requeuer=_requeuer(node), environ=environ)

@@ -6,12 +6,14 @@ process under one lock, so a drain inside training would stall the data loader's
 (verified with reads that bypass the page cache) and, on the supervising node, appends the tier-1
 commit once every node has drained. A failing drain is noted in the log (``drain_error``) and
 retried on the next round; training goes on, and the RPO exposure grows until it succeeds.
+Every shared-tier operation runs under the site's deadline (:mod:`hpcrun.runtime.sharedtier`):
+a hung mount becomes a ``storage_timeout`` fault and a retry, never a hang of the drain or of
+the agent's final drain.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -20,13 +22,17 @@ from pathlib import Path
 
 from hpcrun.control.entries import DrainErrorNote
 from hpcrun.control.log import RunLog
-from hpcrun.errors import HpcrunError, StaleGenerationError, StorageError
+from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.runtime.drainpace import start_background_drain
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.node import NodeInfo
-
-FAIL_WHILE_ENV = "HPCRUN_DRAIN_FAIL_WHILE"
-"""Fault injection for drills and tests: every drain round fails while this path exists."""
+from hpcrun.runtime.sharedtier import (
+    DEFAULT_DEADLINE_S,
+    parse_storage_injection,
+    shared_tier_storage,
+    site_deadline_s,
+)
+from hpcrun.storage import Storage
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,23 +53,40 @@ class DrainTarget:
     """Nodes in the gang (for the tier-1 commit)."""
     supervisor: bool
     """Whether this node appends tier-1 commits."""
+    deadline_s: float = DEFAULT_DEADLINE_S
+    """Deadline of one shared-tier operation (the site's ``shared_tier.deadline_s``)."""
+    injection: str = ""
+    """The drill's fault-injection schedule; its ``storage@`` part, if any, wraps the shared
+    tier (:mod:`hpcrun.runtime.sharedtier`)."""
 
     def argv(self, python: str, interval_s: float) -> list[str]:
         return [python, "-m", "hpcrun.runtime.drainer", "--run-dir", str(self.run_dir),
                 "--node", self.node, "--node-local", str(self.node_local_root),
                 "--generation", str(self.generation), "--holder", self.holder,
-                "--num-nodes", str(self.num_nodes), "--interval", str(interval_s)] + (
+                "--num-nodes", str(self.num_nodes), "--interval", str(interval_s),
+                "--deadline", str(self.deadline_s), "--inject", self.injection] + (
                     ["--supervisor"] if self.supervisor else [])
 
+    def storage(self, log: RunLog) -> Storage:
+        """The shared tier as this target's drain round writes it: under the deadline, with
+        the drill's storage fault when one is scheduled."""
+        return shared_tier_storage(deadline_s=self.deadline_s,
+                                   injection=parse_storage_injection(self.injection), log=log,
+                                   node=self.node, generation=self.generation,
+                                   holder=self.holder)
 
-def drain_target(run_dir: Path, node: NodeInfo, inc: Incarnation) -> DrainTarget:
-    """What ``node``'s drainer drains for incarnation ``inc`` (the node has a tier 0)."""
+
+def drain_target(run_dir: Path, node: NodeInfo, inc: Incarnation, *,
+                 injection: str = "") -> DrainTarget:
+    """What ``node``'s drainer drains for incarnation ``inc`` (the node has a tier 0), under
+    the site's shared-tier deadline; ``injection`` is the drill's schedule, if any."""
     if node.node_local_root is None:
         raise HpcrunError(f"node {node.node} has no node-local tier to drain; the site config "
                           "sets node_local_path for runs that checkpoint on tier 0")
     return DrainTarget(run_dir=run_dir, node=node.node, node_local_root=node.node_local_root,
                        generation=inc.generation, holder=inc.holder, num_nodes=len(node.nodes),
-                       supervisor=node.is_supervisor)
+                       supervisor=node.is_supervisor, deadline_s=site_deadline_s(run_dir),
+                       injection=injection)
 
 
 def drain_round(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
@@ -71,21 +94,13 @@ def drain_round(target: DrainTarget, log: RunLog, *, last: bool = False) -> list
     round); return the checkpoint ids committed on tier 1 this round."""
     from hpcrun.checkpoint import drain_pending, finalize_tier1
 
-    _injected_failure(os.environ.get(FAIL_WHILE_ENV, ""))
     drain_pending(target.run_dir, target.node_local_root, node=target.node, log=log,
                   generation=target.generation, holder=target.holder,
-                  limit=None if last else 1)
+                  limit=None if last else 1, storage=target.storage(log))
     if not target.supervisor:
         return []
     return list(finalize_tier1(target.run_dir, log=log, generation=target.generation,
                                holder=target.holder, num_nodes=target.num_nodes))
-
-
-def _injected_failure(flag: str) -> None:
-    """Raise the injected shared-tier failure while the ``flag`` path exists ("" = never)."""
-    if flag and Path(flag).exists():
-        raise StorageError(f"shared tier unwritable (injected: {flag} exists, set by "
-                           f"{FAIL_WHILE_ENV}); remove the file to drain normally")
 
 
 def drain_round_safely(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
@@ -112,10 +127,13 @@ def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
     p.add_argument("--num-nodes", type=int, required=True)
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--supervisor", action="store_true")
+    p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S)
+    p.add_argument("--inject", default="")
     a = p.parse_args(argv)
     return DrainTarget(run_dir=Path(a.run_dir), node=a.node, node_local_root=Path(a.node_local),
                        generation=a.generation, holder=a.holder, num_nodes=a.num_nodes,
-                       supervisor=a.supervisor), a.interval
+                       supervisor=a.supervisor, deadline_s=a.deadline,
+                       injection=a.inject), a.interval
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.ending import EndPublisher, publish_ending
 from hpcrun.control.entries import (
     ActionKind,
     CommitPayload,
@@ -34,6 +35,7 @@ from hpcrun.control.record import read_record
 from hpcrun.control.states import RunState
 from hpcrun.errors import StaleGenerationError
 from hpcrun.launch.signals import StopFlag
+from hpcrun.observe.postrun import post_run_publisher
 from hpcrun.runtime import preemption
 from hpcrun.runtime.decide import (
     account_for_requeue,
@@ -94,7 +96,8 @@ class Supervisor:
 
     def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
                  view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,
-                 clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None) -> None:
+                 clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None,
+                 on_end: EndPublisher | None = None) -> None:
         self.run_dir = run_dir
         self.node = node
         self.policy = DecisionPolicy.of(spec)
@@ -105,6 +108,7 @@ class Supervisor:
         self.preempt_signal = preempt_signal
         self.clock = clock
         self.rng = rng or random.Random()
+        self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
         self.liveness: LivenessWatch | None = None
         self._liveness_read = float("-inf")
 
@@ -205,6 +209,7 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.SUCCEEDED,
                                                 reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.SUCCEEDED))
+                self._ended(inc)
                 return AgentExit(status=EXIT_OK)
             case LeaveToSlurm():
                 self._record_preempted(inc)
@@ -228,6 +233,7 @@ class Supervisor:
                     self._record_preempted(inc)
                 self._publish(inc, StatePayload(state=RunState.FAILED, reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.FAILED, reason=decision.reason))
+                self._ended(inc)
                 return AgentExit(status=EXIT_USER_ERROR)
             case Requeue():
                 if decision.preempted:
@@ -336,6 +342,10 @@ class Supervisor:
     # -- log ------------------------------------------------------------------------------------
     def _publish(self, inc: Incarnation, payload: EntryPayload) -> None:
         self.log.publish_entry(payload, generation=inc.generation, holder=inc.holder)
+
+    def _ended(self, inc: Incarnation) -> None:
+        """The run's post-run manifest, published under ``inc``'s fence (best effort)."""
+        publish_ending(self.on_end, self.log, generation=inc.generation, holder=inc.holder)
 
     def _append(self, inc: Incarnation, payload: EntryPayload) -> None:
         self.log.append_entry(payload, generation=inc.generation, holder=inc.holder)

@@ -139,6 +139,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     from hpcrun.runtime import faults
     from hpcrun.runtime.context import Context
     from hpcrun.runtime.nodeobs import rank_events_path
+    from hpcrun.runtime.sharedtier import site_deadline_s
+    from hpcrun.storage import LOCAL_STORAGE, DeadlineStorage
 
     env = DistEnv.from_environ(environ)
     inc = Incarnation.from_environ(environ)
@@ -163,6 +165,10 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
         tiers=TierLayout(run_dir=inc.run_dir, node_local_root=inc.node_local_root),
         layout=layout, log=log, fence_slot=inc.fence_slot, keep_last=policy.keep_last,
         async_policy=str(policy.async_policy), group=groups.checkpoint_group,
+        checksum=str(policy.checksum),
+        # A hung shared tier abandons that checkpoint (commit.abandon_on_timeout), never hangs
+        # training on a manifest, rename or fsync.
+        storage=DeadlineStorage(LOCAL_STORAGE, deadline_s=site_deadline_s(inc.run_dir)),
         fault_hook=faults.checkpoint_hook(
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
             step=lambda: built[0].step if built else 0),

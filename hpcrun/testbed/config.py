@@ -207,6 +207,7 @@ def _behaviour_lines(config: TestbedConfig) -> list[str]:
         "PreemptMode=REQUEUE",
         # Without it the victim's --signal waits for the grace time to run out.
         "SlurmctldParameters=preempt_send_user_signal",
+        "ScronParameters=enable",  # `hpcrun watch --install` schedules its pass with scrontab
         "JobAcctGatherType=jobacct_gather/none",
         *_accounting_lines(config),
     ]

@@ -112,6 +112,21 @@ class TestbedRun:
                 f"(+{QUEUE_WAIT_S:.0f} s queue allowance); wanted {sorted(wanted)}")
             time.sleep(0.5)
 
+    def shown_manifest(self, state: str, *, timeout: float = 30) -> dict[str, Any]:
+        """``hpcrun show --manifest`` once the ending published it; checks its state, run and
+        generation (the fence that ended the run)."""
+        import json
+
+        def shown() -> subprocess.CompletedProcess[str] | None:
+            out = self.cli("show", self.name, "--manifest")
+            return out if out.returncode == 0 else None
+
+        out = wait_until(f"the post-run manifest of {self.name}", shown, timeout=timeout)
+        manifest: dict[str, Any] = json.loads(out.stdout)
+        assert (manifest["terminal_state"], manifest["run_id"]) == (state, self.name)
+        assert manifest["generation"] == self.record().generation
+        return manifest
+
     def wait_for(self, what: str, predicate: Callable[[], Any], *, timeout: float) -> Any:
         """Poll ``predicate`` until it returns something truthy; return that."""
         return wait_until(what, predicate, timeout=timeout + QUEUE_WAIT_S)

@@ -4,6 +4,7 @@ of it fails, naming the checkpoint."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -39,3 +40,19 @@ def test_verify_passes_a_healthy_run_and_fails_a_damaged_copy(tmp_path: Path) ->
     assert bad.returncode != 0
     assert f"{newest} [shared] FAILED" in bad.stdout
     assert f"1 of 12 checkpoints failed: {newest}" in bad.stderr
+
+
+def test_a_sha256_spec_writes_sha256_shards_that_verify_and_restore(tmp_path: Path) -> None:
+    """``checkpoint.checksum: sha256`` reaches every shard and manifest; verify and a restore
+    read the algorithm from the manifest."""
+    spec = local_spec(steps=20, every_steps=5, checkpoint={"checksum": "sha256"})
+    run = submit(tmp_path / "runs", spec, inject="crash@step=12,rank=1")
+    record = read_record(run)
+    assert (str(record.state), record.restarts) == ("SUCCEEDED", 1)  # restored once
+    newest = fold_checkpoints(RunLog(run).read())[-1]
+    manifest = json.loads((run / newest.manifest).read_text())
+    assert manifest["checksum"] == "sha256"
+    digests = [d["checksum"] for s in manifest["shards"] for d in s["datasets"]]
+    assert digests and all(d.startswith("sha256:") and len(d) == 7 + 64 for d in digests)
+    ok = cli(tmp_path / "runs", "ckpt", "verify", str(run))
+    assert ok.returncode == 0 and f"{newest.ckpt_id} [shared] ok" in ok.stdout, ok.stdout

@@ -56,6 +56,8 @@ def test_job_cancelled_behind_hpcruns_back_is_marked_cancelled(
     assert str(rec.state) == "CANCELLED"
     assert f"job {run.job_id} was cancelled outside hpcrun" in str(rec.state_info)
     assert rec.job_ids == (run.job_id,)  # nothing resubmitted
+    run.shown_manifest("CANCELLED")  # published by the pass that recorded the ending
+    rec = run.record()
     _reconcile(run)  # a second pass finds nothing to do
     assert run.record().last_slot == rec.last_slot
     job = scontrol_job(slurm, run.job_id)
@@ -211,6 +213,7 @@ def test_cancel_fences_a_training_worker(testbed: Testbed, runs: RunFactory,
     valid = {e.slot for e in run.valid()}
     assert not [e for e in late if e.slot in valid], "an entry of the fenced worker counted"
     assert scontrol_job(slurm, run.job_id).get("Restarts") == "0"
+    assert run.shown_manifest("CANCELLED")["steps"] == at_cancel.step
     print(f"\ncancel at step {at_cancel.step}: {len(late)} void entries of generation {old} "
           f"after the cancel fence ({sorted({e.kind for e in late})})")
 
@@ -227,3 +230,39 @@ def _pending(slurm: JobClient, job_id: str) -> dict[str, str] | None:
 
 def _epoch(stamp: str) -> int:
     return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S").timestamp())
+
+
+@pytest.mark.slow
+def test_the_scheduled_pass_resubmits_a_vanished_job_with_no_one_running_a_command(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    """`hpcrun watch --install` schedules the pass (scrontab, or the self-renewing batch job
+    where the Slurm client has no scrontab); the job vanishes behind hpcrun's back; Slurm runs
+    the pass by itself within a minute or two and it resubmits the run."""
+    run = runs.sbatch(slurm_spec(testbed, tasks_per_node=1, steps=20, every_steps=10), slurm,
+                      submit=False)
+    _vanished_running_run(run)
+    installed = run.cli("watch", "--install", "--every", "1", "--scron-option=--partition=batch")
+    try:
+        assert installed.returncode == 0, installed.stderr
+        if shutil.which("scrontab"):
+            assert "installed in your scrontab" in installed.stdout, installed.stdout
+        else:  # Debian's slurm-client has no scrontab: the self-renewing batch job
+            assert "self-renewing batch job hpcrun-watch" in installed.stdout, installed.stdout
+            queued = slurm.run("squeue", "--noheader", "--name=hpcrun-watch", "-o", "%i")
+            assert queued.stdout.strip(), "the scheduled pass is not queued"
+        rec = run.wait_for("the scheduled pass to resubmit the run", lambda: (
+            r if len((r := run.record()).job_ids) == 2 else None), timeout=200)
+        runs.runs.append(TestbedRun(run_dir=run.run_dir, job_id=rec.job_ids[1], env=run.env))
+        assert scontrol_job(slurm, rec.job_ids[1]).get("Comment", "").startswith(
+            "hpcrun:submit-")
+        done = run.wait({"SUCCEEDED"}, timeout=150)
+        assert done.step == 20 and done.job_ids[-1] == rec.job_ids[1]
+    finally:
+        removed = run.cli("watch", "--uninstall")
+    assert "removed" in removed.stdout, removed.stdout + removed.stderr
+    if shutil.which("scrontab"):
+        assert "hpcrun.cli.main watch" not in slurm.run("scrontab", "-l").stdout
+    else:
+        pending = slurm.run("squeue", "--noheader", "--name=hpcrun-watch", "--states=PENDING",
+                            "-o", "%i")
+        assert not pending.stdout.strip(), "the scheduled pass is still queued"

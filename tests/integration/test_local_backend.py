@@ -3,8 +3,10 @@ exhausted retry budget, cancel and hang detection, each through the real CLI."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,16 @@ def _ledger_ok(run_dir: Path, steps: int) -> None:
     assert report.ok, report
 
 
+def _manifest_shown(root: Path, run: Path, state: str) -> dict[str, Any]:
+    """``hpcrun show --manifest`` prints the run's published post-run manifest."""
+    out = cli(root, "show", run.name, "--manifest")
+    assert out.returncode == 0, out.stderr
+    manifest: dict[str, Any] = json.loads(out.stdout)
+    assert (manifest["terminal_state"], manifest["run_id"]) == (state, run.name)
+    assert manifest["generation"] == read_record(run).generation
+    return manifest
+
+
 def test_preemption_signal_resumes_from_the_committed_step(tmp_path: Path) -> None:
     """`hpcrun signal RUN` mid-run: stop at a boundary, commit, requeue, resume, finish."""
     # Steps take milliseconds: rank 0 is slowed (0.2 s per step) so the signal lands mid-run.
@@ -53,6 +65,9 @@ def test_preemption_signal_resumes_from_the_committed_step(tmp_path: Path) -> No
     lines = read_ledger(run)
     assert lines is not None and len(lines[0]) == STEPS  # nothing consumed twice
     _ledger_ok(run, STEPS)
+    manifest = _manifest_shown(tmp_path, run, "SUCCEEDED")
+    assert (manifest["steps"], manifest["tokens"]) == (STEPS, STEPS * 8 * 16)
+    assert manifest["requeues"] == 1
 
 
 def test_killed_rank_is_restarted_inside_the_allocation(tmp_path: Path) -> None:
@@ -85,6 +100,7 @@ def test_cancel_fences_the_run_and_stops_every_process(tmp_path: Path) -> None:
     # Committed evidence is kept, and nothing the old gang wrote after the fence counts.
     assert committed(run)
     assert str(read_record(run).state) == "CANCELLED"
+    _manifest_shown(tmp_path, run, "CANCELLED")
 
 
 @pytest.mark.slow
@@ -99,6 +115,8 @@ def test_exhausted_retry_budget_ends_failed_with_the_reason(tmp_path: Path) -> N
     assert "process_crash retry budget spent" in reason and "max_attempts" in reason
     crashes = [e for e in valid_entries(run, "fault") if e.payload["fault"] == "process_crash"]
     assert len(crashes) == 2  # the first crash was retried once, the second ended the run
+    manifest = _manifest_shown(tmp_path, run, "FAILED")
+    assert [i["fault"] for i in manifest["incidents"]].count("process_crash") == 2
 
 
 @pytest.mark.slow

@@ -30,7 +30,6 @@ from hpcrun.drill.contracts import check_contracts
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, injection, row_for
 from hpcrun.drill.states import committed, load_state
-from hpcrun.runtime.drainer import FAIL_WHILE_ENV
 from hpcrun.testbed import JobClient, Testbed
 from hpcrun.testbed.daemons import is_alive
 from tests.integration.helpers import (
@@ -92,8 +91,8 @@ def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
     """
     steps = 150
     flag = runs.runs_root / "shared-tier-down"
-    run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.1),
-                      env={FAIL_WHILE_ENV: str(flag)})
+    run = runs.submit(_spec(testbed, steps=steps),
+                      inject=f"{_pace(0.1)};storage@mode=fail,while={flag}")
     _wait_for_shared_checkpoint(run)
     first = run.record()
     victim = first.membership[0]  # the batch host and supervisor: its agent outlives the gang
@@ -159,8 +158,8 @@ def test_drain_storage_error_keeps_training_and_reports_rpo_exposure(
         testbed: Testbed, runs: RunFactory) -> None:
     steps = 200
     flag = runs.runs_root / "shared-tier-down"
-    run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.08),
-                      env={FAIL_WHILE_ENV: str(flag)})
+    run = runs.submit(_spec(testbed, steps=steps),
+                      inject=f"{_pace(0.08)};storage@mode=fail,while={flag}")
     _wait_for_shared_checkpoint(run)
     flag.touch()
     window_start, step_before = time.time(), run.record().step
@@ -188,6 +187,51 @@ def test_drain_storage_error_keeps_training_and_reports_rpo_exposure(
         if (run.run_dir / "ckpt" / c.ckpt_id).exists():  # older ones are pruned (keep_last)
             verified = run.cli("ckpt", "verify", str(run.run_dir), c.ckpt_id)
             assert verified.returncode == 0, f"{c.ckpt_id}: {verified.stdout}{verified.stderr}"
+
+
+@pytest.mark.slow
+def test_a_stalled_shared_tier_is_a_storage_timeout_not_a_hang(
+        testbed: Testbed, runs: RunFactory) -> None:
+    """The drain's shared-tier operations block in the kernel (a FIFO nobody writes, as on a
+    hung mount): each becomes a ``storage_timeout`` fault within the site's deadline, training
+    goes on, and the drain catches up once the tier answers again."""
+    steps = 260
+    fifo = runs.runs_root / "shared-tier-stalled"
+    run = runs.submit(_spec(testbed, steps=steps),
+                      inject=f"{_pace(0.08)};storage@mode=stall,while={fifo},ops=makedirs+rename")
+    _wait_for_shared_checkpoint(run)
+    os.mkfifo(fifo)
+    window_start, step_before = time.time(), run.record().step
+    try:
+        timeouts = run.wait_for("a storage_timeout fault", lambda: [
+            e for e in run.valid(EntryKind.FAULT)
+            if e.payload.get("fault") == "storage_timeout"], timeout=90)
+        step_after = run.record().step
+    finally:
+        _unstall(fifo)
+    window = time.time() - window_start
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    print(f"\nstalled shared tier: {len(timeouts)} storage_timeout faults in {window:.1f} s, "
+          f"steps {step_before} -> {step_after}")
+    assert timeouts[0].payload["background"] is True
+    assert "deadline" in timeouts[0].payload["detail"]
+    assert step_after > step_before + EVERY, "training stalled with the shared tier"
+    assert rec.step == steps and rec.requeues == 0 and rec.restarts == 0
+    tail = [(e.payload.get("step"), e.payload.get("tier")) for e in run.valid(EntryKind.COMMIT)]
+    print(f"last commits (step, tier): {tail[-4:]}")
+    assert [c for c in rec.checkpoints if c.tier == "shared"][-1].step == steps
+
+
+def _unstall(fifo: Path) -> None:
+    """The tier answers again: wake the operations blocked opening the FIFO (a writer opens
+    it), and remove it so later operations pass at once."""
+    try:
+        writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody is blocked on it
+    except OSError:
+        writer = None
+    fifo.unlink()
+    if writer is not None:
+        os.close(writer)
 
 
 # -- world-size change ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slurm
 def _assert_clean_success(run: TestbedRun, slurm: JobClient, steps: int) -> None:
     """SUCCEEDED at ``steps`` on one job, every rank stepped through every step."""
     rec = run.wait({"SUCCEEDED"}, timeout=120)
-    assert rec.step == steps and rec.result == {"state": "SUCCEEDED"}
+    assert rec.step == steps and rec.result is not None and rec.result["state"] == "SUCCEEDED"
     assert rec.job_ids == (run.job_id,) and (rec.requeues, rec.restarts) == (0, 0)
     assert len(set(rec.membership)) == 2
     steps_by_rank: dict[int, list[int]] = {}
@@ -42,6 +42,8 @@ def _assert_clean_success(run: TestbedRun, slurm: JobClient, steps: int) -> None
     assert sorted(steps_by_rank) == [0, 1, 2, 3]
     assert all(s == list(range(1, steps + 1)) for s in steps_by_rank.values())
     assert slurm.wait_for_state(int(run.job_id), {"COMPLETED"}, timeout=60) == "COMPLETED"
+    manifest = run.shown_manifest("SUCCEEDED")
+    assert (manifest["steps"], manifest["job_ids"]) == (steps, [run.job_id])
 
 
 def test_submit_through_submitit_succeeds(testbed: Testbed, slurm: JobClient) -> None:
@@ -264,3 +266,5 @@ def test_spent_retry_budget_fails_with_the_reason(testbed: Testbed, runs: RunFac
                timeout=60)
     status = run.cli("status", run.name, "--json")
     assert json.loads(status.stdout)["facts"]["state"] == "FAILED"
+    manifest = run.shown_manifest("FAILED")
+    assert [i["fault"] for i in manifest["incidents"]] == ["process_crash"]

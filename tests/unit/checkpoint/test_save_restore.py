@@ -229,3 +229,30 @@ def test_restore_fills_the_states_own_tensors_in_place_and_counts_bytes(run_dir,
     other = {"model": {"w": torch.zeros(2, 2)}}
     incarnation().restore(other)
     assert torch.equal(other["model"]["w"], saved["model"]["w"])
+
+
+@pytest.mark.parametrize("ops", [("rename",), ("write_atomic",)], ids=["shard", "manifest"])
+def test_a_hung_shared_tier_abandons_the_checkpoint_and_the_next_commits(
+        incarnation, run_dir: Path, log: RunLog, tmp_path: Path, ops: tuple[str, ...]) -> None:
+    """A shard rename or the manifest write blocks in the kernel past the deadline: that save
+    is abandoned with a background ``storage_timeout`` fault (not a gang fault), and once the
+    tier answers the next save commits."""
+    import os
+
+    from hpcrun.storage import LOCAL_STORAGE, DeadlineStorage, FaultyStorage
+
+    fifo = tmp_path / "hung-ost"
+    os.mkfifo(fifo)
+    stalled = FaultyStorage(LOCAL_STORAGE, mode="stall", while_path=str(fifo), ops=ops)
+    ck = incarnation(storage=DeadlineStorage(stalled, deadline_s=0.5))
+    res = ck.save(1, _state(1), blocking=True)
+    assert res is not None and not res.committed
+    assert "abandoned" in res.error and "deadline" in res.error
+    faults = [e.payload for e in log.read() if e.kind == EntryKind.FAULT]
+    assert [(f["fault"], f["background"]) for f in faults] == [("storage_timeout", True)]
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the tier answers again
+    fifo.unlink()
+    os.close(writer)
+    res = ck.save(2, _state(2), blocking=True)
+    assert res is not None and res.committed
+    assert [c.step for c in fold_checkpoints(log.read())] == [2]

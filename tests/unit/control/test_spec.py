@@ -27,6 +27,17 @@ def test_minimal_spec_digest_is_pinned() -> None:
         "SPEC_SCHEMA_VERSION")
 
 
+def test_checksum_is_chosen_in_the_spec_and_only_a_non_default_changes_the_digest() -> None:
+    assert RunSpec.from_dict({**MINIMAL, "checkpoint": {"checksum": "xxh3"}}).spec_id \
+        == MINIMAL_SPEC_ID
+    sha = RunSpec.from_dict({**MINIMAL, "checkpoint": {"checksum": "sha256"}})
+    assert sha.checkpoint.checksum == "sha256" and sha.spec_id != MINIMAL_SPEC_ID
+    assert RunSpec.from_dict(sha.to_dict()) == sha  # round-trips
+    with pytest.raises(SpecError, match=r"checkpoint.checksum: expected one of \['xxh3', "
+                       r"'sha256'\], found 'md5'"):
+        RunSpec.from_dict({**MINIMAL, "checkpoint": {"checksum": "md5"}})
+
+
 def test_defaults_are_filled_into_the_digest() -> None:
     explicit = {**MINIMAL, "resources": {"nodes": 1, "tasks_per_node": 1},
                 "retry": {"backoff_base_s": 10, "max_attempts": {"hang": 3}},

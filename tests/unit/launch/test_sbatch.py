@@ -196,3 +196,77 @@ def test_without_spares_a_node_loss_still_ends_the_job_for_slurm_to_requeue() ->
     spec, site = make_spec(nodes=2), load_site("testbed")
     assert "no-kill" not in dict(sbatch_args(spec, site, run_dir=RUN_DIR, op_id="op-1"))
     assert "--no-kill" not in agent_step(spec, site).srun_args()
+
+
+# -------------------------------------------------- site setup, containers and sbatch_extra
+
+
+def test_golden_pyxis_site_with_setup_and_sbatch_extra() -> None:
+    """generic-gpu: setup lines after the modules, Pyxis flags on the agents' srun, extra
+    sbatch options after hpcrun's own; the spec overrides the site's mail-type."""
+    spec = make_spec(nodes=2, tasks_per_node=8, gpus_per_node=8, cpus_per_task=12,
+                     sbatch_extra={"mail-type": "FAIL", "reservation": "maint-42"})
+    text = rendered(spec, load_site("generic-gpu"))
+    assert_golden("sbatch_generic_gpu_site_setup.sh", text)
+    assert "#SBATCH --mail-type=FAIL" in text and "#SBATCH --reservation=maint-42" in text
+    assert "#SBATCH --exclusive\n" in text and "#SBATCH --mem=0\n" in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in srun
+    assert "--container-mounts=/lustre:/lustre,/local/nvme:/local/nvme" in srun
+
+
+def test_golden_apptainer_site_wraps_the_interpreter() -> None:
+    spec = make_spec(nodes=2, tasks_per_node=4, gpus_per_node=4)
+    site = load_site("preemptible")
+    text = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="tiny.submit.0")
+    assert_golden("sbatch_preemptible_apptainer.sh", text.replace(spec.spec_id, "<spec-id>"))
+    assert ("apptainer exec --nv --bind=/gpfs/scratch:/gpfs/scratch --bind=/tmp:/tmp "
+            "--cleanenv /gpfs/images/pytorch-24.05.sif python3 -m hpcrun.runtime.agent") in text
+
+
+def test_unknown_or_modeled_sbatch_options_are_refused_with_one_clear_line() -> None:
+    site = load_site("testbed")
+    with pytest.raises(ConfigError, match=r"sbatch_extra.memory: --memory is not an sbatch "
+                       r"option \(did you mean mem, mem-bind, mem-per-cpu, mem-per-gpu\?\)"):
+        sbatch_args(make_spec(sbatch_extra={"memory": "4G"}), site, run_dir=RUN_DIR,
+                    op_id="o")
+    with pytest.raises(ConfigError, match=r"hpcrun sets --time itself from "
+                       r"resources.time_limit_min; set it there instead"):
+        sbatch_args(make_spec(sbatch_extra={"time": "10"}), site, run_dir=RUN_DIR, op_id="o")
+
+
+def test_site_sbatch_extra_and_container_are_checked_when_the_site_loads(
+        tmp_path: Path) -> None:
+    base = "name: x\nnode_local_path: /l\nshared_path: /s\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base + "sbatch_extra: {exclusiv: true}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: sbatch_extra.exclusiv: --exclusiv is "
+                       r"not an sbatch option \(did you mean exclusive\?\)"):
+        load_site(str(bad))
+    bad.write_text(base + "container: {runtime: docker, image: x}\n")
+    with pytest.raises(ConfigError, match=r"container\.runtime': expected pyxis or apptainer"):
+        load_site(str(bad))
+    good = tmp_path / "good.yaml"
+    good.write_text(base + "sbatch_extra: {exclusive: true, mem: 0, mail-type: false}\n"
+                    "setup: ['source /opt/venv/bin/activate']\n"
+                    "container: {runtime: pyxis, image: 'img:1', mounts: ['/s:/s']}\n")
+    site = load_site(str(good))
+    assert dict(site.sbatch_extra) == {"exclusive": "", "mem": "0"}
+    from hpcrun.launch.site import site_from_dict
+
+    assert site_from_dict(site.to_dict()) == site  # the run directory's snapshot round-trips
+
+
+def test_a_failing_setup_line_ends_the_job_before_the_agents(tmp_path: Path) -> None:
+    site = SiteConfig(name="s", node_local_path="/l", shared_path="/s",
+                      setup=("export HPCRUN_SETUP_OK=1", "false"))
+    script = render_sbatch(make_spec(), site, run_dir=tmp_path, op_id="o")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text("#!/bin/sh\necho srun-started\n")
+    (fake_bin / "srun").chmod(0o755)
+    (tmp_path / "job.sh").write_text(script)
+    out = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True,
+                         env={"PATH": f"{fake_bin}:/usr/bin:/bin"}, timeout=30)
+    assert out.returncode == 1 and "srun-started" not in out.stdout
+    assert "hpcrun: site setup line failed: false" in out.stderr

@@ -15,6 +15,8 @@ from hpcrun.control.record import create_run, read_record
 from hpcrun.control.spec import RunSpec
 from hpcrun.errors import StaleGenerationError
 from hpcrun.launch.signals import StopFlag
+from hpcrun.observe.postrun import read_manifest
+from hpcrun.runtime.decisions import Fail
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incarnation
 from hpcrun.runtime.logview import LogView
 from hpcrun.runtime.membership import alive_path
@@ -86,7 +88,29 @@ def test_all_nodes_succeeded_ends_the_run_succeeded(s: Setup) -> None:
     s.note("n1", "succeeded")
     assert s.sup.conclude(s.inc) == AgentExit(status=EXIT_OK)
     assert s.states() == ["SUCCEEDED"] and s.clock.sleeps == []
-    assert read_record(s.run_dir).result == {"state": "SUCCEEDED"}
+    result = read_record(s.run_dir).result
+    assert result is not None and result["state"] == "SUCCEEDED"
+    manifest = read_manifest(s.run_dir, result)  # published, fenced, digest-verified
+    assert (manifest["terminal_state"], manifest["generation"]) == ("SUCCEEDED", 1)
+
+
+def test_a_failed_run_publishes_its_post_run_manifest_with_the_reason(s: Setup) -> None:
+    s.sup.carry_out(s.inc, Fail(reason="retry budget for process_crash spent"))
+    record = read_record(s.run_dir)
+    assert record.result is not None
+    assert record.result["reason"] == "retry budget for process_crash spent"
+    assert read_manifest(s.run_dir, record.result)["terminal_state"] == "FAILED"
+
+
+def test_a_manifest_that_cannot_be_written_leaves_the_terminal_state(s: Setup) -> None:
+    def broken(log: RunLog, generation: int, holder: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    s.sup.on_end = broken
+    s.sup.carry_out(s.inc, Fail(reason="boom"))
+    record = read_record(s.run_dir)
+    assert str(record.state) == "FAILED" and record.result is not None
+    assert "manifest" not in record.result
 
 
 def test_a_silent_node_is_waited_for_then_counted_lost(s: Setup) -> None:

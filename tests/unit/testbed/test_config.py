@@ -50,6 +50,7 @@ def test_slurm_conf_carries_the_settings_the_testbed_relies_on() -> None:
     assert keys["MinJobAge"] == "300"
     assert keys["SlurmdTimeout"] == "10"
     assert keys["SchedulerParameters"] == "sched_interval=2,bf_interval=2"
+    assert keys["ScronParameters"] == "enable"  # scrontab for `hpcrun watch --install`
     assert keys["ProctrackType"] == "proctrack/linuxproc"
     assert keys["TaskPlugin"] == "task/none"
     assert keys["SelectType"] == "select/cons_tres"

@@ -16,6 +16,10 @@
 #SBATCH --comment=hpcrun:tiny.submit.0
 #SBATCH --output=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.out
 #SBATCH --error=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.err
+#SBATCH --exclusive
+#SBATCH --mail-type=END,FAIL
+#SBATCH --mem=0
+#SBATCH --switches=1@00:10:00
 
 # No `set -e`: this shell must reach the wait loop below whatever happens before it.
 set -uo pipefail
@@ -31,6 +35,13 @@ export NCCL_DEBUG=WARN
 export OMP_NUM_THREADS=8
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 
+# Site setup, before the agents start; a failing line ends the job. Activation scripts (conda,
+# venv) read unset variables, so -u is off while they run.
+set +u
+export HF_HOME=/lustre/$USER/hf-cache || { echo "hpcrun: site setup line failed:" 'export HF_HOME=/lustre/$USER/hf-cache' >&2; exit 1; }
+ulimit -n 65536 || { echo "hpcrun: site setup line failed:" 'ulimit -n 65536' >&2; exit 1; }
+set -u
+
 # Preemption: Slurm sends SIGUSR1 to the job steps (--signal without B:), so every agent
 # gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
 # SIGTERM (preemption grace, time limit) must not end this shell before the agents have
@@ -40,7 +51,7 @@ forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/
 trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
-srun -n 3 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --no-kill --cpu-bind=none \
+srun -n 3 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --no-kill --cpu-bind=none --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-mounts=/lustre:/lustre,/local/nvme:/local/nvme --container-writable --no-container-mount-home \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do

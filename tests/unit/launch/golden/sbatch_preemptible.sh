@@ -18,6 +18,8 @@
 #SBATCH --comment=hpcrun:tiny.submit.0
 #SBATCH --output=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.out
 #SBATCH --error=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.err
+#SBATCH --mem-per-gpu=64G
+#SBATCH --time-min=120
 
 # No `set -e`: this shell must reach the wait loop below whatever happens before it.
 set -uo pipefail
@@ -30,6 +32,12 @@ export HPCRUN_SITE=preemptible
 export HPCRUN_OP_ID=tiny.submit.0
 export OMP_NUM_THREADS=4
 
+# Site setup, before the agents start; a failing line ends the job. Activation scripts (conda,
+# venv) read unset variables, so -u is off while they run.
+set +u
+module load apptainer/1.3 || { echo "hpcrun: site setup line failed:" 'module load apptainer/1.3' >&2; exit 1; }
+set -u
+
 # Preemption: Slurm sends SIGUSR2 to the job steps (--signal without B:), so every agent
 # gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
 # SIGTERM (preemption grace, time limit) must not end this shell before the agents have
@@ -40,7 +48,7 @@ trap forward_preempt USR2
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
 srun -n 4 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 \
-    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+    apptainer exec --nv --bind=/gpfs/scratch:/gpfs/scratch --bind=/tmp:/tmp --cleanenv /gpfs/images/pytorch-24.05.sif /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
     wait "$srun_pid"

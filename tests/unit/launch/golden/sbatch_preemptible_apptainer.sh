@@ -1,0 +1,56 @@
+#!/bin/bash
+# hpcrun job script for run tiny on site preemptible.
+# Spec <spec-id>; operation tiny.submit.0.
+# Submit with `sbatch <this file>`; it starts one hpcrun agent per node.
+#SBATCH --job-name=tiny
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=4
+#SBATCH --gres=gpu:4
+#SBATCH --time=30
+#SBATCH --partition=scavenger
+#SBATCH --qos=scavenger
+#SBATCH --requeue
+#SBATCH --signal=USR2@120
+#SBATCH --open-mode=append
+#SBATCH --comment=hpcrun:tiny.submit.0
+#SBATCH --output=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.out
+#SBATCH --error=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.err
+#SBATCH --mem-per-gpu=64G
+#SBATCH --time-min=120
+
+# No `set -e`: this shell must reach the wait loop below whatever happens before it.
+set -uo pipefail
+
+# Site modules.
+module load cuda/12.4 || { echo "hpcrun: module load cuda/12.4 failed" >&2; exit 1; }
+
+export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
+export HPCRUN_SITE=preemptible
+export HPCRUN_OP_ID=tiny.submit.0
+export OMP_NUM_THREADS=4
+
+# Site setup, before the agents start; a failing line ends the job. Activation scripts (conda,
+# venv) read unset variables, so -u is off while they run.
+set +u
+module load apptainer/1.3 || { echo "hpcrun: site setup line failed:" 'module load apptainer/1.3' >&2; exit 1; }
+set -u
+
+# Preemption: Slurm sends SIGUSR2 to the job steps (--signal without B:), so every agent
+# gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
+# SIGTERM (preemption grace, time limit) must not end this shell before the agents have
+# committed: it is logged and the shell keeps waiting.
+srun_pid=""
+forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR2 "$srun_pid" 2>/dev/null; fi; }
+trap forward_preempt USR2
+trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
+
+srun -n 2 --ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=0 \
+    apptainer exec --nv --bind=/gpfs/scratch:/gpfs/scratch --bind=/tmp:/tmp --cleanenv /gpfs/images/pytorch-24.05.sif python3 -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+srun_pid=$!
+while true; do
+    wait "$srun_pid"
+    rc=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+exit "$rc"
