@@ -113,7 +113,7 @@ class Resources:
     """Slurm feature constraint (``--constraint``)."""
     exclude: tuple[str, ...] = ()
     """Nodes never to run on (quarantined nodes are added per allocation)."""
-    sbatch_extra: Mapping[str, str] = field(default_factory=dict)
+    sbatch_extra: Mapping[str, str] = field(default_factory=dict, metadata=ADDITIVE)
     """sbatch options hpcrun does not model (``mem: 64G``, ``exclusive: ""`` for a bare flag),
     overriding the site's ``sbatch_extra`` option by option; checked at submit."""
 
@@ -172,7 +172,7 @@ class CheckpointPolicy:
     """Recovery point objective: most seconds of work a failure may lose."""
     rto_s: float | None = None
     """Recovery time objective: most seconds from failure to training again."""
-    checksum: ChecksumAlgorithm = ChecksumAlgorithm.XXH3
+    checksum: ChecksumAlgorithm = field(default=ChecksumAlgorithm.XXH3, metadata=ADDITIVE)
     """Shard checksum: ``xxh3`` (fast) or ``sha256`` (cryptographic, for audits)."""
 
     def __post_init__(self) -> None:
@@ -363,7 +363,7 @@ class RunSpec:
     """Limits on the whole run."""
     cancel_authority: tuple[str, ...] = ()
     """User names allowed to cancel besides the owner."""
-    dist: DistSpec = field(default_factory=DistSpec)
+    dist: DistSpec = field(default_factory=DistSpec, metadata=ADDITIVE)
     """Process group backend and collective timeouts (omitted from the digest when default)."""
     config: Mapping[str, Any] = field(default_factory=dict)
     """Free-form user config handed to ``main(ctx)`` (JSON values only)."""
@@ -390,18 +390,12 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with every default filled and a ``schema_version``.
 
-        Sections added after schema 1 (``dist``) and fields added inside a section
-        (``checkpoint.checksum``, ``resources.sbatch_extra``) are written only when they differ
-        from their defaults, so the ``spec_id`` of a spec that does not use them stays what it
-        was.
+        Fields and sections added within the schema version (``ADDITIVE``: ``dist``,
+        ``checkpoint.checksum``, ``resources.sbatch_extra``, ``budgets.max_segments``, ...) are
+        written only when they differ from their defaults, so the ``spec_id`` of a spec that
+        does not use them stays what it was.
         """
         plain = _to_plain(self)
-        for key, default in _LATER_SECTIONS.items():
-            if getattr(self, key) == default:
-                plain.pop(key)
-        for (section, key), default in _LATER_FIELDS.items():
-            if getattr(getattr(self, section), key) == default:
-                plain[section].pop(key)
         return {"schema_version": SPEC_SCHEMA_VERSION, **plain}
 
     @classmethod
@@ -431,15 +425,6 @@ class RunSpec:
         return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
-_LATER_SECTIONS: dict[str, Any] = {"dist": DistSpec()}
-"""Sections added after schema 1, with the default that leaves them out of the digest."""
-
-_LATER_FIELDS: dict[tuple[str, str], Any] = {("checkpoint", "checksum"): ChecksumAlgorithm.XXH3,
-                                             ("resources", "sbatch_extra"): {}}
-"""Fields added inside a section after schema 1, with the default that leaves them out of the
-digest."""
-
-
 def _check_json_value(value: Any, key: str) -> None:
     if isinstance(value, Mapping):
         for k, v in value.items():
@@ -456,10 +441,17 @@ def _check_json_value(value: Any, key: str) -> None:
                type(value).__name__, "use plain YAML scalars")
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default value (its factory called when it has one)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def _to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not (f.metadata.get("additive") and getattr(value, f.name) == f.default)}
+                if not (f.metadata.get("additive") and getattr(value, f.name) == _default(f))}
     if isinstance(value, StrEnum):
         return value.value
     if isinstance(value, Mapping):
