@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcrun.checkpoint.device import HostLanding
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
 from hpcrun.checkpoint.readplan import RankPlan, Target
@@ -248,15 +249,18 @@ def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:
 
 
 def build_tensors(plan: RankPlan, own: np.ndarray, shared: Sequence[np.ndarray],
-                  leaves: Mapping[str, TensorLeaf]) -> tuple[dict[str, torch.Tensor],
-                                                             dict[str, Any]]:
+                  leaves: Mapping[str, TensorLeaf], *, landing: HostLanding | None = None,
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """This rank's tensors by key (its state's own tensors, filled in place) and meta tree.
 
     Args:
         own: this rank's buffer (its own reads).
         shared: each node position's shared region (replicated pieces).
-        leaves: the current state's leaves (the in-place targets).
+        leaves: the current state's leaves (the in-place targets; a device tensor is filled
+            from pinned host memory, never through a second device buffer).
+        landing: the pinned buffer device targets land through (one per restore when None).
     """
+    landing = landing or HostLanding()
     tensors: dict[str, torch.Tensor] = {}
     for target, pieces in plan.targets:
         dest = _dest(target, leaves.get(target.key))
@@ -265,12 +269,12 @@ def build_tensors(plan: RankPlan, own: np.ndarray, shared: Sequence[np.ndarray],
             d = p.record
             src = _as_tensor(buf[p.offset:p.offset + d.nbytes], d)
             if not target.global_shape:
-                dest.copy_(src)
+                landing.copy_into(dest, src)
                 continue
             a, b = max(target.start, d.row_start), min(target.stop, d.row_stop)
             if a < b:
-                dest[a - target.start:b - target.start].copy_(
-                    src[a - d.row_start:b - d.row_start])
+                landing.copy_into(dest[a - target.start:b - target.start],
+                                  src[a - d.row_start:b - d.row_start])
         tensors[target.key] = dest
     meta: dict[str, Any] = {}
     if plan.meta is not None:
