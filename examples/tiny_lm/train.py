@@ -70,16 +70,23 @@ def main(ctx: Any) -> None:
     ctx.restore(model=model, optim=optim, data=data)
     net = _wrap(model, ctx)
     ledger = _ledger(ctx, data)
-    for step in ctx.steps(int(ctx.config["steps"])):
-        batch = next(data)
+
+    def train_step(batch: dict[str, Any]) -> float:
+        # The whole optimizer step from the batch alone: hpcrun can replay it on a suspect
+        # step (silent data corruption check) with the same inputs.
         tokens = batch["tokens"].to(ctx.device, non_blocking=True).long()
         logits = net(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
+        return float(loss.item())
+
+    for step in ctx.steps(int(ctx.config["steps"])):
+        batch = next(data)
+        loss = ctx.run_step(train_step, batch)
         ledger(step, int(batch["batch"]))
-        ctx.step_done(tokens=int(tokens[:, 1:].numel()), loss=float(loss.item()))
+        ctx.step_done(tokens=int(batch["tokens"][:, 1:].numel()), loss=loss)
     data.close()
 
 

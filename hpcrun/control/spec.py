@@ -29,7 +29,15 @@ from typing import Any
 import yaml
 
 from hpcrun.errors import SpecError
-from hpcrun.vocab import AsyncPolicy, CadenceKind, DistBackend, FaultClass, ResumeContract, Tier
+from hpcrun.vocab import (
+    AsyncPolicy,
+    CadenceKind,
+    DistBackend,
+    FaultClass,
+    ResumeContract,
+    SdcAction,
+    Tier,
+)
 
 SPEC_SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -217,6 +225,37 @@ class DistSpec:
             _positive(getattr(self, key), key)
 
 
+SDC_EVERY_STEPS = 50
+"""Default replica-check interval: on the tiny example (CPU) one check (fingerprint and
+exchange) costs well under half a step, so one check per 50 steps keeps the overhead under 1 %
+(``benchmarks/sdc_bench.py`` measures it)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SdcPolicy:
+    """Silent data corruption checks: replica agreement, loss spikes, device canaries."""
+
+    enabled: bool = True
+    """Run the checks at all."""
+    every_steps: int = SDC_EVERY_STEPS
+    """Steps between replica agreement checks (detection latency, in steps)."""
+    loss_spike: float | None = None
+    """A loss above this factor times the mean of the recent losses is suspect (None: off)."""
+    policy: SdcAction = SdcAction.FAIL
+    """What a suspect step that replays to the same result does: ``fail`` or ``skip_batch``."""
+    canary_every_min: float | None = 30.0
+    """Minutes between per-device known-answer canaries (None: only at start)."""
+
+    def __post_init__(self) -> None:
+        _check(self.every_steps >= 1, "every_steps", "an integer >= 1", self.every_steps,
+               "set sdc.every_steps to the steps between replica checks")
+        _check(self.loss_spike is None or (math.isfinite(self.loss_spike)
+                                           and self.loss_spike > 1.0),
+               "loss_spike", "a factor > 1 (e.g. 4.0) or null", self.loss_spike,
+               "set sdc.loss_spike above 1, or leave it out to turn the spike check off")
+        _positive(self.canary_every_min, "canary_every_min")
+
+
 def default_max_attempts() -> dict[str, int]:
     """Retries allowed per fault class before the run fails."""
     return {
@@ -225,6 +264,11 @@ def default_max_attempts() -> dict[str, int]:
         FaultClass.DATA_ERROR: 1, FaultClass.STORAGE_ERROR: 3, FaultClass.USER_ERROR: 0,
         FaultClass.UNKNOWN: 2,
     }
+
+
+ADDED_BUDGETS: dict[str, int] = {FaultClass.SDC: 3}
+"""Budgets of fault classes added within schema 1, used when ``max_attempts`` leaves them out
+(kept out of the defaults, so an existing spec keeps its ``spec_id``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -347,6 +391,8 @@ class RunSpec:
     """Fault budgets, backoff, quarantine."""
     budgets: Budgets = field(default_factory=Budgets)
     """Limits on the whole run."""
+    sdc: SdcPolicy = field(default_factory=SdcPolicy)
+    """Silent data corruption checks (replica agreement, loss spikes, canaries)."""
     cancel_authority: tuple[str, ...] = ()
     """User names allowed to cancel besides the owner."""
     dist: DistSpec = field(default_factory=DistSpec)
@@ -376,7 +422,7 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with every default filled and a ``schema_version``.
 
-        Sections added after schema 1 (``dist``) are written only when they differ from their
+        Sections added after schema 1 (``dist``, ``sdc``) are written only when they differ from their
         defaults, so the ``spec_id`` of a spec that does not use them stays what it was.
         """
         plain = _to_plain(self)
@@ -412,7 +458,7 @@ class RunSpec:
         return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
-_LATER_SECTIONS: dict[str, Any] = {"dist": DistSpec()}
+_LATER_SECTIONS: dict[str, Any] = {"dist": DistSpec(), "sdc": SdcPolicy()}
 """Sections added after schema 1, with the default that leaves them out of the digest."""
 
 
