@@ -159,7 +159,8 @@ def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
                        f"{newest}")
     steps = ", ".join(str(s.restored_step) for s in splits)
     return ContractResult(name="state", ok=not bad, detail="; ".join(bad) if bad else
-                          f"newest committed restored each time (steps {steps})")
+                          f"newest committed restored each time (steps {steps}; after an sdc "
+                          "fault: the newest known-good)")
 
 
 def _rpo(splits: Sequence[RtoSplit], row: MatrixRow) -> ContractResult:
