@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hpcrun.checkpoint.cadence import CadencePolicy, CadenceTimer
-from hpcrun.data import DataPipeline, MixtureSpec
 from hpcrun.control.spec import SdcPolicy
+from hpcrun.data import DataPipeline, MixtureSpec
 from hpcrun.runtime.context import Context
 
 DELAY_S = 0.03
