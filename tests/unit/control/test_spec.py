@@ -134,7 +134,7 @@ def test_freeze_fills_code_and_versions_and_changes_digest() -> None:
 
 def test_sdc_checks_are_on_by_default_and_a_default_section_keeps_old_spec_ids() -> None:
     spec = RunSpec.from_dict(MINIMAL)
-    assert spec.sdc.enabled and spec.sdc.every_steps == 50 and spec.sdc.policy == "fail"
+    assert spec.sdc.enabled and spec.sdc.every_steps == 100 and spec.sdc.policy == "fail"
     assert "sdc" not in spec.to_dict()  # written before the section existed: same spec_id
     tuned = RunSpec.from_dict({**MINIMAL, "sdc": {"every_steps": 10, "loss_spike": 4,
                                                   "policy": "skip_batch"}})
