@@ -10,7 +10,7 @@ Rules (:func:`select_shared_victims`, :func:`select_local_victims`, :func:`selec
 - a tier-0 copy is deleted only once tier 1 holds that checkpoint committed, or a newer one;
 - uncommitted directories are staging debris, removed only when older than a bound (a save in
   progress elsewhere is younger), at most ``max_victims`` per pass;
-- the newest *known-good* checkpoint (a replica agreement check passed after its commit: a
+- the newest *known-good* checkpoint (a replica agreement check at or after its step passed: a
   ``known_good`` note) is kept besides the newest K, whatever K says: silent data corruption
   can damage every newer one.
 

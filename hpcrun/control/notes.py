@@ -328,7 +328,8 @@ class LogDebrisMovedNote(NotePayload):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KnownGoodNote(NotePayload):
-    """A committed checkpoint is known-good: a replica agreement check passed after it."""
+    """A committed checkpoint is known-good: a replica agreement check at or after its step
+    passed."""
 
     EVENT: ClassVar[NoteEvent] = NoteEvent.KNOWN_GOOD
     ckpt_id: str

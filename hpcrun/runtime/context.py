@@ -63,6 +63,8 @@ class _Progress:
     """Newest checkpoint this rank saw committed."""
     known_good_id: str | None = None
     """Newest checkpoint marked known-good by this incarnation."""
+    checked_step: int = -1
+    """Step of the last replica check that passed."""
     step_started: float = 0.0
     validated: bool = False
     in_step: bool = False
@@ -252,11 +254,16 @@ class Context:
         committed checkpoint known-good. A failed check ends the rank (an sdc fault) or, under
         ``sdc.policy: skip_batch``, drops a suspect step's update."""
         if self._sdc.at_boundary(self._p.step, suspect=suspect, force=force):
+            self._p.checked_step = self._p.step
             self._mark_known_good()
 
     def _mark_known_good(self) -> None:
+        """Rank 0 marks the newest committed checkpoint known-good once a replica check at or
+        after its step passed (an asynchronous commit may land after that check: the state it
+        captured was already verified)."""
         committed = self._p.committed_id
-        if self.rank != 0 or committed is None or committed == self._p.known_good_id:
+        if (self.rank != 0 or committed is None or committed == self._p.known_good_id
+                or self._p.committed_step > self._p.checked_step):
             return
         self._p.known_good_id = committed
         self._log.publish_entry(
@@ -290,6 +297,7 @@ class Context:
             return
         self._p.committed_step = int(result.step)
         self._p.committed_id = str(result.ckpt_id)
+        self._mark_known_good()
         self._events.emit("checkpoint", int(result.step), ckpt_id=result.ckpt_id,
                           pause_s=getattr(result, "pause_s", None),
                           write_s=getattr(result, "write_s", None),
