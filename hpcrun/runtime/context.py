@@ -152,6 +152,13 @@ class Context:
         """
         return self._sdc.run_step(fn, batch, self._p.step)
 
+    @property
+    def skipped_steps(self) -> tuple[tuple[int, str], ...]:
+        """(step, batch) of every step whose update ``sdc.policy: skip_batch`` dropped in this
+        incarnation (``step`` counts completed steps: the loop's index + 1), for a sample
+        ledger to record."""
+        return tuple(self._sdc.skipped)
+
     def set_replica_groups(self, groups: Sequence[Sequence[int]] | None) -> None:
         """Which ranks hold the same parameters (None: every rank, as in DDP). With sharded
         data parallelism, each group is the ranks holding the same shard."""

@@ -145,6 +145,8 @@ class SdcGuard:
         self._suspect_step: int | None = None
         self._checked = -1
         self._canary_at: float | None = None
+        self.skipped: list[tuple[int, str]] = []
+        """(step, batch) of each step whose update ``skip_batch`` dropped, in order."""
 
     @property
     def enabled(self) -> bool:
@@ -280,6 +282,7 @@ class SdcGuard:
                                         generation=self._inc.generation,
                                         holder=self._inc.holder)
             self._events.emit("sdc_skip", step, skipped_step=at, batch=_batch_id(batch))
+            self.skipped.append((at, _batch_id(batch)))
             self.suspect, self._suspect_step = "", None
             return self.at_boundary(step, suspect=False, force=True)
         if self.rank != 0:
