@@ -83,9 +83,12 @@ def exchange_fingerprints(mine: str, *, world_size: int, group: Any = None) -> l
 
     if not (dist.is_available() and dist.is_initialized()):
         return [mine]
+    # The host group is gloo; a run still on the default NCCL group exchanges on its device.
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if str(dist.get_backend(group)).lower() == "nccl" else torch.device("cpu"))
     raw = bytes.fromhex(mine) if mine != "empty" else bytes(16)
-    local = torch.tensor(struct.unpack("<2q", raw), dtype=torch.int64)
-    out = [torch.zeros(2, dtype=torch.int64) for _ in range(world_size)]
+    local = torch.tensor(struct.unpack("<2q", raw), dtype=torch.int64, device=device)
+    out = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(world_size)]
     dist.all_gather(out, local, group=group)
     return [struct.pack("<2q", *t.tolist()).hex() for t in out]
 
