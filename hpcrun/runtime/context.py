@@ -209,7 +209,8 @@ class Context:
                 f"loss is {loss} at step {self._p.step}; refusing to continue or checkpoint. "
                 "Lower the learning rate or enable gradient clipping, then resume"
             )
-        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=loss,
+        finite = loss if loss is None or math.isfinite(loss) else None  # JSON has no NaN
+        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=finite,
                           input_wait_s=wait, **({"sdc_suspect": suspect} if suspect else {}),
                           **metrics)
         self._heartbeat(step=self._p.step, step_time_s=dur)
