@@ -156,3 +156,10 @@ def test_checks_off_leave_the_step_alone() -> None:
     model, optim = _model()
     _train(guard, _batches(4, nan_at=1), model, optim)
     assert log.entries == [] and not guard.suspect
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_fingerprints_on_the_device_as_the_cpu_does_and_passes_the_canary() -> None:
+    params = [torch.linspace(-1, 1, 4096).to(torch.bfloat16), torch.randn(64, 64)]
+    assert fingerprint([p.cuda() for p in params]) == fingerprint(params)
+    assert run_canary("cuda") == CANARY_ANSWER
