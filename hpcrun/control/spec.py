@@ -423,8 +423,8 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with every default filled and a ``schema_version``.
 
-        Sections added after schema 1 (``dist``, ``sdc``) are written only when they differ from their
-        defaults, so the ``spec_id`` of a spec that does not use them stays what it was.
+        Sections added after schema 1 (``dist``, ``sdc``) are written only when they differ from
+        their defaults, so the ``spec_id`` of a spec that does not use them stays what it was.
         """
         plain = _to_plain(self)
         for key, default in _LATER_SECTIONS.items():
