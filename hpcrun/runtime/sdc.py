@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -68,6 +68,9 @@ class RankResult:
     """Fingerprint of its parameters at the end of the window."""
     losses: tuple[str, ...] = ()
     """Its loss at each step of the window, bit-exact (:func:`loss_bits`)."""
+    distance: float | None = None
+    """After a replay: the largest absolute difference between its first and its replayed
+    parameters (None: not measured)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,6 +184,15 @@ def judge(observed: Sequence[RankResult], replayed: Sequence[RankResult] | None,
                          detail=f"ranks {list(rep_odd)} disagree with their replicas again when "
                                 "the window is replayed: a device computes wrong")
     deviations = {r: d for r in first if (d := _deviation(first[r], again[r])) is not None}
+    origin_rank = _farthest(again.values(), deviations)
+    if origin_rank is not None:
+        at = deviations[origin_rank]
+        return Judgement(verdict=Verdict.HARDWARE, ranks=(origin_rank,),
+                         nodes=_nodes(observed, (origin_rank,)),
+                         step=steps[at] if at < len(steps) else None,
+                         detail=f"rank {origin_rank}'s parameters are far from what the same "
+                         "steps compute again from the same state with the same inputs (the "
+                         "other replicas differ only by the gradients it shared)")
     if deviations:
         origin = min(deviations.values())
         ranks = tuple(sorted(r for r, d in deviations.items() if d == origin))
@@ -197,6 +209,23 @@ def judge(observed: Sequence[RankResult], replayed: Sequence[RankResult] | None,
             if odd else "the replay computes the same results")
     return Judgement(verdict=Verdict.DETERMINISTIC, ranks=odd, nodes=_nodes(observed, odd),
                      detail=f"{what}: the data or the model, not the hardware")
+
+
+DOMINANCE = 8.0
+"""How many times farther from its replay the corrupted replica's parameters must be than any
+other's to be named by distance: in DDP a corrupted replica shares wrong gradients, so every
+replica drifts from the replay a little, the corrupted one by the corruption itself."""
+
+
+def _farthest(replayed: Iterable[RankResult], deviating: Mapping[int, int]) -> int | None:
+    """The rank whose parameters moved far more than any other's from the replay, if one did."""
+    dist = sorted(((r.distance, r.rank) for r in replayed if r.rank in deviating
+                   and r.distance is not None and math.isfinite(r.distance)), reverse=True)
+    if not dist or dist[0][0] <= 0:
+        return None
+    if len(dist) == 1 or dist[0][0] >= DOMINANCE * dist[1][0]:
+        return dist[0][1]
+    return None
 
 
 def _unreplayed(observed: Sequence[RankResult], odd: tuple[int, ...],

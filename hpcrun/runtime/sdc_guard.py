@@ -262,14 +262,15 @@ class SdcGuard:
         """Load the known state and run the window's steps again with the same inputs (every
         rank at once: a DDP step is collective); ``skip`` leaves that step's batch out."""
         assert self._step_fn is not None and self._snapshot is not None
+        first = [p.detach().clone() for p in parameters_of(self._state)]  # rare: a suspect
         self._load_snapshot(self._snapshot)
         losses = []
         for s in self._window:
             losses.append(s.loss if s.step == skip else _bits(
                 self._step_fn(s.batch)))
-        return sdc.RankResult(rank=self.rank, node=self.node,
-                              fingerprint=fingerprint(parameters_of(self._state)),
-                              losses=tuple(losses))
+        params = parameters_of(self._state)
+        return sdc.RankResult(rank=self.rank, node=self.node, fingerprint=fingerprint(params),
+                              losses=tuple(losses), distance=_distance(first, params))
 
     def _deterministic(self, step: int, verdict: sdc.Judgement,
                        suspects: Sequence[tuple[int | None, str]]) -> bool:
@@ -366,6 +367,16 @@ class SdcGuard:
             raise HpcrunError("sdc fault injection found no floating-point parameters among "
                               "the registered state; register the model with ctx.restore")
         flip_bit(max(params, key=lambda p: p.numel()), index=0, bit=bit)
+
+
+def _distance(first: Sequence[torch.Tensor], again: Sequence[torch.Tensor]) -> float:
+    """The largest absolute difference between two parameter lists (float64, on device)."""
+
+    worst = 0.0
+    for a, b in zip(first, again, strict=True):
+        if a.is_floating_point() and a.numel():
+            worst = max(worst, float((a.double() - b.double()).abs().max()))
+    return worst
 
 
 def _bits(loss: Any) -> str:

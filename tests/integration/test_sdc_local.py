@@ -44,7 +44,7 @@ def test_bit_flip_is_found_its_node_quarantined_and_the_run_ends_bitwise_identic
     rank1_node = next(e.node for e in read_events(cut) if e.rank == 1)
     [sdc] = [e.payload for e in valid_entries(cut, "fault") if e.payload.get("fault") == "sdc"]
     assert sdc["node"] == rank1_node and sdc["rank"] == 1, sdc
-    assert int(sdc["step"]) == FLIP_AT + 1, sdc  # the replay traced it to the step after the flip
+    assert FLIP_AT < int(sdc["step"]) <= FLIP_AT + CHECK_EVERY, sdc
     found = [int(e.step) for e in read_events(cut) if e.kind == "sdc_verdict"]
     assert found and FLIP_AT < min(found) <= FLIP_AT + CHECK_EVERY, found
     assert rank1_node in cut_rec.quarantined

@@ -182,3 +182,15 @@ def test_other_faults_do_not_roll_back() -> None:
                       signature="process_crash:rank3:-9")
     d = decide(_obs(fault), RECORD, POLICY, now=1000.0)
     assert isinstance(d, RestartInAllocation) and not d.rollback
+
+
+def test_the_replica_far_from_its_replay_is_the_origin_when_losses_do_not_tell() -> None:
+    # A flip too small to change a rounded loss still changes the shared gradient: the other
+    # replica's loss moves first, but its parameters drift from the replay only slightly.
+    observed = [res(0, "x", 1.0, 0.9), res(2, "y", 1.0, 0.8)]
+    replayed = [RankResult(rank=0, node="n0", fingerprint="g", losses=(
+        *observed[0].losses[:1], loss_bits(0.85)), distance=1e-7),
+                RankResult(rank=2, node="n1", fingerprint="g", losses=observed[1].losses,
+                           distance=0.02)]
+    j = judge(observed, replayed, ((0, 2),), steps=(18, 19))
+    assert (j.verdict, j.ranks, j.nodes) == (Verdict.HARDWARE, (2,), ("n1",))
