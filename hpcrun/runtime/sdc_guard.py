@@ -375,7 +375,7 @@ def _distance(first: Sequence[torch.Tensor], again: Sequence[torch.Tensor]) -> f
     worst = 0.0
     for a, b in zip(first, again, strict=True):
         if a.is_floating_point() and a.numel():
-            worst = max(worst, float((a.double() - b.double()).abs().max()))
+            worst = max(worst, float((a.double() - b.detach().double()).abs().max()))
     return worst
 
 
