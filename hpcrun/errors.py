@@ -83,6 +83,15 @@ class ReshardError(CheckpointError):
     """A checkpoint cannot be loaded onto the requested layout."""
 
 
+class SdcError(HpcrunError, RuntimeError):
+    """A device computed a wrong answer without failing (silent data corruption, class ``sdc``)."""
+
+
+class SdcEchoError(HpcrunError, RuntimeError):
+    """This rank stops because a silent-data-corruption verdict named another rank (an echo of
+    that rank's fault, not a fault of its own)."""
+
+
 class DataError(HpcrunError, RuntimeError):
     """A dataset object is missing or differs from its manifest, or a cursor does not match."""
 

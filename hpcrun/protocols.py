@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -120,6 +120,16 @@ class RunContext(Protocol):
 
     def input_wait(self) -> AbstractContextManager[None]:
         """Time the enclosed block as input wait of the current step (for a user's own loader)."""
+        ...
+
+    def run_step(self, fn: Callable[[Any], Any], batch: Any) -> Any:
+        """Run the optimizer step ``fn(batch)`` and return what it returns (the loss).
+
+        Registered this way, a step that looks corrupted (replicas disagree, a non-finite or
+        spiking loss) can be replayed from the last checked state with the same inputs, which
+        tells a faulty device from bad data. ``fn`` must do the whole step from ``batch`` alone,
+        deterministically, without other side effects.
+        """
         ...
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "ChecksumAlgorithm", "DistBackend",
-           "FaultClass", "ResumeContract", "RunState", "Tier"]
+           "FaultClass", "ResumeContract", "RunState", "SdcAction", "Tier"]
 
 
 class RunState(StrEnum):
@@ -49,6 +49,7 @@ class FaultClass(StrEnum):
     STORAGE_TIMEOUT = "storage_timeout"  # a shared-tier operation outlived its deadline
     USER_ERROR = "user_error"
     UNKNOWN = "unknown"
+    SDC = "sdc"  # silent data corruption: a device computed a wrong answer without failing
 
 
 class Tier(StrEnum):
@@ -107,3 +108,11 @@ class DistBackend(StrEnum):
     AUTO = "auto"    # NCCL when the run has GPUs, else gloo
     NCCL = "nccl"    # GPU collectives; hpcrun's own small collectives still use a gloo group
     GLOO = "gloo"    # CPU collectives
+
+
+class SdcAction(StrEnum):
+    """What a suspect step that replays to the same result (the data or the model, not the
+    hardware) does to the run (the spec's ``sdc.policy``)."""
+
+    FAIL = "fail"              # the run fails, naming the step and its batch
+    SKIP_BATCH = "skip_batch"  # the step's update is dropped; the skip is logged

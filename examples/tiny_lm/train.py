@@ -70,16 +70,25 @@ def main(ctx: Any) -> None:
     ctx.restore(model=model, optim=optim, data=data)
     net = _wrap(model, ctx)
     ledger = _ledger(ctx, data)
-    for step in ctx.steps(int(ctx.config["steps"])):
-        batch = next(data)
+
+    def train_step(batch: dict[str, Any]) -> float:
+        # The whole optimizer step from the batch alone: hpcrun can replay it on a suspect
+        # step (silent data corruption check) with the same inputs.
         tokens = batch["tokens"].to(ctx.device, non_blocking=True).long()
         logits = net(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
-        ledger(step, int(batch["batch"]))
-        ctx.step_done(tokens=int(tokens[:, 1:].numel()), loss=float(loss.item()))
+        return float(loss.item())
+
+    for step in ctx.steps(int(ctx.config["steps"])):
+        ledger.skips(ctx.skipped_steps)
+        batch = next(data)
+        loss = ctx.run_step(train_step, batch)
+        ledger.record(step, int(batch["batch"]))
+        ctx.step_done(tokens=int(batch["tokens"][:, 1:].numel()), loss=loss)
+    ledger.skips(ctx.skipped_steps)
     data.close()
 
 
@@ -93,17 +102,30 @@ def _wrap(model: torch.nn.Module, ctx: Any) -> torch.nn.Module:
     return DistributedDataParallel(model)
 
 
-def _ledger(ctx: Any, data: DataPipeline) -> Any:
-    """Rank 0 records which samples each global step consumed (the sample ledger)."""
-    if not ctx.config.get("ledger") or ctx.rank != 0:
-        return lambda step, batch: None
-    path = ctx.inc.run_dir / "ledger.jsonl"
+class _Ledger:
+    """Rank 0 records which samples each global step consumed (the sample ledger), and, written
+    again with ``skipped``, a step whose update hpcrun dropped (``sdc.policy: skip_batch``)."""
 
-    def record(step: int, batch: int) -> None:
-        ids = data.sample_ids(batch)
-        line = {"step": step, "batch": batch, "generation": ctx.generation,
-                "samples": [[int(x) for x in row] for row in ids.tolist()]}
-        with open(path, "a") as f:
+    def __init__(self, ctx: Any, data: DataPipeline) -> None:
+        self.on = bool(ctx.config.get("ledger")) and ctx.rank == 0
+        self.ctx, self.data, self.written = ctx, data, 0
+        self.path = ctx.inc.run_dir / "ledger.jsonl" if self.on else None
+
+    def record(self, step: int, batch: int, *, skipped: bool = False) -> None:
+        if self.path is None:
+            return
+        ids = self.data.sample_ids(batch)
+        line = {"step": step, "batch": batch, "generation": self.ctx.generation,
+                "samples": [[int(x) for x in row] for row in ids.tolist()],
+                **({"skipped": True} if skipped else {})}
+        with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
-    return record
+    def skips(self, skipped: tuple[tuple[int, str], ...]) -> None:
+        for done, batch in skipped[self.written:]:
+            self.record(done - 1, int(batch), skipped=True)  # ``done`` counts completed steps
+        self.written = len(skipped)
+
+
+def _ledger(ctx: Any, data: DataPipeline) -> _Ledger:
+    return _Ledger(ctx, data)

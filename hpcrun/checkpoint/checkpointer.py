@@ -25,7 +25,7 @@ from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import canonical_json
 from hpcrun.checkpoint.readplan import need_of
 from hpcrun.checkpoint.restorer import Loaded, RestoreShell
-from hpcrun.checkpoint.retention import collect_run
+from hpcrun.checkpoint.retention import collect_run, restorable
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
 from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
 from hpcrun.checkpoint.state import (
@@ -39,7 +39,7 @@ from hpcrun.checkpoint.state import (
     load_into,
     restore_rng,
 )
-from hpcrun.checkpoint.tiers import Tier, checkpoint_id, fold_checkpoints
+from hpcrun.checkpoint.tiers import Tier, checkpoint_id
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import RestoreFellBackNote
 from hpcrun.control.log import RunLog
@@ -328,7 +328,7 @@ class Checkpointer:
         leaves = flatten_state(state).leaves
         need = need_of(self.layout.rank, leaves)
         skipped: list[str] = []
-        for ckpt in reversed(fold_checkpoints(entries)):
+        for ckpt in reversed(restorable(entries)):  # after an sdc fault: known-good only
             loaded = self._restorer.load(ckpt, need, leaves)
             if loaded is None:
                 skipped.append(ckpt.ckpt_id)

@@ -24,11 +24,13 @@ from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
 from hpcrun.control.notes import (
+    BatchSkippedNote,
     CreatedNote,
     DebrisKind,
     DependencyNote,
     DrainErrorNote,
     FaultInjectedNote,
+    KnownGoodNote,
     LogDebrisMovedNote,
     LogDebrisNote,
     NodeExitNote,
@@ -59,6 +61,7 @@ from hpcrun.vocab import FaultClass, RunState, Tier
 __all__ = [
     "LOG_SCHEMA_VERSION",
     "ActionKind",
+    "BatchSkippedNote",
     "CommitPayload",
     "CreatedNote",
     "CursorPayload",
@@ -73,6 +76,7 @@ __all__ = [
     "FencePayload",
     "HeartbeatPayload",
     "JobPayload",
+    "KnownGoodNote",
     "LogDebrisMovedNote",
     "LogDebrisNote",
     "LogEntry",

@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 
 from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
 
-__all__ = ["CreatedNote", "DebrisKind", "DependencyNote", "DrainErrorNote", "FaultInjectedNote",
-           "LogDebrisMovedNote", "LogDebrisNote", "NodeExitNote", "NodeStatus",
+__all__ = ["BatchSkippedNote", "CreatedNote", "DebrisKind", "DependencyNote", "DrainErrorNote",
+           "FaultInjectedNote", "KnownGoodNote", "LogDebrisMovedNote", "LogDebrisNote",
+           "NodeExitNote", "NodeStatus",
            "NoteEvent", "NotePayload", "PeerLostNote", "RequeueLeftToSlurmNote",
            "RequeueSentNote", "RestoreFellBackNote", "SegmentNote", "UnknownNote", "decode_note"]
 
@@ -35,6 +36,8 @@ class NoteEvent(StrEnum):
     LOG_DEBRIS_MOVED = "log_debris_moved"            # `hpcrun doctor` moved debris aside
     SEGMENT = "segment"                              # a stop with committed progress ended
     DEPENDENCY = "dependency"                        # the run waits for upstream runs
+    KNOWN_GOOD = "known_good"                        # a replica check passed after a commit
+    BATCH_SKIPPED = "batch_skipped"                  # a suspect step's update was dropped
 
 
 class DebrisKind(StrEnum):
@@ -324,6 +327,50 @@ class LogDebrisMovedNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class KnownGoodNote(NotePayload):
+    """A committed checkpoint is known-good: a replica agreement check at or after its step
+    passed."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.KNOWN_GOOD
+    ckpt_id: str
+    """The checkpoint."""
+    step: int
+    """Its step."""
+    checked_step: int
+    """Step of the replica check that passed (>= ``step``)."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"ckpt_id": self.ckpt_id, "step": self.step, "checked_step": self.checked_step}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"ckpt_id": f.text("ckpt_id"), "step": f.integer("step"),
+                "checked_step": f.integer("checked_step")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchSkippedNote(NotePayload):
+    """A suspect step replayed to the same result and the spec says ``skip_batch``: its update
+    was dropped (the batch stays consumed)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.BATCH_SKIPPED
+    step: int
+    """The step whose update was dropped."""
+    batch: str
+    """The global batch it consumed ("?" when the batch does not say)."""
+    detail: str = ""
+    """Why, for people."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"step": self.step, "batch": self.batch, "detail": self.detail}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"step": f.integer("step"), "batch": f.text("batch"),
+                "detail": f.text("detail", "")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownNote(NotePayload):
     """A note of an event this version does not know; ``extra`` holds the rest of it."""
 
@@ -348,7 +395,7 @@ class UnknownNote(NotePayload):
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
     DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
-    SegmentNote, DependencyNote)}
+    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote)}
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

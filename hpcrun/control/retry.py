@@ -21,13 +21,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from hpcrun.control.record import FaultRecord, RunRecord
-from hpcrun.control.spec import RetryPolicy
+from hpcrun.control.spec import ADDED_BUDGETS, RetryPolicy
 from hpcrun.errors import ArgumentError
 from hpcrun.vocab import FaultClass
 
 NODE_SUSPECT = frozenset({
     FaultClass.NODE_FAILURE, FaultClass.PROCESS_CRASH, FaultClass.HANG, FaultClass.NONFINITE,
-    FaultClass.STORAGE_ERROR,
+    FaultClass.STORAGE_ERROR, FaultClass.SDC,
 })
 """Classes that count against the node they happened on (preemption and timeouts do not)."""
 
@@ -173,7 +173,7 @@ def decide_retry(record: RunRecord, fault: FaultRecord, policy: RetryPolicy, *,
     attempt = len({_incident(f) for f in history if f.fault == cls})
     exclude = tuple(sorted(set(record.quarantined) | quarantine_candidates(
         history, fault.ts if now is None else now, policy)))
-    budget = policy.max_attempts[cls.value]
+    budget = policy.max_attempts.get(cls.value, ADDED_BUDGETS.get(cls.value, 0))
 
     def fail(reason: str) -> RetryDecision:
         return RetryDecision(action=RetryAction.FAIL, fault=cls, attempt=attempt,

@@ -135,8 +135,9 @@ def _recovery(valid: Sequence[Any], row: MatrixRow, splits: Sequence[RtoSplit]
 
 
 def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
-    """Each recovery restored the newest checkpoint committed before its fence."""
-    from hpcrun.checkpoint.tiers import fold_checkpoints
+    """Each recovery restored the newest checkpoint committed before its fence (after an
+    ``sdc`` fault: the newest known-good one)."""
+    from hpcrun.checkpoint.retention import restorable
 
     if not splits:
         return ContractResult(name="state", ok=None, detail="no recovery")
@@ -150,7 +151,7 @@ def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
         skipped |= {str(_payload(e).get("ckpt_id")) for e in valid
                     if e.generation == s.to_generation and _kind(e) == "fault"
                     and _payload(e).get("signature") == "ckpt:verify"}
-        committed = [c for c in fold_checkpoints([e for e in valid if e.slot < fence.slot])
+        committed = [c for c in restorable([e for e in valid if e.slot < fence.slot])
                      if c.ckpt_id not in skipped]
         newest = committed[-1].step if committed else 0
         if newest != s.restored_step:
@@ -158,7 +159,8 @@ def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
                        f"{newest}")
     steps = ", ".join(str(s.restored_step) for s in splits)
     return ContractResult(name="state", ok=not bad, detail="; ".join(bad) if bad else
-                          f"newest committed restored each time (steps {steps})")
+                          f"newest committed restored each time (steps {steps}; after an sdc "
+                          "fault: the newest known-good)")
 
 
 def _rpo(splits: Sequence[RtoSplit], row: MatrixRow) -> ContractResult:

@@ -36,6 +36,9 @@ class LedgerLine:
     """Generation of the incarnation that ran the step."""
     samples: tuple[Segment, ...]
     """The segments of the global batch."""
+    skipped: bool = False
+    """The step's update was dropped (``sdc.policy: skip_batch``): its samples were consumed,
+    not learned from (written again, after the step's first line, with this flag)."""
 
     def __post_init__(self) -> None:
         if self.step < 0 or self.batch < 0:
@@ -65,6 +68,8 @@ class LedgerReport:
     """Sample segments consumed twice by the run's effective trajectory."""
     reference_mismatches: tuple[int, ...] = ()
     """Steps whose samples differ from the reference ledger's."""
+    skipped_steps: tuple[int, ...] = ()
+    """Steps whose update was dropped by the ``skip_batch`` policy (declared, not a fault)."""
 
     @property
     def ok(self) -> bool:
@@ -78,7 +83,8 @@ class LedgerReport:
                             ("replay≠", len(self.replay_mismatches)),
                             ("cursor breaks", len(self.cursor_breaks)),
                             ("duplicated", self.duplicated_samples),
-                            ("≠reference", len(self.reference_mismatches))):
+                            ("≠reference", len(self.reference_mismatches)),
+                            ("skipped", len(self.skipped_steps))):
             if value:
                 parts.append(f"{value} {name}")
         return ", ".join(parts)
@@ -92,7 +98,8 @@ def parse_line(raw: Any) -> LedgerLine:
         raise FormatError("ledger rows have 6 fields (row, sample_id, source, epoch, offset, "
                           f"length), found rows of {sorted({len(r) for r in samples})} fields")
     return LedgerLine(step=int(raw["step"]), batch=int(raw["batch"]),
-                      generation=int(raw["generation"]), samples=samples)
+                      generation=int(raw["generation"]), samples=samples,
+                      skipped=raw.get("skipped", False) is True)
 
 
 def parse_ledger(text: str) -> tuple[list[LedgerLine], int]:
@@ -148,6 +155,7 @@ def check_ledger(lines: Sequence[LedgerLine], *, total_steps: int, malformed: in
         replayed_steps=replayed, replay_mismatches=mismatched,
         cursor_breaks=_cursor_breaks(eff), duplicated_samples=_duplicates(eff.values()),
         reference_mismatches=_against(eff, reference) if reference is not None else (),
+        skipped_steps=tuple(s for s, line in eff.items() if line.skipped),
     )
 
 

@@ -36,6 +36,7 @@ class DrillFault(StrEnum):
     WORLD_SIZE = "world-size"
     CANCEL = "cancel-during-checkpoint"
     CRASH_LOOP = "crash-loop"
+    SDC = "sdc"
 
 
 class Recovery(StrEnum):
@@ -132,6 +133,9 @@ MATRIX: tuple[MatrixRow, ...] = (
               what="a rank crashes every incarnation: FAILED with reason",
               backends=_BOTH, expect_state="FAILED", expect_cause="process_crash",
               recovery=Recovery.NONE, ledger=False),
+    MatrixRow(fault=DrillFault.SDC,
+              what="bit flip in one rank's parameters: node named, rolled back to known-good",
+              backends=_BOTH, expect_cause="sdc", recovery=Recovery.REQUEUE),
 )
 """The matrix, in table order."""
 
@@ -166,6 +170,7 @@ def injection(row: MatrixRow, *, at: int, world_size: int, tasks_per_node: int) 
         DrillFault.HANG: f"hang@step={at},rank={last}",
         DrillFault.STRAGGLER: f"slow@step={at},rank={last},seconds=0.15,every=1",
         DrillFault.CRASH_LOOP: f"crash@step={at},rank={last},every=1",
+        DrillFault.SDC: f"sdc@step={at},rank={last}",
     }
     if row.fault == DrillFault.NODE_LOSS:
         if world_size <= tasks_per_node:

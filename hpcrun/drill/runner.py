@@ -115,6 +115,12 @@ def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
     spec["config"] = {**dict(raw_spec.get("config") or {}), "ledger": True}
     if row.fault == DrillFault.NODE_LOSS_SPARE:
         spec["resources"] = {**res, "spare_nodes": max(1, int(res.get("spare_nodes", 0)))}
+    if row.fault == DrillFault.SDC:
+        # Replica checks twice per checkpoint interval, the flip just after a check that makes
+        # a commit known-good: the next check finds it and the run rolls back to that commit.
+        check = max(1, every // 2)
+        spec["sdc"] = {**dict(raw_spec.get("sdc") or {}), "every_steps": check}
+        step = every + check + 2 if at is None else at
     env = {"HPCRUN_HANG_S": str(HANG_S)} if row.fault == DrillFault.HANG else {}
     victim = 0 if row.fault == DrillFault.KILL_BEFORE_MANIFEST else nodes * tpn - 1
     inject = injection(row, at=step, world_size=nodes * tpn, tasks_per_node=tpn)

@@ -4,28 +4,31 @@ A training script builds its model, optimizer and loader, then::
 
     start = ctx.restore(model=model, optim=optim, data=loader)
     for step in ctx.steps(total):
-        loss = train_one_step(...)
+        batch = next(loader)
+        loss = ctx.run_step(train_one_step, batch)  # or train_one_step(batch): no replay
         ctx.step_done(tokens=n_tokens, loss=loss)
 
 hpcrun does the rest at step boundaries: heartbeats, events, checkpoint cadence and commits, the
-stop agreement after a preemption signal (one tiny all-reduce per step), and a final commit.
+stop agreement after a preemption signal (one tiny all-reduce per step), the replica agreement
+check against silent data corruption (:mod:`hpcrun.runtime.sdc_guard`), and a final commit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.entries import CursorPayload, ProgressPayload, StatePayload
+from hpcrun.control.entries import CursorPayload, KnownGoodNote, ProgressPayload, StatePayload
 from hpcrun.control.log import RunLog
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
 from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.sdc_guard import SdcGuard
 from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
@@ -56,6 +59,12 @@ class _Progress:
     restored_step: int = 0
     restored_tier: str | None = None
     committed_step: int = -1
+    committed_id: str | None = None
+    """Newest checkpoint this rank saw committed."""
+    known_good_id: str | None = None
+    """Newest checkpoint marked known-good by this incarnation."""
+    checked_step: int = -1
+    """Step of the last replica check that passed."""
     step_started: float = 0.0
     validated: bool = False
     in_step: bool = False
@@ -95,6 +104,9 @@ class Context:
         self._cursors: dict[int, Any] = {}
         self._p = _Progress()
         self.stopped = False
+        self._sdc = SdcGuard(policy=spec.sdc, rank=env.rank, node=incarnation.node,
+                             world_size=env.world_size, log=log, incarnation=incarnation,
+                             events=events, clock=clock, device=device, group=group)
 
     # -- RunContext API ---------------------------------------------------------------------
     @property
@@ -126,12 +138,39 @@ class Context:
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier,
                               bytes_read=result.bytes_read, files_read=result.files_read)
         self._cadence = self._new_cadence(self._p.step)
+        self._sdc.start(self._state)
         return self._p.step
+
+    def run_step(self, fn: Callable[[Any], Any], batch: Any) -> Any:
+        """Run one training step ``fn(batch)`` and return what it returns (the loss).
+
+        ``fn`` does the whole optimizer step on the registered state (forward, backward,
+        optimizer step) from ``batch`` alone, deterministically, without other side effects.
+        Registered this way, a step that looks corrupted (replicas disagree, or a non-finite or
+        spiking loss) can be replayed from the last checked state with the same inputs, which
+        tells a faulty device from bad data (``sdc`` in the spec, docs/recovery.md).
+        """
+        return self._sdc.run_step(fn, batch, self._p.step)
+
+    @property
+    def skipped_steps(self) -> tuple[tuple[int, str], ...]:
+        """(step, batch) of every step whose update ``sdc.policy: skip_batch`` dropped in this
+        incarnation (``step`` counts completed steps: the loop's index + 1), for a sample
+        ledger to record."""
+        return tuple(self._sdc.skipped)
+
+    def set_replica_groups(self, groups: Sequence[Sequence[int]] | None) -> None:
+        """Which ranks hold the same parameters (None: every rank, as in DDP). With sharded
+        data parallelism, each group is the ranks holding the same shard."""
+        from hpcrun.runtime.sdc import replica_groups
+
+        self._sdc.groups = replica_groups(self.world_size, groups)
 
     def steps(self, total: int) -> Iterator[int]:
         """Yield step indices up to ``total``; end early (after a commit) when a stop is agreed."""
         while self._p.step < total:
-            stop, due = self._agree()
+            stop, due, suspect = self._agree()
+            self._check_replicas(suspect=suspect)
             if stop:
                 self._commit_and_stop()
                 return
@@ -164,13 +203,16 @@ class Context:
         self._fire_injections(slow=True)  # a slowed rank is slow inside its measured step
         dur = self._clock.monotonic() - self._p.step_started
         wait = self._take_input_wait() if input_wait_s is None else float(input_wait_s)
-        if loss is not None and not math.isfinite(loss):
+        suspect = self._sdc.observe_loss(loss, self._p.step) if loss is not None else ""
+        if loss is not None and not math.isfinite(loss) and not self._sdc.suspect:
             raise NonFiniteError(
                 f"loss is {loss} at step {self._p.step}; refusing to continue or checkpoint. "
                 "Lower the learning rate or enable gradient clipping, then resume"
             )
-        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=loss,
-                          input_wait_s=wait, **metrics)
+        finite = loss if loss is None or math.isfinite(loss) else None  # JSON has no NaN
+        self._events.emit("step", self._p.step, dur_s=dur, tokens=tokens, loss=finite,
+                          input_wait_s=wait, **({"sdc_suspect": suspect} if suspect else {}),
+                          **metrics)
         self._heartbeat(step=self._p.step, step_time_s=dur)
         self._cadence.observe_step(self._p.step, dur)
         self._finish_async(self._ckpt.poll())
@@ -199,8 +241,9 @@ class Context:
             return None
         return (timed or 0.0) + sum(float(take()) for take in sources)
 
-    def _agree(self) -> tuple[bool, bool]:
-        """(stop, checkpoint due), the same on every rank: one tiny all-reduce per step.
+    def _agree(self) -> tuple[bool, bool, bool]:
+        """(stop, checkpoint due, a rank's last step suspect), the same on every rank: one tiny
+        all-reduce per step.
 
         A time-based cadence (every_seconds, Young) reads each rank's own clock; a save is a
         collective, so the ranks must agree on it as on a stop, or one would wait forever. The
@@ -208,10 +251,33 @@ class Context:
         """
         due = self._p.step > 0 and self._cadence.due(self._p.step, self._clock.monotonic())
         with self._events.span("collective", self._p.step, what="stop_agreement"):
-            stop, due, tokens = preemption.agree_at_boundary(
-                self._stop, due=due, tokens=self._p.my_tokens, group=self._group)
+            stop, due, tokens, suspect = preemption.agree_at_boundary(
+                self._stop, due=due, tokens=self._p.my_tokens, suspect=bool(self._sdc.suspect),
+                group=self._group)
         self._count_tokens(tokens)
-        return stop, due
+        return stop, due, suspect
+
+    def _check_replicas(self, *, suspect: bool = False, force: bool = False) -> None:
+        """The replica agreement check when due (COLLECTIVE then); a pass makes the newest
+        committed checkpoint known-good. A failed check ends the rank (an sdc fault) or, under
+        ``sdc.policy: skip_batch``, drops a suspect step's update."""
+        if self._sdc.at_boundary(self._p.step, suspect=suspect, force=force):
+            self._p.checked_step = self._p.step
+            self._mark_known_good()
+
+    def _mark_known_good(self) -> None:
+        """Rank 0 marks the newest committed checkpoint known-good once a replica check at or
+        after its step passed (an asynchronous commit may land after that check: the state it
+        captured was already verified)."""
+        committed = self._p.committed_id
+        if (self.rank != 0 or committed is None or committed == self._p.known_good_id
+                or self._p.committed_step > self._p.checked_step):
+            return
+        self._p.known_good_id = committed
+        self._log.publish_entry(
+            KnownGoodNote(ckpt_id=committed, step=self._p.committed_step,
+                          checked_step=self._p.step),
+            generation=self.generation, holder=self.inc.holder)
 
     def _count_tokens(self, gang_tokens: int) -> None:
         self._p.tokens += gang_tokens
@@ -238,6 +304,8 @@ class Context:
         if result is None or not getattr(result, "committed", False):
             return
         self._p.committed_step = int(result.step)
+        self._p.committed_id = str(result.ckpt_id)
+        self._mark_known_good()
         self._events.emit("checkpoint", int(result.step), ckpt_id=result.ckpt_id,
                           pause_s=getattr(result, "pause_s", None),
                           write_s=getattr(result, "write_s", None),
@@ -274,15 +342,19 @@ class Context:
     def _commit_and_stop(self) -> None:
         with self._events.span("ckpt_commit", self._p.step, reason="stop"):
             self._ensure_committed()
+        self._check_replicas(force=True)  # the stop commit is known-good if replicas agree
         self.stopped = True
 
     def _final_commit(self) -> None:
         # every rank ends here: count the last step's tokens
         with self._events.span("collective", self._p.step, what="stop_agreement"):
-            [tokens] = preemption.agree_sum([self._p.my_tokens], group=self._group)
+            tokens, suspect = preemption.agree_sum([self._p.my_tokens, int(bool(
+                self._sdc.suspect))], group=self._group)
         self._count_tokens(tokens)
+        self._check_replicas(suspect=suspect > 0)
         with self._events.span("ckpt_commit", self._p.step, reason="final"):
             self._ensure_committed()
+        self._check_replicas(force=True)  # the final commit is known-good if replicas agree
 
     def _validate_once(self) -> None:
         # RUNNING means a step was validated after any restore: rank 0 says so once per
@@ -304,6 +376,9 @@ class Context:
             if (inj.kind == faults.FaultKind.SLOW) != slow:
                 continue
             self._events.emit("fault_injected", self._p.step, fault=inj.kind.value)
+            if inj.kind == faults.FaultKind.SDC:
+                self._sdc.inject()  # only the context holds the parameters
+                continue
             if inj.kind in (faults.FaultKind.CRASH, faults.FaultKind.HANG,
                             faults.FaultKind.NODECRASH):
                 self._events.close()  # flush what this rank saw before it goes

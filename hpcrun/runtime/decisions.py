@@ -132,6 +132,9 @@ class RestartInAllocation:
     """The next in-allocation attempt."""
     reason: str
     """Why (the retry rule that allowed it)."""
+    rollback: bool = False
+    """Restore the newest *known-good* checkpoint, not merely the newest (an ``sdc`` fault;
+    the restore reads the fault from the log, so this is what the decision promises)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,6 +153,8 @@ class Requeue:
     segment: SegmentNote | None = None
     """Set when the stop committed progress: a segment of a long run, logged instead of a
     preemption fault."""
+    rollback: bool = False
+    """Restore the newest *known-good* checkpoint, not merely the newest (an ``sdc`` fault)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,11 +230,16 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
 
     A lost node is replaced in the allocation only by a live hot spare (one per lost node:
     :class:`SwapSpare`); without one the run requeues. A preempted gang is never restarted in
-    its allocation (the allocation is ending).
+    its allocation (the allocation is ending). Silent data corruption on a named node
+    quarantines it at once and requeues without it (a spare swap can carry the rollback later);
+    without a named node the gang restarts in the allocation; either way it rolls back to the
+    newest known-good checkpoint.
     """
     lost = lost_nodes(obs, fault)
-    spares = fault.fault != FaultClass.NODE_FAILURE or (
-        bool(lost) and len(obs.spares) >= len(lost))
+    sdc = fault.fault == FaultClass.SDC
+    faulty = fault.node if sdc and fault.node else None
+    spares = (fault.fault != FaultClass.NODE_FAILURE or (
+        bool(lost) and len(obs.spares) >= len(lost))) and not faulty
     rd = decide_retry(record, fault_record(obs, record, fault, now), policy.retry,
                       max_requeues=policy.max_requeues, spares_available=spares,
                       rng=rng if policy.retry.jitter else None, now=now)
@@ -240,8 +250,14 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
                              reason=f"{rd.reason}: {', '.join(lost)} lost, "
                                     f"{', '.join(n for n in gang if n not in obs.nodes)} "
                                     "takes its place")
-        return RestartInAllocation(attempt=obs.attempt + 1, reason=rd.reason)
+        return RestartInAllocation(attempt=obs.attempt + 1, reason=_rollback(rd.reason, sdc),
+                                   rollback=sdc)
     if rd.action == RetryAction.FAIL:
         return Fail(reason=rd.reason, preempted=preempted)
-    return Requeue(delay_s=rd.delay_s, exclude=rd.exclude, reason=rd.reason,
-                   preempted=preempted)
+    exclude = tuple(sorted({*rd.exclude, faulty})) if faulty else rd.exclude
+    return Requeue(delay_s=rd.delay_s, exclude=exclude, reason=_rollback(rd.reason, sdc),
+                   preempted=preempted, rollback=sdc)
+
+
+def _rollback(reason: str, sdc: bool) -> str:
+    return f"{reason}; rolling back to the newest known-good checkpoint" if sdc else reason

@@ -11,6 +11,9 @@ instead, so one run can be interrupted several times
 ``ckptcrash@step=N,rank=R,stage=S`` SIGKILLs the rank inside the first checkpoint it takes from
 step N on, when that save reaches stage S (``staging``, ``shard_write``, ``before_manifest``,
 ``before_commit``, ``after_commit``; the last three happen on rank 0 only).
+``sdc@step=N,rank=R`` flips one bit in the rank's parameters after step N, as a device that
+computes a wrong answer without failing would (silent data corruption; the rank's context
+applies it, since only it holds the parameters).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from hpcrun.errors import SpecError
 
@@ -34,6 +38,7 @@ class FaultKind(StrEnum):
     SLOW = "slow"        # sleep ``seconds`` in every step from ``step`` on (a straggler)
     NODECRASH = "nodecrash"  # SIGKILL this rank's node: its agent and everything it started
     CKPTCRASH = "ckptcrash"  # SIGKILL this rank when a checkpoint reaches ``stage``
+    SDC = "sdc"              # flip one bit in this rank's parameters (silent data corruption)
 
 
 CKPT_STAGES = ("staging", "shard_write", "before_manifest", "before_commit", "after_commit")
@@ -146,6 +151,21 @@ def fire(injection: Injection, *, preempt_signal: int) -> None:
         from hpcrun.proctree import crash_process_tree
 
         crash_process_tree(os.getppid())
+
+
+def flip_bit(tensor: Any, *, index: int, bit: int) -> None:
+    """Flip bit ``bit`` of element ``index`` of ``tensor``, in place, on its device."""
+    import torch
+
+    flat = tensor.detach().view(-1)
+    words = flat.view(getattr(torch, f"int{8 * flat.element_size()}")
+                      if flat.element_size() > 1 else torch.uint8)
+    if not 0 <= bit < 8 * flat.element_size() or not 0 <= index < words.numel():
+        raise SpecError(f"sdc injection: bit {bit} of element {index} is outside a tensor of "
+                        f"{words.numel()} {flat.dtype} elements; pick a bit below "
+                        f"{8 * flat.element_size()}")
+    with torch.no_grad():
+        words[index] ^= 1 << bit if bit < 8 * flat.element_size() - 1 else -(1 << bit)
 
 
 def from_environ(env: Mapping[str, str]) -> tuple[Injection, ...]:

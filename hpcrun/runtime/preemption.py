@@ -113,15 +113,18 @@ class Relay:
 # -- 3. per-step agreement in the rank ----------------------------------------------------------
 
 
-def agree_at_boundary(flag: StopFlag, *, due: bool, tokens: int,
-                      group: Any = None) -> tuple[bool, bool, int]:
-    """(stop, checkpoint due, the gang's tokens): the same on every rank, one all-reduce.
+def agree_at_boundary(flag: StopFlag, *, due: bool, tokens: int, suspect: bool = False,
+                      group: Any = None) -> tuple[bool, bool, int, bool]:
+    """(stop, checkpoint due, the gang's tokens, any rank's step suspect): the same on every
+    rank, one all-reduce.
 
-    Collective: every rank calls it at the same step boundary. A stop or a save is a
-    collective, so the ranks must agree on both, or one would wait forever.
+    Collective: every rank calls it at the same step boundary. A stop, a save or the replay of
+    a suspect step (:mod:`hpcrun.runtime.sdc_guard`) is a collective, so the ranks must agree
+    on each, or one would wait forever.
     """
-    stop, save, summed = agree_sum([int(flag.is_set), int(due), int(tokens)], group=group)
-    return stop > 0, save > 0, summed
+    stop, save, summed, odd = agree_sum([int(flag.is_set), int(due), int(tokens), int(suspect)],
+                                        group=group)
+    return stop > 0, save > 0, summed, odd > 0
 
 
 def agree_to_stop(flag: StopFlag, *, group: Any = None) -> bool:

@@ -21,6 +21,8 @@ from hpcrun.errors import (
     DataError,
     HpcrunError,
     NonFiniteError,
+    SdcEchoError,
+    SdcError,
     SpecError,
     StaleGenerationError,
     StorageError,
@@ -36,6 +38,7 @@ _FAULT_OF = (
     (NonFiniteError, "nonfinite"),
     (DataError, "data_error"),
     (StorageError, "storage_error"),
+    (SdcError, "sdc"),
 )
 
 
@@ -72,7 +75,7 @@ def classify(exc: BaseException) -> str:
     for cls, fault in _FAULT_OF:
         if isinstance(exc, cls):
             return fault
-    if _is_peer_loss(exc):
+    if isinstance(exc, SdcEchoError) or _is_peer_loss(exc):
         return PEER_LOST
     if _is_collective_timeout(exc):
         return HANG

@@ -11,6 +11,7 @@ import pytest
 
 from hpcrun.control.entries import (
     ActionKind,
+    BatchSkippedNote,
     CommitPayload,
     CreatedNote,
     CursorPayload,
@@ -25,6 +26,7 @@ from hpcrun.control.entries import (
     FencePayload,
     HeartbeatPayload,
     JobPayload,
+    KnownGoodNote,
     LogDebrisMovedNote,
     LogDebrisNote,
     LogEntry,
@@ -111,6 +113,11 @@ PAYLOADS: dict[str, EntryPayload] = {
                                        "stop with a commit; requeue"),
     "note_restore_fell_back": RestoreFellBackNote(restored="g000002-s0000000050-a",
                                                   skipped=("g000003-s0000000100-a",)),
+    "note_known_good": KnownGoodNote(ckpt_id="g000002-s0000000050-a", step=50, checked_step=60),
+    "note_batch_skipped": BatchSkippedNote(step=37, batch="36",
+                                           detail="the replay computes the same results"),
+    "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,
+                              signature="sdc:n2", detail="silent data corruption on n2"),
 }
 
 

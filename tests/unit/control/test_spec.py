@@ -141,3 +141,24 @@ def test_freeze_fills_code_and_versions_and_changes_digest() -> None:
     assert frozen.versions["torch"] == "2.13.0" and frozen.spec_id != spec.spec_id
     with pytest.raises(SpecError, match="snapshot"):
         CodeVersion(commit="abc1234", dirty=True, snapshot=None)
+
+
+def test_sdc_checks_are_on_by_default_and_a_default_section_keeps_old_spec_ids() -> None:
+    spec = RunSpec.from_dict(MINIMAL)
+    assert spec.sdc.enabled and spec.sdc.every_steps == 100 and spec.sdc.policy == "fail"
+    assert "sdc" not in spec.to_dict()  # written before the section existed: same spec_id
+    tuned = RunSpec.from_dict({**MINIMAL, "sdc": {"every_steps": 10, "loss_spike": 4,
+                                                  "policy": "skip_batch"}})
+    assert tuned.to_dict()["sdc"]["policy"] == "skip_batch"
+    assert tuned.spec_id != spec.spec_id
+
+
+@pytest.mark.parametrize(("section", "says"), [
+    ({"every_steps": 0}, "sdc.every_steps"),
+    ({"loss_spike": 0.5}, "sdc.loss_spike"),
+    ({"policy": "retry"}, "sdc.policy"),
+    ({"canary_every_min": -1}, "sdc.canary_every_min"),
+])
+def test_a_bad_sdc_section_names_the_key(section: dict[str, object], says: str) -> None:
+    with pytest.raises(SpecError, match=says.replace(".", r"\.")):
+        RunSpec.from_dict({**MINIMAL, "sdc": section})

@@ -73,3 +73,14 @@ def test_any_restore_pattern_from_committed_steps_keeps_the_contracts(
         lines.append(_line(step, gen))
         step += 1
     assert check_ledger(lines, total_steps=total).ok
+
+
+def test_a_step_whose_update_skip_batch_dropped_is_reported_not_a_fault() -> None:
+    first = [_line(s) for s in range(4)]
+    again = json.dumps({"step": 2, "batch": 2, "generation": 1, "skipped": True,
+                        "samples": [list(seg) for seg in first[2].samples]})
+    lines, bad = parse_ledger("\n".join([*(json.dumps({
+        "step": ln.step, "batch": ln.batch, "generation": ln.generation,
+        "samples": [list(seg) for seg in ln.samples]}) for ln in first), again]))
+    report = check_ledger(lines, total_steps=4, malformed=bad)
+    assert report.ok and report.skipped_steps == (2,) and "1 skipped" in report.summary()

@@ -57,3 +57,13 @@ def test_node_loss_with_a_spare_adds_one_spare_crashes_from_outside_and_expects_
     assert plan.inject == "" and drillable(row, "slurm") == ""
     assert row.recovery == "restart" and row.expect_cause == "node_failure"
     assert drillable(row, "local").startswith("needs slurm"), "local has no node to lose"
+
+
+def test_the_sdc_row_flips_a_bit_in_the_last_rank_and_expects_a_requeue() -> None:
+    row = row_for("sdc")
+    assert row.fault is DrillFault.SDC and row.expect_cause == "sdc"
+    assert injection(row, at=17, world_size=4, tasks_per_node=2) == "sdc@step=17,rank=3"
+    plan = plan_drill({"resources": {"nodes": 2, "tasks_per_node": 1},
+                       "checkpoint": {"every_steps": 10}}, row, at=None)
+    # checks every 5 steps; the flip lands after the check that made step 10 known-good
+    assert plan.spec["sdc"] == {"every_steps": 5} and plan.inject == "sdc@step=17,rank=1"
