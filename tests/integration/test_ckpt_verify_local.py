@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+from hpcrun.checkpoint.hierarchy import read_node_shards
 from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.log import RunLog
 from hpcrun.control.record import read_record
@@ -52,7 +53,9 @@ def test_a_sha256_spec_writes_sha256_shards_that_verify_and_restore(tmp_path: Pa
     newest = fold_checkpoints(RunLog(run).read())[-1]
     manifest = json.loads((run / newest.manifest).read_text())
     assert manifest["checksum"] == "sha256"
-    digests = [d["checksum"] for s in manifest["shards"] for d in s["datasets"]]
+    shards = [s for node in dict.fromkeys(manifest["nodes"])
+              for s in read_node_shards(run, newest.ckpt_id, manifest, node)]
+    digests = [d.checksum for s in shards for d in s.datasets]
     assert digests and all(d.startswith("sha256:") and len(d) == 7 + 64 for d in digests)
     ok = cli(tmp_path / "runs", "ckpt", "verify", str(run))
     assert ok.returncode == 0 and f"{newest.ckpt_id} [shared] ok" in ok.stdout, ok.stdout
