@@ -109,12 +109,12 @@ def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
     if dirty:
         snapshot_tree(cwd, run_dir / SNAPSHOT_DIR, runner)
         code_path = run_dir / SNAPSHOT_DIR
-    _index(run_dir)
+    link_into_runs_root(run_dir)
     return run_dir, spec, {"HPCRUN_CODE_PATH": str(code_path)}
 
 
-def _index(run_dir: Path) -> None:
-    """Link the run into ``$HPCRUN_RUNS`` so `hpcrun status ID` finds it from anywhere."""
+def link_into_runs_root(run_dir: Path) -> None:
+    """Link a run (or a sweep) into ``$HPCRUN_RUNS`` so `hpcrun status ID` finds it anywhere."""
     from hpcrun.observe.status import runs_root
 
     index = runs_root(os.environ)

@@ -23,6 +23,7 @@ from hpcrun.cli.run import (
     VERIFY_DATA,
     Submission,
     create_run_dir,
+    link_into_runs_root,
     prepare_submission,
     repo_root_of,
     stop_local_launcher,
@@ -142,7 +143,7 @@ def submit_sweep(req: SweepRequest) -> SweepSubmitted:
                                     for i, (p, o) in enumerate(zip(points, overrides,
                                                                    strict=True))))
     write_sweep_index(sweep_dir, index)
-    _link(sweep_dir)
+    link_into_runs_root(sweep_dir)
     if sub.backend == "local":
         _start_local_sweep(sweep_dir, points[0][2])
         return SweepSubmitted(sweep_dir=sweep_dir, run_dirs=tuple(p[0] for p in points),
@@ -156,19 +157,6 @@ def _create_points(sub: Submission, cwd: Path, specs: list[Any],
                    sweep_id: str) -> list[tuple[Path, Any, dict[str, str]]]:
     return [create_run_dir(sub, cwd, spec=spec, run_id=f"{sweep_id}-{i:03d}")
             for i, spec in enumerate(specs)]
-
-
-def _link(sweep_dir: Path) -> None:
-    """Link the sweep into ``$HPCRUN_RUNS`` beside its runs, as submit does for a run."""
-    from hpcrun.observe.status import runs_root
-
-    index = runs_root(os.environ)
-    if index.resolve() == sweep_dir.parent.resolve():
-        return
-    index.mkdir(parents=True, exist_ok=True, mode=0o750)
-    link = index / sweep_dir.name
-    if not link.exists():
-        link.symlink_to(sweep_dir)
 
 
 def _submit_array(sweep_dir: Path, sub: Submission,

@@ -58,9 +58,6 @@ class Backend(StrEnum):
     LOCAL = "local"
 
 
-"""The MTBF prior of a site config that sets none (hours)."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SiteConfig:
     """One cluster's settings (``site_configs/<name>.yaml``)."""
