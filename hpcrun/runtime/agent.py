@@ -42,7 +42,7 @@ from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.decide import vanished_node_fault
-from hpcrun.runtime.drainer import drain_round_safely, drain_target
+from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.gang import Gang, RankExit
 from hpcrun.runtime.gpus import NodeGpus, diagnostics_dir, exit_fault
 from hpcrun.runtime.incarnation import (
@@ -262,8 +262,7 @@ class Agent:
             return outcome
         status = self._node_status(gang, outcome)
         if status is not Ending.FAILED and drainer is not None:
-            drain_round_safely(drain_target(self.run_dir, self._place(inc), inc), self.log,
-                               last=True)
+            drain_round_safely(self._drain_target(inc), self.log, last=True)
         self._report_node_exit(inc, status)
         if self.node.is_supervisor:
             ended = self.supervisor.conclude(inc)
@@ -484,12 +483,16 @@ class Agent:
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
         return env
 
+    def _drain_target(self, inc: Incarnation) -> DrainTarget:
+        """This node's drain, background and final round alike: the same shared-tier deadline
+        and the same scheduled storage fault, if a drill injects one."""
+        return drain_target(self.run_dir, self._place(inc), inc,
+                            injection=self.environ.get("HPCRUN_INJECT", ""))
+
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         if self.node.node_local_root is None:
             return None
-        argv = drain_target(self.run_dir, self._place(inc), inc,
-                            injection=self.environ.get("HPCRUN_INJECT", "")).argv(
-            self.python, interval_s=2.0)
+        argv = self._drain_target(inc).argv(self.python, interval_s=2.0)
         out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
