@@ -206,12 +206,11 @@ GROUPS = """
            "host_is_default": groups.host_group is None, "ckpt_sum": t.item()}
     # rank 1 skips the next step collective: rank 0's wait runs into the step timeout
     if env.rank == 0:
-        t0 = time.monotonic()
         try:
             dist.all_reduce(torch.ones(1))
         except RuntimeError as exc:
             out["fault"] = classify(exc)
-            out["waited_s"] = time.monotonic() - t0
+            out["error"] = str(exc)[:300]
     else:
         time.sleep(8)
     print(json.dumps(out), flush=True)
@@ -228,4 +227,5 @@ def test_step_collective_timeout_is_its_own_and_reads_as_a_hang() -> None:
         assert r["backend"] == "gloo" and r["device"] == "cpu" and r["ckpt_sum"] == 2.0
         assert r["host_is_default"], "on CPU the step agreement uses the (gloo) default group"
     assert first["fault"] == "hang"
-    assert 1.5 <= first["waited_s"] < 7, "the 2 s step timeout, not the 60 s init timeout"
+    # gloo names the deadline it waited for: the step's 2 s, not the 60 s of init or checkpoint
+    assert "Timed out waiting 2000ms" in first["error"], first["error"]
