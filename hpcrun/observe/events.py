@@ -269,11 +269,6 @@ def sorted_events(run_dir: Path, *, ranks: Iterable[int] | None = None) -> list[
     return sorted(read_events(run_dir, ranks=ranks), key=lambda e: (e.ts, e.rank))
 
 
-def events_to_jsonl(events: Iterable[Event]) -> str:
-    """Serialise events as JSON Lines (for tests, fixtures and exports)."""
-    return "".join(e.to_json() + "\n" for e in events)
-
-
 def event_counts(events: Iterable[Event]) -> dict[str, int]:
     """How many events of each kind (a cheap summary for status)."""
     counts: dict[str, int] = {}

@@ -274,13 +274,6 @@ def figures_json(figures: RunFigures | None, mtbf: MtbfEstimate) -> str:
     return json.dumps(body, sort_keys=True).replace("</", "<\\/")
 
 
-def read_figures_json(page: str) -> dict[str, Any]:
-    """The JSON data block of a report page (what tools and tests read back)."""
-    head = '<script type="application/json" id="hpcrun-figures">'
-    start = page.index(head) + len(head)
-    return json.loads(page[start:page.index("</script>", start)])  # type: ignore[no-any-return]
-
-
 def render_html(plots: Sequence[Plot], rows: Sequence[tuple[str, str]], *, title: str,
                 data: str = "{}") -> str:
     """The page: a summary table and one section per plot, images inline as data URIs."""

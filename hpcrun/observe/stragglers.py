@@ -19,24 +19,6 @@ from hpcrun.protocols import Event
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StepStats:
-    """One rank's step-time distribution."""
-
-    rank: int
-    """Global rank."""
-    node: str
-    """Its node ("" when unknown)."""
-    count: int
-    """Number of steps observed."""
-    p50: float
-    """Median step time (s)."""
-    p95: float
-    """95th percentile, nearest rank (s)."""
-    max: float
-    """Slowest step (s)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Straggler:
     """A rank that stayed slow over a window."""
 
@@ -59,17 +41,6 @@ def quantile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     idx = math.ceil(round(q * len(ordered), 9)) - 1  # round: 0.95 × 20 must be 19, not 19.0000001
     return ordered[max(0, min(len(ordered) - 1, idx))]
-
-
-def step_time_stats(step_times_by_rank: Mapping[int, Sequence[float]], *,
-                    nodes: Mapping[int, str] | None = None) -> list[StepStats]:
-    """p50, p95 and max of each rank's step times, sorted by rank (ranks with none omitted)."""
-    nodes = nodes or {}
-    return [
-        StepStats(rank=r, node=nodes.get(r, ""), count=len(ts), p50=quantile(ts, 0.5),
-                  p95=quantile(ts, 0.95), max=max(ts))
-        for r, ts in sorted(step_times_by_rank.items()) if ts
-    ]
 
 
 def straggler_scores(step_times_by_rank: Mapping[int, Sequence[float]], *,

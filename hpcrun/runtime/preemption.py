@@ -127,15 +127,6 @@ def agree_at_boundary(flag: StopFlag, *, due: bool, tokens: int, suspect: bool =
     return stop > 0, save > 0, summed, odd > 0
 
 
-def agree_to_stop(flag: StopFlag, *, group: Any = None) -> bool:
-    """Whether any rank of ``group`` was asked to stop; every rank gets the same answer.
-
-    Collective; without an initialised process group (a single process) it returns
-    ``flag.is_set``.
-    """
-    return agree_any([flag.is_set], group=group)[0]
-
-
 def agree_any(votes: Sequence[bool], *, group: Any = None) -> list[bool]:
     """For each vote, whether any rank of ``group`` voted yes (:func:`agree_sum` of 0/1)."""
     return [n > 0 for n in agree_sum([1 if v else 0 for v in votes], group=group)]

@@ -13,8 +13,8 @@ import pytest
 
 from hpcrun.control.record import read_record
 from hpcrun.observe.events import sorted_events
-from hpcrun.observe.report import read_figures_json
 from tests.integration.local_helpers import cli, local_spec, submit
+from tests.pages import read_figures_json
 
 DELAY_S = 0.03
 """Seconds added to every document read of the slowed loader (examples/tiny_lm read_delay_s)."""

@@ -49,3 +49,16 @@ def test_gc_dry_run_lists_debris(run_dir: Path, incarnation, capsys) -> None:
     main(["ckpt", "gc", str(run_dir), "--older-than", "-1", "--dry-run"])
     assert "would remove debris g000009-s0000000001-abc" in capsys.readouterr().out
     assert (run_dir / "ckpt" / "g000009-s0000000001-abc").exists()
+
+
+def test_diff_says_identical_for_the_same_state_and_names_a_differing_tensor(
+        run_dir: Path, incarnation, capsys) -> None:
+    first, second = _save_two(incarnation)
+    with pytest.raises(SystemExit) as same:
+        main(["ckpt", "diff", str(run_dir), str(run_dir), "--ckpt-a", second])
+    assert same.value.code == 0 and capsys.readouterr().out.strip().endswith("identical")
+    with pytest.raises(SystemExit) as differ:
+        main(["ckpt", "diff", str(run_dir), str(run_dir), "--ckpt-a", first])
+    out = capsys.readouterr().out
+    assert differ.value.code == 1
+    assert "tensor 'model/" in out and "differs" in out and "step 1" in out

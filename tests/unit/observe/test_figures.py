@@ -10,10 +10,11 @@ from hypothesis import given, settings
 
 from hpcrun.observe.ettr import Bucket, bin_segments
 from hpcrun.observe.figures import figure_rows, run_figures, run_timeline
-from hpcrun.observe.report import build_report, read_figures_json
+from hpcrun.observe.report import build_report
 from hpcrun.observe.status import RecordFacts, build_status, render_text, status_json
 from hpcrun.observe.summary import summarize_events
 from hpcrun.protocols import Event
+from tests.pages import read_figures_json
 from tests.unit.observe.builders import span, step, two_generation_log
 from tests.unit.observe.test_summary import events as event_lists
 

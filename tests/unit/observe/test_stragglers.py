@@ -11,19 +11,10 @@ from hpcrun.observe.stragglers import (
     find_stragglers,
     quantile,
     quarantine_candidates,
-    step_time_stats,
     step_times_from_events,
     straggler_scores,
 )
 from tests.unit.observe.builders import step
-
-
-def test_distribution_per_rank() -> None:
-    times = {0: [float(i) for i in range(1, 21)], 1: [2.0, 2.0, 9.0]}
-    s0, s1 = step_time_stats(times, nodes={0: "n0", 1: "n1"})
-    assert (s0.rank, s0.node, s0.count, s0.p50, s0.p95, s0.max) == (0, "n0", 20, 10.0, 19.0,
-                                                                     20.0)
-    assert (s1.p50, s1.p95, s1.max) == (2.0, 9.0, 9.0)
 
 
 def test_one_slow_rank_is_named_with_its_node_and_score() -> None:

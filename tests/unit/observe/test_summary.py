@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrun.observe.ettr import compute_ettr, gang_steps
-from hpcrun.observe.events import event_path, events_to_jsonl
+from hpcrun.observe.events import event_path
 from hpcrun.observe.status import input_wait_fraction
 from hpcrun.observe.stragglers import step_times_from_events
 from hpcrun.observe.summary import EventSummary, cached_summary, summarize_events
@@ -68,7 +68,7 @@ def _write(run_dir: Path, evs: list[Event], *, mode: str = "a") -> None:
         path = event_path(run_dir, node=e.node, rank=e.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, mode) as f:
-            f.write(events_to_jsonl([e]))
+            f.write(e.to_json() + "\n")
 
 
 def test_status_reads_only_appended_bytes_and_rebuilds_when_a_file_is_replaced(
