@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.sections import section_mapping
 
 __all__ = ["MODELED_OPTIONS", "SBATCH_OPTIONS", "ContainerConfig", "ContainerRuntime",
            "check_sbatch_option", "container_from_dict", "merge_sbatch_extra",
@@ -134,15 +135,10 @@ def container_from_dict(raw: object, *, source: str) -> ContainerConfig | None:
     Raises:
         ConfigError: naming ``source`` and the key.
     """
+    raw = section_mapping(raw, key="container", keys=_CONTAINER_KEYS, source=source,
+                          expected="a mapping with runtime and image")
     if raw is None:
         return None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: key 'container': expected a mapping with runtime and "
-                          f"image, found {raw!r}")
-    unknown = sorted(set(raw) - set(_CONTAINER_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: key 'container.{unknown[0]}': unknown; expected one of "
-                          f"{', '.join(_CONTAINER_KEYS)}")
     runtime = raw.get("runtime")
     if runtime not in {r.value for r in ContainerRuntime}:
         raise ConfigError(f"{source}: key 'container.runtime': expected pyxis or apptainer, "

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.sections import section_mapping
 from hpcrun.runner import CommandRunner
 
 __all__ = ["SharedTierConfig", "apply_striping", "shared_tier_from_dict", "stripe_command"]
@@ -70,15 +71,10 @@ def shared_tier_from_dict(raw: object, *, source: str) -> SharedTierConfig | Non
     Raises:
         ConfigError: naming ``source`` and the key.
     """
+    raw = section_mapping(raw, key="shared_tier", keys=_KEYS, source=source,
+                          expected=f"a mapping of {', '.join(_KEYS)}")
     if raw is None:
         return None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: key 'shared_tier': expected a mapping of "
-                          f"{', '.join(_KEYS)}, found {raw!r}")
-    unknown = sorted(set(raw) - set(_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: key 'shared_tier.{unknown[0]}': unknown; expected one of "
-                          f"{', '.join(_KEYS)}")
     count, size, deadline = (raw.get(k) for k in _KEYS)
     if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
         raise ConfigError(f"{source}: key 'shared_tier.stripe_count': expected an integer, "
