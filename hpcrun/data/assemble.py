@@ -113,13 +113,21 @@ def _put(out: np.ndarray, at: int, tokens: np.ndarray, seg: np.void) -> None:
 
 
 def _gather(dataset: Dataset, table: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
-    """Fill ``out`` with every segment's tokens: one gather per object."""
+    """Fill ``out`` with every segment's tokens: documents stored one per file with one
+    ``pread`` each, the rest with one gather per object."""
     for source in np.unique(table["source"]).tolist():
         sel = np.flatnonzero(table["source"] == source)
         objects, physical = dataset.locate(source, table["record"][sel])
+        files = dataset.document_files(source)
+        if files is not None:
+            direct = files.single[objects]
+            mine = sel[direct]
+            files.read_into(objects[direct], table["offset"][mine], table["length"][mine],
+                            out, dest[mine])
+            sel, objects, physical = sel[~direct], objects[~direct], physical[~direct]
         order = np.argsort(objects, kind="stable")
         cuts = np.flatnonzero(np.diff(objects[order])) + 1
-        for group in np.split(order, cuts):
+        for group in np.split(order, cuts) if order.size else ():
             obj = int(objects[group[0]])
             _gather_object(dataset, source, obj, table[sel[group]], physical[group],
                            dest[sel[group]], out)
