@@ -16,6 +16,7 @@ step's input wait without any change to the training loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import threading
@@ -28,12 +29,13 @@ import numpy as np
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.data.assemble import assemble, slice_segments
 from hpcrun.data.batches import DocStream, GlobalOrder, OrderState, replica_rows
+from hpcrun.data.buffers import BufferPool
 from hpcrun.data.cursor import DataCursor
 from hpcrun.data.dataset import Dataset, Verify
 from hpcrun.data.loader import LoaderMetrics, OrderedReader, ReadAhead, call_with_retries
 from hpcrun.data.mixture import Exhaustion, MixMode, Mixture, MixUnit
 from hpcrun.data.packing import PackingPolicy
-from hpcrun.data.workers import ProcessBatches, SlotLayout, reader_workers
+from hpcrun.data.workers import Fill, ProcessBatches, SlotLayout, reader_workers
 from hpcrun.errors import ArgumentError, DataError, OutOfRangeError
 
 __all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
@@ -88,25 +90,37 @@ class _BatchTask:
     table: np.ndarray  # SLICE_DTYPE: this replica's segments of global batch ``batch``
 
 
+BATCH_ARRAYS = (("tokens", "int64"), ("document", "int32"), ("position", "int64"))
+"""The arrays of one replica slice, in shared-memory slot order."""
+
+
 class _BatchReader:
     """Assembles one replica slice (picklable: a process re-opens the dataset by path)."""
 
     def __init__(self, dataset: Dataset, *, rows: int, seq_len: int, pad_id: int, seed: int,
-                 transform: Transform | None) -> None:
+                 transform: Transform | None, keep: int = 4) -> None:
         self.dataset: Dataset | None = dataset
         self.path = str(dataset.manifest_path)
         self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
-        self.seed, self.transform = seed, transform
+        self.seed, self.transform, self.keep = seed, transform, keep
+        self._buffers: BufferPool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["dataset"] = None
+        state["dataset"] = state["_buffers"] = None
         return state
 
-    def __call__(self, task: _BatchTask) -> dict[str, Any]:
+    def __call__(self, task: _BatchTask, out: Mapping[str, np.ndarray] | None = None
+                 ) -> dict[str, Any]:
+        """The slice's arrays, written into ``out`` or into recycled buffers."""
         ds = self.dataset or _worker_dataset(self.path)
+        if out is None:
+            if self._buffers is None:
+                self._buffers = BufferPool((self.rows, self.seq_len), BATCH_ARRAYS,
+                                           keep=self.keep)
+            out = self._buffers.take()
         return assemble(ds, task.table, rows=self.rows, seq_len=self.seq_len,
-                        pad_id=self.pad_id,
+                        pad_id=self.pad_id, out=out,
                         document=None if self.transform is None else self._document)
 
     def _document(self, ds: Dataset, seg: np.void) -> np.ndarray:
@@ -136,7 +150,7 @@ class _BatchProducer:
     transform: Transform | None
 
     def produce(self, start: int, state: dict[str, Any] | None, worker: int,
-                stride: int) -> Iterator[tuple[int, dict[str, Any]]]:
+                stride: int) -> Iterator[tuple[int, Fill]]:
         ds = _worker_dataset(self.manifest)
         order = _global_order(ds, self.mixture, seed=self.seed, global_batch=self.global_batch,
                               seq_len=self.seq_len, packing=PackingPolicy(self.packing))
@@ -149,10 +163,15 @@ class _BatchProducer:
             plan = order.plan(k)
             if plan is None:
                 return
-            arrays, retries = call_with_retries(read, _BatchTask(k, slice_segments(plan, rows)),
-                                                2, 0.05)
-            arrays["retries"] = retries
-            yield k, arrays
+            yield k, functools.partial(_fill_slot, read, _BatchTask(k, slice_segments(plan,
+                                                                                       rows)))
+
+
+def _fill_slot(read: _BatchReader, task: _BatchTask,
+               out: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """Assemble ``task`` into a shared slot; returns (tokens read, retries spent)."""
+    arrays, retries = call_with_retries(functools.partial(read, out=out), task, 2, 0.05)
+    return int(arrays["tokens_read"]), retries
 
 
 def _plan_tasks(order: GlobalOrder, lock: threading.Lock, rows: range, start: int,
@@ -231,7 +250,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self.as_torch, self.clock = as_torch, clock
         self._order = self._new_order()
         self._read = _BatchReader(self.dataset, rows=len(self.rows), seq_len=seq_len,
-                                  pad_id=pad_id, seed=seed, transform=transform)
+                                  pad_id=pad_id, seed=seed, transform=transform,
+                                  keep=prefetch_batches + 2)
         self.metrics = LoaderMetrics(clock)
         self._delivered = 0
         self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
@@ -362,9 +382,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
             global_batch=self.global_batch, seq_len=self.seq_len,
             rows=(self.rows.start, self.rows.stop), mixture=self.mixture_spec,
             packing=str(self.packing), pad_id=self._pad_id, transform=self._transform)
-        layout = SlotLayout(shape=(len(self.rows), self.seq_len),
-                            dtypes=(("tokens", "int64"), ("document", "int32"),
-                                    ("position", "int64")))
+        layout = SlotLayout(shape=(len(self.rows), self.seq_len), dtypes=BATCH_ARRAYS)
         depth = -(-self.prefetch_batches // self.workers)
         return ProcessBatches(producer, layout, start=self._delivered,
                               state=None if state is None else state.to_dict(),
