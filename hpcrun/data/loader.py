@@ -154,6 +154,11 @@ class ReadAhead(Iterator[T]):
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def ready(self) -> int:
+        """Items produced and not yet taken."""
+        return self._queue.qsize()
+
     def __next__(self) -> T:
         if self._done:
             raise StopIteration

@@ -251,12 +251,12 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self._order = self._new_order()
         self._read = _BatchReader(self.dataset, rows=len(self.rows), seq_len=seq_len,
                                   pad_id=pad_id, seed=seed, transform=transform,
-                                  keep=prefetch_batches + 2)
+                                  keep=prefetch_batches + 4)
         self.metrics = LoaderMetrics(clock)
         self._delivered = 0
         self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
         self._transform, self._pad_id = transform, pad_id
-        self._plans: ReadAhead[_BatchTask] | None = None
+        self._ahead: ReadAhead[dict[str, Any]] | None = None
         self._submitted: dict[int, float] = {}
         self._order_lock = threading.Lock()  # the planner thread and state_dict share the memo
 
@@ -292,11 +292,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
 
     def __next__(self) -> dict[str, Any]:
         t0 = self.clock.monotonic()
-        reader = self._reader or self._start()
-        depth = reader.ready
-        batch = next(reader)
+        source = self._ahead or self._reader or self._start()
+        depth = source.ready
+        batch = next(source)
         now = self.clock.monotonic()
-        self.metrics.retries = reader.retries
+        self.metrics.retries = self._reader.retries if self._reader is not None else 0
         self.metrics.record(time_to_batch=now - self._submitted.pop(self._delivered, t0),
                             input_wait=now - t0, queue_depth=depth,
                             nbytes=batch["tokens"].nbytes, samples=len(self.rows),
@@ -355,23 +355,25 @@ class DataPipeline(Iterator[dict[str, Any]]):
                              global_batch=self.global_batch, seq_len=self.seq_len,
                              packing=self.packing)
 
-    def _start(self) -> OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches:
+    def _start(self) -> ReadAhead[dict[str, Any]] | ProcessBatches:
         if self.executor_kind == "process":
             self._reader = self._start_processes()
             return self._reader
-        self._plans = ReadAhead(self._batch_tasks(self._delivered), depth=self.prefetch_batches)
-        self._reader = OrderedReader(self._read, self._plans,
+        # Planning, submitting reads and the reorder buffer run on one background thread;
+        # the caller's next() only takes a finished batch off a queue.
+        self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
                                      workers=self.workers, max_inflight=self.prefetch_batches,
                                      clock=self.clock)
-        return self._reader
+        self._ahead = ReadAhead(self._reader, depth=1, name="hpcrun-batches")
+        return self._ahead
 
     def _stop(self) -> None:
+        if self._ahead is not None:  # first: it pulls from the reader
+            self._ahead.close()
+            self._ahead = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        if self._plans is not None:
-            self._plans.close()
-            self._plans = None
         self._submitted.clear()
 
     def _start_processes(self) -> ProcessBatches:

@@ -93,8 +93,8 @@ def test_a_pipeline_dropped_without_close_stops_its_planner(mixed_formats: Path)
 
     pipe = DataPipeline(mixed_formats, seed=2, global_batch=2, seq_len=8, workers=1)
     next(pipe)
-    assert pipe._plans is not None
-    planner = pipe._plans._thread
+    assert pipe._ahead is not None
+    planner = pipe._ahead._thread
     assert planner.is_alive()
     del pipe
     gc.collect()
