@@ -91,7 +91,7 @@ def assemble(dataset: Dataset, table: np.ndarray, *, rows: int, seq_len: int, pa
         and ``tokens_read``, the number of real tokens.
     """
     shape = (rows, seq_len)
-    arrays = dict(out) if out is not None else {
+    arrays: dict[str, np.ndarray] = dict(out) if out is not None else {
         "tokens": np.empty(shape, dtype=np.int64), "document": np.empty(shape, dtype=np.int32),
         "position": np.empty(shape, dtype=np.int64)}
     tokens, doc, pos = (arrays[k].reshape(-1) for k in ("tokens", "document", "position"))
