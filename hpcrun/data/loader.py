@@ -139,15 +139,22 @@ _END = object()
 class ReadAhead(Iterator[T]):
     """``items`` produced by a background thread, at most ``depth`` ahead of the consumer.
 
-    Keeps sequential work that prepares reads (planning the next batches) off the consumer's
+    Keeps sequential work (planning the next batches, waiting for reads) off the consumer's
     ``next()``. Items come out in order; an exception of the producer is raised at the
     consumer's ``next()`` in its place.
+
+    The hand-off is two C-level queues (``queue.SimpleQueue``): items one way, room tokens the
+    other. Taking a ready item locks nothing written in Python, so the consumer never waits
+    on a Python mutex that the producer holds while it waits for the GIL.
     """
 
     def __init__(self, items: Iterable[T], *, depth: int, name: str = "hpcrun-plan") -> None:
         if depth < 1:
             raise ArgumentError(f"read-ahead depth must be >= 1, found {depth}")
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(depth):
+            self._room.put(None)
         self._stopping = threading.Event()
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(iter(items),), name=name,
@@ -157,12 +164,13 @@ class ReadAhead(Iterator[T]):
     @property
     def ready(self) -> int:
         """Items produced and not yet taken."""
-        return self._queue.qsize()
+        return self._items.qsize()
 
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
-        item = self._queue.get()
+        item = self._items.get()
+        self._room.put(None)
         if item is _END:
             self._done = True
             raise StopIteration
@@ -174,9 +182,8 @@ class ReadAhead(Iterator[T]):
     def close(self) -> None:
         """Stop the producer and wait for it (it finishes the item in hand, then exits)."""
         self._stopping.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
+        self._room.put(None)
+        self._thread.join()
         self._done = True
 
     def _run(self, items: Iterator[T]) -> None:
@@ -191,8 +198,11 @@ class ReadAhead(Iterator[T]):
 
     def _put(self, item: object) -> bool:
         while not self._stopping.is_set():
-            with contextlib.suppress(queue.Full):
-                self._queue.put(item, timeout=0.05)
+            with contextlib.suppress(queue.Empty):
+                self._room.get(timeout=0.05)
+                if self._stopping.is_set():
+                    return False
+                self._items.put(item)
                 return True
         return False
 
