@@ -220,7 +220,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
             :func:`~hpcrun.data.workers.reader_workers`).
         executor: ``thread`` or ``process`` (worker processes that plan and assemble whole
             batches into shared memory; the training loop's GIL stays free).
-        prefetch_batches: Batches read ahead; the memory bound is this many of our slices.
+        prefetch_batches: Batches read ahead; the memory bound is this many of our slices
+            (plus one queued and one in hand on the thread path).
         transform: Stochastic, length-preserving per-document transform (picklable for
             processes); its randomness comes from :func:`sample_rng`.
         pad_id: Token used to pad rows in ``packing="none"``.
