@@ -98,12 +98,12 @@ class _BatchReader:
     """Assembles one replica slice (picklable: a process re-opens the dataset by path)."""
 
     def __init__(self, dataset: Dataset, *, rows: int, seq_len: int, pad_id: int, seed: int,
-                 transform: Transform | None, keep: int = 4) -> None:
+                 transform: Transform | None, keep: int = 4, as_torch: bool = False) -> None:
         self.dataset: Dataset | None = dataset
         self.path = str(dataset.manifest_path)
         self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
-        self.seed, self.transform, self.keep = seed, transform, keep
-        self._buffers: BufferPool | None = None
+        self.seed, self.transform, self.keep, self.as_torch = seed, transform, keep, as_torch
+        self._buffers: BufferPool | None = self._pool()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -114,14 +114,19 @@ class _BatchReader:
                  ) -> dict[str, Any]:
         """The slice's arrays, written into ``out`` or into recycled buffers."""
         ds = self.dataset or _worker_dataset(self.path)
+        pooled = out is None
         if out is None:
-            if self._buffers is None:
-                self._buffers = BufferPool((self.rows, self.seq_len), BATCH_ARRAYS,
-                                           keep=self.keep)
+            if self._buffers is None:  # unpickled: a reader process's own pool
+                self._buffers = self._pool()
             out = self._buffers.take()
-        return assemble(ds, task.table, rows=self.rows, seq_len=self.seq_len,
-                        pad_id=self.pad_id, out=out,
-                        document=None if self.transform is None else self._document)
+        arrays = assemble(ds, task.table, rows=self.rows, seq_len=self.seq_len,
+                          pad_id=self.pad_id, out=out,
+                          document=None if self.transform is None else self._document)
+        # Converted here, on the reader thread: the caller's next() does nothing more.
+        return _as_torch(arrays) if pooled and self.as_torch else arrays
+
+    def _pool(self) -> BufferPool:
+        return BufferPool((self.rows, self.seq_len), BATCH_ARRAYS, keep=self.keep)
 
     def _document(self, ds: Dataset, seg: np.void) -> np.ndarray:
         tokens = ds.read(int(seg["source"]), int(seg["record"]))
@@ -172,6 +177,15 @@ def _fill_slot(read: _BatchReader, task: _BatchTask,
     """Assemble ``task`` into a shared slot; returns (tokens read, retries spent)."""
     arrays, retries = call_with_retries(functools.partial(read, out=out), task, 2, 0.05)
     return int(arrays["tokens_read"]), retries
+
+
+def _as_torch(batch: dict[str, Any]) -> dict[str, Any]:
+    """``torch`` tensors over the arrays (no copy; a tensor keeps its array referenced, so a
+    recycled buffer is never reused while any tensor or view of it lives)."""
+    import torch
+
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+            for k, v in batch.items()}
 
 
 def _plan_tasks(order: GlobalOrder, lock: threading.Lock, rows: range, start: int,
@@ -252,7 +266,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self._order = self._new_order()
         self._read = _BatchReader(self.dataset, rows=len(self.rows), seq_len=seq_len,
                                   pad_id=pad_id, seed=seed, transform=transform,
-                                  keep=prefetch_batches + 4)
+                                  keep=prefetch_batches + 4, as_torch=as_torch)
         self.metrics = LoaderMetrics(clock)
         self._delivered = 0
         self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
@@ -398,12 +412,9 @@ class DataPipeline(Iterator[dict[str, Any]]):
                            self.clock)
 
     def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if not self.as_torch:
+        if not self.as_torch or self._ahead is not None:  # reader threads made tensors
             return batch
-        import torch
-
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                for k, v in batch.items()}
+        return _as_torch(batch)
 
     def __del__(self) -> None:
         # interpreter teardown: nothing left to release safely when this fails

@@ -150,6 +150,7 @@ class ProcessBatches(Iterator[dict[str, Any]]):
                         for slot in range(depth)] for w in range(workers)]
         self._buffers = BufferPool(layout.shape, layout.dtypes, keep=workers * depth + 2)
         self._ended = False
+        self._early = b""  # the next batch's message, read ahead by ``ready``
         self.retries = 0
         try:
             self._spawn(producer, state)
@@ -164,9 +165,16 @@ class ProcessBatches(Iterator[dict[str, Any]]):
 
     @property
     def ready(self) -> int:
-        """Workers with a finished batch waiting (the queue depth seen by the consumer)."""
-        live = [s for s in self._socks if s.fileno() >= 0]
-        return len(select.select(live, [], [], 0)[0]) if live else 0
+        """1 when the next batch is already waiting, else 0 (the queue depth the consumer
+        sees). Its message is read ahead without blocking, so asking costs no extra call."""
+        if self._ended or not self._socks:
+            return 0
+        w = (self._next - self._start) % self.workers
+        if len(self._early) < _MSG.size:
+            with contextlib.suppress(OSError):  # nothing yet, or a dead worker next() reports
+                self._early += self._socks[w].recv(_MSG.size - len(self._early),
+                                                   socket.MSG_DONTWAIT)
+        return int(len(self._early) >= _MSG.size)
 
     def __next__(self) -> dict[str, Any]:
         if self._ended:
@@ -220,7 +228,7 @@ class ProcessBatches(Iterator[dict[str, Any]]):
     def _receive(self, w: int, n: int) -> bytes:
         """Exactly ``n`` bytes from worker ``w``; a dead worker or a closed pipe raises."""
         sock, proc = self._socks[w], self._procs[w]
-        data = b""
+        data, self._early = self._early[:n], self._early[n:]
         while len(data) < n:
             try:
                 chunk = sock.recv(n - len(data), socket.MSG_DONTWAIT)
