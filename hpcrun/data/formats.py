@@ -16,6 +16,7 @@ Everything here is per object and side-effect free apart from reading the object
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -268,8 +269,15 @@ def parse_npy_header(head: bytes) -> NpyLayout | None:
     match = _NPY_HEADER.match(head[10:10 + size].decode("latin-1"))
     if match is None:
         return None
-    shape = tuple(int(g) for g in match.groups()[1:] if g is not None)
-    return NpyLayout(offset=10 + size, dtype=np.dtype(match.group(1)), shape=shape)
+    descr, rows, cols = match.groups()
+    shape = (int(rows),) if cols is None else (int(rows), int(cols))
+    return NpyLayout(offset=10 + size, dtype=_dtype(descr), shape=shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(descr: str) -> np.dtype:
+    """``np.dtype(descr)``, cached: a corpus of one file per document has one or two."""
+    return np.dtype(descr)
 
 
 def _npy_layout_slow(path: str) -> NpyLayout:
