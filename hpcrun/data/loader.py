@@ -29,7 +29,8 @@ import numpy as np
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ArgumentError
 
-__all__ = ["LoaderMetrics", "OrderedReader", "RateCheck", "ReadAhead", "call_with_retries"]
+__all__ = ["InlineExecutor", "LoaderMetrics", "OrderedReader", "RateCheck", "ReadAhead",
+           "call_with_retries"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -126,6 +127,22 @@ class OrderedReader(Generic[T, U], Iterator[U]):
             self._window.append((self._next_seq, fut))
             self._next_seq += 1
             self.peak_inflight = max(self.peak_inflight, len(self._window))
+
+
+class InlineExecutor(Executor):
+    """Runs each call inside ``submit()``, on the caller's thread.
+
+    With one reader the pool thread is only a hand-off (a future, a wake-up, a GIL switch per
+    batch); the background thread that plans the batches reads them itself instead.
+    """
+
+    def submit(self, fn: Callable[..., U], /, *args: Any, **kwargs: Any) -> Future[U]:
+        fut: Future[U] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # delivered through the future, like a pool's
+            fut.set_exception(exc)
+        return fut
 
 
 @dataclass(frozen=True, slots=True)

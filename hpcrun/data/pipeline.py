@@ -32,7 +32,13 @@ from hpcrun.data.batches import DocStream, GlobalOrder, OrderState, replica_rows
 from hpcrun.data.buffers import BufferPool
 from hpcrun.data.cursor import DataCursor
 from hpcrun.data.dataset import Dataset, Verify
-from hpcrun.data.loader import LoaderMetrics, OrderedReader, ReadAhead, call_with_retries
+from hpcrun.data.loader import (
+    InlineExecutor,
+    LoaderMetrics,
+    OrderedReader,
+    ReadAhead,
+    call_with_retries,
+)
 from hpcrun.data.mixture import Exhaustion, MixMode, Mixture, MixUnit
 from hpcrun.data.packing import PackingPolicy
 from hpcrun.data.workers import Fill, ProcessBatches, SlotLayout, reader_workers
@@ -378,6 +384,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
         # the caller's next() only takes a finished batch off a queue.
         self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
                                      workers=self.workers, max_inflight=self.prefetch_batches,
+                                     executor=InlineExecutor() if self.workers == 1 else None,
                                      clock=self.clock)
         self._ahead = ReadAhead(self._reader, depth=1, name="hpcrun-batches")
         return self._ahead
