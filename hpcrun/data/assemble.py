@@ -34,6 +34,9 @@ SLICE_DTYPE = np.dtype([("row", np.int64), ("sample_id", np.int64), ("source", n
 """One segment of a replica's slice: ``length`` tokens of ``record`` from ``offset`` into
 local row ``row``."""
 
+_SLICE_MIN = 64
+"""Mean segment length (tokens) from which an object's segments are copied slice by slice."""
+
 DocumentFn = Callable[[Dataset, np.void], np.ndarray]
 """Reads (and transforms) one whole document for a segment; the record-by-record path."""
 
@@ -156,9 +159,10 @@ def _gather_object(dataset: Dataset, source: int, obj: int, segs: np.ndarray,
     lengths = segs["length"]
     src = tmap.starts(physical) + segs["offset"]
     try:
-        if segs.size == 1:
-            at, lo, n = int(dest[0]), int(src[0]), int(lengths[0])
-            out[at:at + n] = tmap.tokens[lo:lo + n]
+        if int(lengths.sum()) >= _SLICE_MIN * segs.size:
+            # Long segments: one slice copy each beats building a gather index per token.
+            for at, lo, n in zip(dest.tolist(), src.tolist(), lengths.tolist(), strict=True):
+                out[at:at + n] = tmap.tokens[lo:lo + n]
         else:
             within = _ranks(lengths)
             out[np.repeat(dest, lengths) + within] = tmap.tokens[np.repeat(src, lengths) + within]
