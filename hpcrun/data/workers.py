@@ -317,35 +317,36 @@ def main(fd: int, shared_fd: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     try:
-        path, args = pickle.loads(_read_exact(sock, _SLOT.unpack(_read_exact(sock, 8))[0]))
+        head = _read_exact(sock, _SLOT.size)
+        body = None if head is None else _read_exact(sock, _SLOT.unpack(head)[0])
+        if body is None:  # the parent is gone before it sent the setup
+            return
+        path, args = pickle.loads(body)
         sys.path[:] = path
         _die_with_parent(args.parent)
         shm = mmap.mmap(shared_fd, args.size)
         _serve(args, sock, memoryview(shm))
-    except (EOFError, OSError):  # the parent is gone or closed us: nothing to report to
-        return
     except Exception as exc:  # reported to the parent, which raises it as a DataError
         text = f"{type(exc).__name__}: {exc}".encode()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the parent is gone: nothing to report to
             sock.sendall(_MSG.pack(_ERROR, len(text), 0, 0, 0) + text)
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes:
+def _read_exact(sock: socket.socket, n: int) -> bytes | None:
+    """Exactly ``n`` bytes, or ``None`` when the parent closed the pipe first."""
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
-            raise EOFError("the parent closed the pipe")
+            return None
         data += chunk
     return data
 
 
 def _slot_back(sock: socket.socket) -> int:
     """The next slot the parent handed back; -1 = stop (or the parent is gone)."""
-    try:
-        return int(_SLOT.unpack(_read_exact(sock, _SLOT.size))[0])
-    except EOFError:
-        return -1
+    data = _read_exact(sock, _SLOT.size)
+    return -1 if data is None else int(_SLOT.unpack(data)[0])
 
 
 def _serve(args: _WorkerArgs, sock: socket.socket, shm: memoryview) -> None:
