@@ -10,7 +10,8 @@ times the bytes it brings. :class:`DocumentFiles` reads a segment of such a docu
   a few bytes per object, so later touches read exactly the segment's bytes;
 - descriptors stay open in a bounded LRU per reader thread (``max_open`` each), so a document
   split across rows or batches, or read again in a later epoch while still open, costs no
-  ``open``; each thread closes only its own descriptors, so no read ever races a ``close``.
+  ``open``; each thread closes only its own descriptors, so no read ever races a ``close``
+  (a thread that has ended leaves its descriptors to be closed when the next one starts).
 
 Nothing here decides order: it fills ``out[dest:dest+length]`` with the tokens the order named.
 """
@@ -54,7 +55,7 @@ class DocumentFiles:
         self._head = [min(int(n), HEAD_BYTES) for n in nbytes]
         self._layouts: list[tuple[int, np.dtype, int] | None] = [None] * len(self.paths)
         self._local = threading.local()
-        self._caches: list[collections.OrderedDict[int, int]] = []
+        self._caches: dict[threading.Thread, collections.OrderedDict[int, int]] = {}
         self._lock = threading.Lock()
 
     def read_into(self, objects: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
@@ -89,22 +90,25 @@ class DocumentFiles:
     def open_count(self) -> int:
         """Descriptors open now, over all reader threads."""
         with self._lock:
-            return sum(len(c) for c in self._caches)
+            return sum(len(c) for c in self._caches.values())
 
     def close(self) -> None:
         """Close every kept descriptor (call once no reader thread is reading)."""
         with self._lock:
-            for cache in self._caches:
-                for fd in cache.values():
-                    os.close(fd)
-                cache.clear()
+            for cache in self._caches.values():
+                _close_all(cache)
+            self._caches.clear()
+        self._local = threading.local()
 
     def _fds(self) -> collections.OrderedDict[int, int]:
         cache: collections.OrderedDict[int, int] | None = getattr(self._local, "fds", None)
         if cache is None:
             cache = self._local.fds = collections.OrderedDict()
             with self._lock:
-                self._caches.append(cache)
+                # A restarted reader runs on new threads: the old threads' descriptors go.
+                for thread in [t for t in self._caches if not t.is_alive()]:
+                    _close_all(self._caches.pop(thread))
+                self._caches[threading.current_thread()] = cache
         return cache
 
     def _open(self, fds: collections.OrderedDict[int, int], obj: int) -> int:
@@ -152,3 +156,9 @@ class DocumentFiles:
             raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} end past the object's "
                             f"{count} tokens; the object changed since the manifest was built, "
                             "rebuild it")
+
+
+def _close_all(cache: collections.OrderedDict[int, int]) -> None:
+    for fd in cache.values():
+        os.close(fd)
+    cache.clear()

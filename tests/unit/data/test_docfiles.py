@@ -100,3 +100,20 @@ def test_a_document_file_cut_short_is_a_data_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"doc\.npy.*changed since the manifest"):
         assemble(ds, table, rows=1, seq_len=100, pad_id=0)
     ds.close()
+
+
+def test_restarted_readers_do_not_pile_up_descriptors(one_per_file: Path) -> None:
+    pipe = DataPipeline(one_per_file, seed=3, global_batch=4, seq_len=256, workers=1)
+    files = pipe.dataset.document_files(0)
+    assert files is not None
+    objects = len(files.paths)
+    for _ in range(6):  # each restore restarts the reader on a new thread
+        state = pipe.state_dict()
+        for _ in range(8):
+            next(pipe)
+        pipe.load_state_dict(state)
+    next(pipe)
+    # One reader thread is alive; those that ended had their descriptors closed.
+    assert 0 < files.open_count() <= objects
+    pipe.close()
+    assert files.open_count() == 0
