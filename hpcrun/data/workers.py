@@ -44,6 +44,9 @@ from hpcrun.errors import ArgumentError, DataError
 __all__ = ["BatchProducer", "Fill", "ProcessBatches", "SlotLayout", "reader_workers"]
 
 _PR_SET_PDEATHSIG = 1
+_POOL_MIN_BYTES = 128 << 10
+"""Batches from this size are copied into recycled arrays; smaller ones come from the heap
+(below glibc's ``mmap`` threshold: no page faults), which is cheaper than the pool's check."""
 _MSG = struct.Struct("<5q")
 """A worker's message: kind, batch, slot, tokens read, retries (error: kind, text length)."""
 _BATCH, _END, _ERROR = 0, 1, 2
@@ -148,7 +151,8 @@ class ProcessBatches(Iterator[dict[str, Any]]):
                                            self._fd)
         self._views = [[layout.views(memoryview(self._shm), (w * depth + slot) * layout.nbytes)
                         for slot in range(depth)] for w in range(workers)]
-        self._buffers = BufferPool(layout.shape, layout.dtypes, keep=workers * depth + 2)
+        self._buffers = (BufferPool(layout.shape, layout.dtypes, keep=workers * depth + 2)
+                         if layout.nbytes >= _POOL_MIN_BYTES else None)
         self._ended = False
         self._early = b""  # the next batch's message, read ahead by ``ready``
         self.retries = 0
@@ -192,9 +196,13 @@ class ProcessBatches(Iterator[dict[str, Any]]):
             self.close()
             raise DataError(f"reader process {w} delivered batch {k}, expected {self._next}; "
                             "this is a bug")
-        out: dict[str, Any] = self._buffers.take()
-        for name, view in self._views[w][slot].items():
-            np.copyto(out[name], view)
+        views = self._views[w][slot]
+        if self._buffers is None:  # small batches: the heap serves them without faults
+            out: dict[str, Any] = {name: view.copy() for name, view in views.items()}
+        else:
+            out = self._buffers.take()
+            for name, view in views.items():
+                np.copyto(out[name], view)
         self._socks[w].sendall(_SLOT.pack(slot))
         out["tokens_read"] = tokens_read
         self.retries += retries

@@ -25,12 +25,14 @@ def test_a_set_is_handed_out_again_only_when_nothing_references_it() -> None:
     assert again["b"].shape == (2, 3)
 
 
-@pytest.mark.parametrize(("executor", "as_torch"),
-                         [("thread", False), ("thread", True), ("process", True)])
+@pytest.mark.parametrize(("executor", "as_torch", "seq_len"),
+                         [("thread", False, 16), ("thread", True, 16), ("process", True, 16),
+                          ("process", False, 2048)])  # 160 KiB batches: the pooled copy
 def test_batches_the_caller_holds_are_never_overwritten(two_source_manifest: Path,
-                                                        executor: str, as_torch: bool) -> None:
-    pipe = DataPipeline(two_source_manifest, seed=7, global_batch=4, seq_len=16, workers=1,
-                        executor=executor, prefetch_batches=2, as_torch=as_torch)
+                                                        executor: str, as_torch: bool,
+                                                        seq_len: int) -> None:
+    pipe = DataPipeline(two_source_manifest, seed=7, global_batch=4, seq_len=seq_len,
+                        workers=1, executor=executor, prefetch_batches=2, as_torch=as_torch)
     held = [next(pipe) for _ in range(3)]
     copies = [{k: _numpy(v).copy() for k, v in b.items() if k != "batch"} for b in held]
     for _ in range(12):  # dropped at once: their buffers are recycled
