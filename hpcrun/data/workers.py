@@ -125,9 +125,9 @@ class _WorkerArgs:
 class ProcessBatches(Iterator[dict[str, Any]]):
     """Batches from ``workers`` processes, in order, at most ``workers × depth`` ahead.
 
-    Per batch the parent reads one fixed-size message (no pickling), copies the slot into
-    recycled arrays (:class:`~hpcrun.data.buffers.BufferPool`: no fresh pages) and hands the
-    slot back with one 8-byte write.
+    Per batch the parent reads one fixed-size message (no pickling), copies the slot out
+    (large batches into recycled arrays, :class:`~hpcrun.data.buffers.BufferPool`: no fresh
+    pages) and hands the slot back with one 8-byte write.
 
     Args:
         producer: Makes the batches (picklable; re-opens its data in the worker).
@@ -196,17 +196,19 @@ class ProcessBatches(Iterator[dict[str, Any]]):
             self.close()
             raise DataError(f"reader process {w} delivered batch {k}, expected {self._next}; "
                             "this is a bug")
-        views = self._views[w][slot]
-        if self._buffers is None:  # small batches: the heap serves them without faults
-            out: dict[str, Any] = {name: view.copy() for name, view in views.items()}
-        else:
-            out = self._buffers.take()
-            for name, view in views.items():
-                np.copyto(out[name], view)
+        out = self._copy_out(self._views[w][slot])
         self._socks[w].sendall(_SLOT.pack(slot))
         out["tokens_read"] = tokens_read
         self.retries += retries
         self._next += 1
+        return out
+
+    def _copy_out(self, views: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self._buffers is None:  # small batches: the heap serves them without faults
+            return {name: view.copy() for name, view in views.items()}
+        out: dict[str, Any] = self._buffers.take()
+        for name, view in views.items():
+            np.copyto(out[name], view)
         return out
 
     def close(self) -> None:
