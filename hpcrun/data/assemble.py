@@ -17,7 +17,7 @@ document by nature. The output is identical on every path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,9 @@ SLICE_DTYPE = np.dtype([("row", np.int64), ("sample_id", np.int64), ("source", n
                         ("length", np.int64)])
 """One segment of a replica's slice: ``length`` tokens of ``record`` from ``offset`` into
 local row ``row``."""
+
+_SLICE_MIN = 64
+"""Mean segment length (tokens) from which an object's segments are copied slice by slice."""
 
 DocumentFn = Callable[[Dataset, np.void], np.ndarray]
 """Reads (and transforms) one whole document for a segment; the record-by-record path."""
@@ -72,7 +75,8 @@ def _ranks(counts: np.ndarray) -> np.ndarray:
 
 
 def assemble(dataset: Dataset, table: np.ndarray, *, rows: int, seq_len: int, pad_id: int,
-             document: DocumentFn | None = None) -> dict[str, Any]:
+             document: DocumentFn | None = None,
+             out: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Arrays of one replica slice: ``tokens`` and ``position`` (int64), ``document`` (int32).
 
     Args:
@@ -82,29 +86,41 @@ def assemble(dataset: Dataset, table: np.ndarray, *, rows: int, seq_len: int, pa
         seq_len: Tokens per row.
         pad_id: Token of unfilled positions (``packing="none"``).
         document: Per-document read for transforms; ``None`` gathers from token maps.
+        out: Arrays of shape ``(rows, seq_len)`` to fill in place (a reader process's shared
+            slot), keyed like the result; ``None`` allocates them.
 
     Returns:
         ``tokens``, ``document`` (−1 = padding), ``position`` of shape ``(rows, seq_len)``
         and ``tokens_read``, the number of real tokens.
     """
-    size = rows * seq_len
-    tokens = np.full(size, pad_id, dtype=np.int64)
-    doc = np.full(size, -1, dtype=np.int32)
-    pos = np.zeros(size, dtype=np.int64)
+    shape = (rows, seq_len)
+    arrays: dict[str, np.ndarray] = dict(out) if out is not None else {
+        "tokens": np.empty(shape, dtype=np.int64), "document": np.empty(shape, dtype=np.int32),
+        "position": np.empty(shape, dtype=np.int64)}
+    tokens, doc, pos = (arrays[k].reshape(-1) for k in ("tokens", "document", "position"))
     dest, docno = place_segments(table, seq_len)
     lengths = table["length"]
-    within = _ranks(lengths)
-    flat = np.repeat(dest, lengths) + within
-    doc[flat] = np.repeat(docno, lengths)
-    pos[flat] = np.repeat(table["offset"], lengths) + within
+    filled = int(lengths.sum())
+    if filled == tokens.size and np.array_equal(dest, np.cumsum(lengths) - lengths):
+        # Every row is full (concat packing): the segments tile the slice in order.
+        doc[...] = np.repeat(docno.astype(np.int32), lengths)
+        np.add(np.arange(filled, dtype=np.int64), np.repeat(table["offset"] - dest, lengths),
+               out=pos)
+    else:
+        tokens.fill(pad_id)
+        doc.fill(-1)
+        pos.fill(0)
+        within = _ranks(lengths)
+        flat = np.repeat(dest, lengths) + within
+        doc[flat] = np.repeat(docno, lengths)
+        pos[flat] = np.repeat(table["offset"], lengths) + within
     if document is None:
         _gather(dataset, table, dest, tokens)
     else:
         for seg, at in zip(table, dest.tolist(), strict=True):
             _put(tokens, at, document(dataset, seg), seg)
-    shape = (rows, seq_len)
-    return {"tokens": tokens.reshape(shape), "document": doc.reshape(shape),
-            "position": pos.reshape(shape), "tokens_read": int(lengths.sum())}
+    return {"tokens": arrays["tokens"], "document": arrays["document"],
+            "position": arrays["position"], "tokens_read": filled}
 
 
 def _put(out: np.ndarray, at: int, tokens: np.ndarray, seg: np.void) -> None:
@@ -113,13 +129,21 @@ def _put(out: np.ndarray, at: int, tokens: np.ndarray, seg: np.void) -> None:
 
 
 def _gather(dataset: Dataset, table: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
-    """Fill ``out`` with every segment's tokens: one gather per object."""
+    """Fill ``out`` with every segment's tokens: documents stored one per file with one
+    ``pread`` each, the rest with one gather per object."""
     for source in np.unique(table["source"]).tolist():
         sel = np.flatnonzero(table["source"] == source)
         objects, physical = dataset.locate(source, table["record"][sel])
+        files = dataset.document_files(source)
+        if files is not None:
+            direct = files.single[objects]
+            mine = sel[direct]
+            files.read_into(objects[direct], table["offset"][mine], table["length"][mine],
+                            out, dest[mine])
+            sel, objects, physical = sel[~direct], objects[~direct], physical[~direct]
         order = np.argsort(objects, kind="stable")
         cuts = np.flatnonzero(np.diff(objects[order])) + 1
-        for group in np.split(order, cuts):
+        for group in np.split(order, cuts) if order.size else ():
             obj = int(objects[group[0]])
             _gather_object(dataset, source, obj, table[sel[group]], physical[group],
                            dest[sel[group]], out)
@@ -135,9 +159,10 @@ def _gather_object(dataset: Dataset, source: int, obj: int, segs: np.ndarray,
     lengths = segs["length"]
     src = tmap.starts(physical) + segs["offset"]
     try:
-        if segs.size == 1:
-            at, lo, n = int(dest[0]), int(src[0]), int(lengths[0])
-            out[at:at + n] = tmap.tokens[lo:lo + n]
+        if int(lengths.sum()) >= _SLICE_MIN * segs.size:
+            # Long segments: one slice copy each beats building a gather index per token.
+            for at, lo, n in zip(dest.tolist(), src.tolist(), lengths.tolist(), strict=True):
+                out[at:at + n] = tmap.tokens[lo:lo + n]
         else:
             within = _ranks(lengths)
             out[np.repeat(dest, lengths) + within] = tmap.tokens[np.repeat(src, lengths) + within]

@@ -9,7 +9,7 @@ on one sample (tensor/pipeline peers) use the same replica index and so receive 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,10 @@ LEDGER_DTYPE = np.dtype([("row", np.int64), ("sample_id", np.int64), ("source", 
 """One segment of a global batch: ``length`` tokens of ``sample_id`` from token ``offset``."""
 
 _MEMO = 64
+_TABLE_MAX = 1 << 15
+"""Sources up to this many records keep each epoch's permutation as a table (at most 256 KiB,
+built with the permutation itself, so the values are the same): a lookup is one gather
+instead of two Feistel passes of a few dozen numpy calls."""
 
 
 def replica_rows(global_batch: int, replica: int, num_replicas: int) -> range:
@@ -76,7 +80,8 @@ class DocStream:
                             f"{len(sources)} sources ({[s.name for s in sources]}); give one "
                             "weight per source")
         self.sources, self.mixture, self.seed, self.salt = tuple(sources), mixture, seed, salt
-        self._perms: collections.OrderedDict[tuple[int, int], Permutation] = \
+        self._perms: collections.OrderedDict[tuple[int, int],
+                                             Callable[[np.ndarray], np.ndarray]] = \
             collections.OrderedDict()
 
     def docs(self, start: int, count: int) -> np.ndarray:
@@ -97,19 +102,22 @@ class DocStream:
         record = np.empty_like(within)
         for e in np.unique(epoch).tolist():
             sel = epoch == e
-            record[sel] = self._perm(i, int(e)).take(within[sel])
+            record[sel] = self._perm(i, int(e))(within[sel])
         out["epoch"][mask] = epoch
         out["record"][mask] = record
         out["sample_id"][mask] = view.base + record
         out["length"][mask] = view.lengths[record]
 
-    def _perm(self, source: int, epoch: int) -> Permutation:
+    def _perm(self, source: int, epoch: int) -> Callable[[np.ndarray], np.ndarray]:
+        """Positions → records of ``source`` in ``epoch`` (a table for small sources)."""
         key = (source, epoch)
         perm = self._perms.get(key)
         if perm is None:
             view = self.sources[source]
-            perm = Permutation(view.size, seed=self.seed, epoch=epoch,
+            full = Permutation(view.size, seed=self.seed, epoch=epoch,
                                salt=f"{self.salt}/{view.name}")
+            perm = (full.take(np.arange(view.size, dtype=np.int64)).take
+                    if view.size <= _TABLE_MAX else full.take)
             self._perms[key] = perm
             if len(self._perms) > 4 * len(self.sources):
                 self._perms.popitem(last=False)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcrun.data.docfiles import DocumentFiles
 from hpcrun.data.formats import ObjectFormat, ObjectReader, TokenMap, digest_file
 from hpcrun.data.manifest import DatasetManifest, ObjectEntry, SourceEntry, digest_arrays
 from hpcrun.errors import DataError, OutOfRangeError
@@ -183,6 +184,7 @@ class Dataset:
         self._maps: collections.OrderedDict[tuple[int, int], TokenMap | None] = \
             collections.OrderedDict()
         self._lock = threading.Lock()
+        self._files = [self._document_files(s) for s in manifest.sources]
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, verify: Verify | str = Verify.FULL,
@@ -233,6 +235,11 @@ class Dataset:
                 self._maps.popitem(last=False)
         return found
 
+    def document_files(self, source: int) -> DocumentFiles | None:
+        """The ``pread`` reader of ``source``'s single-record ``.npy`` objects, or ``None``
+        when the source has none (its objects are read through token maps)."""
+        return self._files[source]
+
     def read_physical(self, source: int, obj: int, physical: int) -> np.ndarray:
         """Tokens of physical record ``physical`` of object ``obj`` (record-by-record path)."""
         return self._reader(source, obj).read(physical)
@@ -252,6 +259,9 @@ class Dataset:
                 reader.close()
             self._readers.clear()
             self._maps.clear()
+        for files in self._files:
+            if files is not None:
+                files.close()
 
     def _reader(self, source: int, obj: int) -> ObjectReader:
         key = (source, obj)
@@ -271,6 +281,14 @@ class Dataset:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for fut in [pool.submit(verify_object, o, name, mode) for o, name in jobs]:
                 fut.result()
+
+    @staticmethod
+    def _document_files(source: SourceEntry) -> DocumentFiles | None:
+        single = np.asarray([o.records == 1 for o in source.objects], dtype=bool)
+        if ObjectFormat(source.format) is not ObjectFormat.NPY or not single.any():
+            return None
+        return DocumentFiles([o.path for o in source.objects], [o.nbytes for o in source.objects],
+                             single)
 
     @staticmethod
     def _view(source: SourceEntry, indexes: list[dict[str, np.ndarray]]) -> SourceView:

@@ -16,6 +16,7 @@ Everything here is per object and side-effect free apart from reading the object
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -30,8 +31,8 @@ import xxhash
 
 from hpcrun.errors import DataError
 
-__all__ = ["ObjectFormat", "ObjectReader", "ObjectScan", "TokenMap", "detect_format",
-           "digest_file", "scan_object"]
+__all__ = ["NpyLayout", "ObjectFormat", "ObjectReader", "ObjectScan", "TokenMap", "detect_format",
+           "digest_file", "npy_layout", "parse_npy_header", "scan_object"]
 
 DIGEST_ALGO = "xxh3-128"
 _READ_BLOCK = 8 << 20
@@ -118,11 +119,11 @@ class ObjectReader:
 
     def __init__(self, path: str, fmt: ObjectFormat, offsets: np.ndarray) -> None:
         self.path, self.fmt, self._offsets = path, fmt, offsets
-        self._npy: _NpyLayout | None = None
+        self._npy: NpyLayout | None = None
         self._fd: int | None = None
         self._h5: h5py.File | None = None
         if fmt is ObjectFormat.NPY:
-            self._npy = _npy_layout(path)
+            self._npy = npy_layout(path)
         elif fmt is ObjectFormat.JSONL:
             self._fd = os.open(path, os.O_RDONLY)
         else:
@@ -160,7 +161,7 @@ class ObjectReader:
 
 
 @dataclass(frozen=True, slots=True)
-class _NpyLayout:
+class NpyLayout:
     """Where the records of a C-ordered ``.npy`` file lie: data offset, dtype, shape."""
 
     offset: int
@@ -243,28 +244,48 @@ _NPY_HEADER = re.compile(r"^\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False
                          r"'shape': \((\d+),?(?: (\d+))?\), \}\s*$")
 
 
-def _npy_layout(path: str) -> _NpyLayout:
-    """Parse the header with a regex (numpy's own writer format) or fall back to numpy."""
+def npy_layout(path: str) -> NpyLayout:
+    """Where the tokens of the ``.npy`` at ``path`` lie: the header parsed with a regex
+    (numpy's own writer format), or by numpy for any other header."""
     fd = os.open(path, os.O_RDONLY)
     try:
         head = os.pread(fd, 4096, 0)
     finally:
         os.close(fd)
-    if head[:8] == b"\x93NUMPY\x01\x00":
-        size = int.from_bytes(head[8:10], "little")
-        match = _NPY_HEADER.match(head[10:10 + size].decode("latin-1"))
-        if match and 10 + size <= len(head):
-            shape = tuple(int(g) for g in match.groups()[1:] if g is not None)
-            return _NpyLayout(offset=10 + size, dtype=np.dtype(match.group(1)), shape=shape)
-    return _npy_layout_slow(path)
+    return parse_npy_header(head) or _npy_layout_slow(path)
 
 
-def _npy_layout_slow(path: str) -> _NpyLayout:
+def parse_npy_header(head: bytes) -> NpyLayout | None:
+    """Data offset, dtype and shape of a C-ordered 1-D or 2-D ``.npy`` from its first bytes.
+
+    Handles the header numpy's writer emits (format 1.0); ``None`` for anything else (the
+    caller falls back to ``numpy.load``).
+    """
+    if head[:8] != b"\x93NUMPY\x01\x00" or len(head) < 10:
+        return None
+    size = int.from_bytes(head[8:10], "little")
+    if 10 + size > len(head):
+        return None
+    match = _NPY_HEADER.match(head[10:10 + size].decode("latin-1"))
+    if match is None:
+        return None
+    descr, rows, cols = match.groups()
+    shape = (int(rows),) if cols is None else (int(rows), int(cols))
+    return NpyLayout(offset=10 + size, dtype=_dtype(descr), shape=shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(descr: str) -> np.dtype:
+    """``np.dtype(descr)``, cached: a corpus of one file per document has one or two."""
+    return np.dtype(descr)
+
+
+def _npy_layout_slow(path: str) -> NpyLayout:
     arr = np.load(path, mmap_mode="r", allow_pickle=False)
     if arr.ndim not in (1, 2) or not arr.flags.c_contiguous or not isinstance(arr, np.memmap):
         raise DataError(f"{path}: expected a C-ordered 1-D or 2-D token array, found shape "
                         f"{arr.shape}; rewrite it with numpy.save")
-    layout = _NpyLayout(offset=int(arr.offset), dtype=arr.dtype, shape=tuple(arr.shape))
+    layout = NpyLayout(offset=int(arr.offset), dtype=arr.dtype, shape=tuple(arr.shape))
     del arr  # release the mapping at once
     return layout
 

@@ -29,7 +29,8 @@ import numpy as np
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ArgumentError
 
-__all__ = ["LoaderMetrics", "OrderedReader", "RateCheck", "ReadAhead", "call_with_retries"]
+__all__ = ["InlineExecutor", "LoaderMetrics", "OrderedReader", "RateCheck", "ReadAhead",
+           "call_with_retries"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -128,6 +129,22 @@ class OrderedReader(Generic[T, U], Iterator[U]):
             self.peak_inflight = max(self.peak_inflight, len(self._window))
 
 
+class InlineExecutor(Executor):
+    """Runs each call inside ``submit()``, on the caller's thread.
+
+    With one reader the pool thread is only a hand-off (a future, a wake-up, a GIL switch per
+    batch); the background thread that plans the batches reads them itself instead.
+    """
+
+    def submit(self, fn: Callable[..., U], /, *args: Any, **kwargs: Any) -> Future[U]:
+        fut: Future[U] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # delivered through the future, like a pool's
+            fut.set_exception(exc)
+        return fut
+
+
 @dataclass(frozen=True, slots=True)
 class _Raised:
     exc: BaseException
@@ -139,25 +156,38 @@ _END = object()
 class ReadAhead(Iterator[T]):
     """``items`` produced by a background thread, at most ``depth`` ahead of the consumer.
 
-    Keeps sequential work that prepares reads (planning the next batches) off the consumer's
+    Keeps sequential work (planning the next batches, waiting for reads) off the consumer's
     ``next()``. Items come out in order; an exception of the producer is raised at the
     consumer's ``next()`` in its place.
+
+    The hand-off is two C-level queues (``queue.SimpleQueue``): items one way, room tokens the
+    other. Taking a ready item locks nothing written in Python, so the consumer never waits
+    on a Python mutex that the producer holds while it waits for the GIL.
     """
 
     def __init__(self, items: Iterable[T], *, depth: int, name: str = "hpcrun-plan") -> None:
         if depth < 1:
             raise ArgumentError(f"read-ahead depth must be >= 1, found {depth}")
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(depth):
+            self._room.put(None)
         self._stopping = threading.Event()
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(iter(items),), name=name,
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def ready(self) -> int:
+        """Items produced and not yet taken."""
+        return self._items.qsize()
+
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
-        item = self._queue.get()
+        item = self._items.get()
+        self._room.put(None)
         if item is _END:
             self._done = True
             raise StopIteration
@@ -169,9 +199,8 @@ class ReadAhead(Iterator[T]):
     def close(self) -> None:
         """Stop the producer and wait for it (it finishes the item in hand, then exits)."""
         self._stopping.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get(timeout=0.05)
+        self._room.put(None)
+        self._thread.join()
         self._done = True
 
     def _run(self, items: Iterator[T]) -> None:
@@ -186,8 +215,11 @@ class ReadAhead(Iterator[T]):
 
     def _put(self, item: object) -> bool:
         while not self._stopping.is_set():
-            with contextlib.suppress(queue.Full):
-                self._queue.put(item, timeout=0.05)
+            with contextlib.suppress(queue.Empty):
+                self._room.get(timeout=0.05)
+                if self._stopping.is_set():
+                    return False
+                self._items.put(item)
                 return True
         return False
 

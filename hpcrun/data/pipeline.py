@@ -16,6 +16,7 @@ step's input wait without any change to the training loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import threading
@@ -28,12 +29,19 @@ import numpy as np
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.data.assemble import assemble, slice_segments
 from hpcrun.data.batches import DocStream, GlobalOrder, OrderState, replica_rows
+from hpcrun.data.buffers import BufferPool
 from hpcrun.data.cursor import DataCursor
 from hpcrun.data.dataset import Dataset, Verify
-from hpcrun.data.loader import LoaderMetrics, OrderedReader, ReadAhead, call_with_retries
+from hpcrun.data.loader import (
+    InlineExecutor,
+    LoaderMetrics,
+    OrderedReader,
+    ReadAhead,
+    call_with_retries,
+)
 from hpcrun.data.mixture import Exhaustion, MixMode, Mixture, MixUnit
 from hpcrun.data.packing import PackingPolicy
-from hpcrun.data.workers import ProcessBatches, SlotLayout, reader_workers
+from hpcrun.data.workers import Fill, ProcessBatches, SlotLayout, reader_workers
 from hpcrun.errors import ArgumentError, DataError, OutOfRangeError
 
 __all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
@@ -88,26 +96,43 @@ class _BatchTask:
     table: np.ndarray  # SLICE_DTYPE: this replica's segments of global batch ``batch``
 
 
+BATCH_ARRAYS = (("tokens", "int64"), ("document", "int32"), ("position", "int64"))
+"""The arrays of one replica slice, in shared-memory slot order."""
+
+
 class _BatchReader:
     """Assembles one replica slice (picklable: a process re-opens the dataset by path)."""
 
     def __init__(self, dataset: Dataset, *, rows: int, seq_len: int, pad_id: int, seed: int,
-                 transform: Transform | None) -> None:
+                 transform: Transform | None, keep: int = 4, as_torch: bool = False) -> None:
         self.dataset: Dataset | None = dataset
         self.path = str(dataset.manifest_path)
         self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
-        self.seed, self.transform = seed, transform
+        self.seed, self.transform, self.keep, self.as_torch = seed, transform, keep, as_torch
+        self._buffers: BufferPool | None = self._pool()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["dataset"] = None
+        state["dataset"] = state["_buffers"] = None
         return state
 
-    def __call__(self, task: _BatchTask) -> dict[str, Any]:
+    def __call__(self, task: _BatchTask, out: Mapping[str, np.ndarray] | None = None
+                 ) -> dict[str, Any]:
+        """The slice's arrays, written into ``out`` or into recycled buffers."""
         ds = self.dataset or _worker_dataset(self.path)
-        return assemble(ds, task.table, rows=self.rows, seq_len=self.seq_len,
-                        pad_id=self.pad_id,
-                        document=None if self.transform is None else self._document)
+        pooled = out is None
+        if out is None:
+            if self._buffers is None:  # unpickled: a reader process's own pool
+                self._buffers = self._pool()
+            out = self._buffers.take()
+        arrays = assemble(ds, task.table, rows=self.rows, seq_len=self.seq_len,
+                          pad_id=self.pad_id, out=out,
+                          document=None if self.transform is None else self._document)
+        # Converted here, on the reader thread: the caller's next() does nothing more.
+        return _as_torch(arrays) if pooled and self.as_torch else arrays
+
+    def _pool(self) -> BufferPool:
+        return BufferPool((self.rows, self.seq_len), BATCH_ARRAYS, keep=self.keep)
 
     def _document(self, ds: Dataset, seg: np.void) -> np.ndarray:
         tokens = ds.read(int(seg["source"]), int(seg["record"]))
@@ -136,7 +161,7 @@ class _BatchProducer:
     transform: Transform | None
 
     def produce(self, start: int, state: dict[str, Any] | None, worker: int,
-                stride: int) -> Iterator[tuple[int, dict[str, Any]]]:
+                stride: int) -> Iterator[tuple[int, Fill]]:
         ds = _worker_dataset(self.manifest)
         order = _global_order(ds, self.mixture, seed=self.seed, global_batch=self.global_batch,
                               seq_len=self.seq_len, packing=PackingPolicy(self.packing))
@@ -149,10 +174,24 @@ class _BatchProducer:
             plan = order.plan(k)
             if plan is None:
                 return
-            arrays, retries = call_with_retries(read, _BatchTask(k, slice_segments(plan, rows)),
-                                                2, 0.05)
-            arrays["retries"] = retries
-            yield k, arrays
+            yield k, functools.partial(_fill_slot, read, _BatchTask(k, slice_segments(plan,
+                                                                                       rows)))
+
+
+def _fill_slot(read: _BatchReader, task: _BatchTask,
+               out: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """Assemble ``task`` into a shared slot; returns (tokens read, retries spent)."""
+    arrays, retries = call_with_retries(functools.partial(read, out=out), task, 2, 0.05)
+    return int(arrays["tokens_read"]), retries
+
+
+def _as_torch(batch: dict[str, Any]) -> dict[str, Any]:
+    """``torch`` tensors over the arrays (no copy; a tensor keeps its array referenced, so a
+    recycled buffer is never reused while any tensor or view of it lives)."""
+    import torch
+
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+            for k, v in batch.items()}
 
 
 def _plan_tasks(order: GlobalOrder, lock: threading.Lock, rows: range, start: int,
@@ -201,7 +240,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
             :func:`~hpcrun.data.workers.reader_workers`).
         executor: ``thread`` or ``process`` (worker processes that plan and assemble whole
             batches into shared memory; the training loop's GIL stays free).
-        prefetch_batches: Batches read ahead; the memory bound is this many of our slices.
+        prefetch_batches: Batches read ahead; the memory bound is this many of our slices
+            (plus one queued and one in hand on the thread path).
         transform: Stochastic, length-preserving per-document transform (picklable for
             processes); its randomness comes from :func:`sample_rng`.
         pad_id: Token used to pad rows in ``packing="none"``.
@@ -231,12 +271,13 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self.as_torch, self.clock = as_torch, clock
         self._order = self._new_order()
         self._read = _BatchReader(self.dataset, rows=len(self.rows), seq_len=seq_len,
-                                  pad_id=pad_id, seed=seed, transform=transform)
+                                  pad_id=pad_id, seed=seed, transform=transform,
+                                  keep=prefetch_batches + 4, as_torch=as_torch)
         self.metrics = LoaderMetrics(clock)
         self._delivered = 0
         self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
         self._transform, self._pad_id = transform, pad_id
-        self._plans: ReadAhead[_BatchTask] | None = None
+        self._ahead: ReadAhead[dict[str, Any]] | None = None
         self._submitted: dict[int, float] = {}
         self._order_lock = threading.Lock()  # the planner thread and state_dict share the memo
 
@@ -272,11 +313,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
 
     def __next__(self) -> dict[str, Any]:
         t0 = self.clock.monotonic()
-        reader = self._reader or self._start()
-        depth = reader.ready
-        batch = next(reader)
+        source = self._ahead or self._reader or self._start()
+        depth = source.ready
+        batch = next(source)
         now = self.clock.monotonic()
-        self.metrics.retries = reader.retries
+        self.metrics.retries = self._reader.retries if self._reader is not None else 0
         self.metrics.record(time_to_batch=now - self._submitted.pop(self._delivered, t0),
                             input_wait=now - t0, queue_depth=depth,
                             nbytes=batch["tokens"].nbytes, samples=len(self.rows),
@@ -335,23 +376,26 @@ class DataPipeline(Iterator[dict[str, Any]]):
                              global_batch=self.global_batch, seq_len=self.seq_len,
                              packing=self.packing)
 
-    def _start(self) -> OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches:
+    def _start(self) -> ReadAhead[dict[str, Any]] | ProcessBatches:
         if self.executor_kind == "process":
             self._reader = self._start_processes()
             return self._reader
-        self._plans = ReadAhead(self._batch_tasks(self._delivered), depth=self.prefetch_batches)
-        self._reader = OrderedReader(self._read, self._plans,
+        # Planning, submitting reads and the reorder buffer run on one background thread;
+        # the caller's next() only takes a finished batch off a queue.
+        self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
                                      workers=self.workers, max_inflight=self.prefetch_batches,
+                                     executor=InlineExecutor() if self.workers == 1 else None,
                                      clock=self.clock)
-        return self._reader
+        self._ahead = ReadAhead(self._reader, depth=1, name="hpcrun-batches")
+        return self._ahead
 
     def _stop(self) -> None:
+        if self._ahead is not None:  # first: it pulls from the reader
+            self._ahead.close()
+            self._ahead = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        if self._plans is not None:
-            self._plans.close()
-            self._plans = None
         self._submitted.clear()
 
     def _start_processes(self) -> ProcessBatches:
@@ -362,9 +406,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
             global_batch=self.global_batch, seq_len=self.seq_len,
             rows=(self.rows.start, self.rows.stop), mixture=self.mixture_spec,
             packing=str(self.packing), pad_id=self._pad_id, transform=self._transform)
-        layout = SlotLayout(shape=(len(self.rows), self.seq_len),
-                            dtypes=(("tokens", "int64"), ("document", "int32"),
-                                    ("position", "int64")))
+        layout = SlotLayout(shape=(len(self.rows), self.seq_len), dtypes=BATCH_ARRAYS)
         depth = -(-self.prefetch_batches // self.workers)
         return ProcessBatches(producer, layout, start=self._delivered,
                               state=None if state is None else state.to_dict(),
@@ -377,12 +419,9 @@ class DataPipeline(Iterator[dict[str, Any]]):
                            self.clock)
 
     def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if not self.as_torch:
+        if not self.as_torch or self._ahead is not None:  # reader threads made tensors
             return batch
-        import torch
-
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-                for k, v in batch.items()}
+        return _as_torch(batch)
 
     def __del__(self) -> None:
         # interpreter teardown: nothing left to release safely when this fails

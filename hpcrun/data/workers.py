@@ -22,25 +22,36 @@ import contextlib
 import ctypes
 import mmap
 import os
+import pickle
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 import numpy as np
 
+from hpcrun.data.buffers import BufferPool
 from hpcrun.errors import ArgumentError, DataError
 
-__all__ = ["BatchProducer", "ProcessBatches", "SlotLayout", "reader_workers"]
+__all__ = ["BatchProducer", "Fill", "ProcessBatches", "SlotLayout", "reader_workers"]
 
 _PR_SET_PDEATHSIG = 1
+_POOL_MIN_BYTES = 128 << 10
+"""Batches from this size are copied into recycled arrays; smaller ones come from the heap
+(below glibc's ``mmap`` threshold: no page faults), which is cheaper than the pool's check."""
+_MSG = struct.Struct("<5q")
+"""A worker's message: kind, batch, slot, tokens read, retries (error: kind, text length)."""
+_BATCH, _END, _ERROR = 0, 1, 2
+_SLOT = struct.Struct("<q")
+"""The parent's message: a slot handed back, or -1 = stop."""
 _STOP_GRACE_S = 2.0
 _POLL_S = 0.5
 
@@ -59,13 +70,18 @@ def reader_workers(reserve: int = 1, cap: int = 8) -> int:
     return max(1, min(cap, allowed - reserve))
 
 
+Fill = Callable[[dict[str, np.ndarray]], tuple[int, int]]
+"""Writes one batch into the given arrays (a shared slot, :class:`SlotLayout`'s views) and
+returns ``(tokens read, read retries spent)``."""
+
+
 class BatchProducer(Protocol):
     """What a worker runs (picklable): the batches of one worker, in order."""
 
     def produce(self, start: int, state: dict[str, Any] | None, worker: int,
-                stride: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Yield ``(k, arrays)`` for ``k = start + worker, start + worker + stride, ...``
-        (``arrays`` matches the :class:`SlotLayout` plus ``tokens_read``); stop at the end."""
+                stride: int) -> Iterator[tuple[int, Fill]]:
+        """Yield ``(k, fill)`` for ``k = start + worker, start + worker + stride, ...``;
+        ``fill`` writes batch ``k`` into a slot in place. Stop at the end."""
         ...
 
 
@@ -109,6 +125,10 @@ class _WorkerArgs:
 class ProcessBatches(Iterator[dict[str, Any]]):
     """Batches from ``workers`` processes, in order, at most ``workers × depth`` ahead.
 
+    Per batch the parent reads one fixed-size message (no pickling), copies the slot out
+    (large batches into recycled arrays, :class:`~hpcrun.data.buffers.BufferPool`: no fresh
+    pages) and hands the slot back with one 8-byte write.
+
     Args:
         producer: Makes the batches (picklable; re-opens its data in the worker).
         layout: The arrays of one batch.
@@ -125,11 +145,16 @@ class ProcessBatches(Iterator[dict[str, Any]]):
         self.layout, self.workers, self.depth = layout, workers, depth
         self._start = self._next = start
         self._fd, self._shm = _shared_block(max(1, layout.nbytes * workers * depth))
-        self._conns: list[Connection] = []
+        self._socks: list[socket.socket] = []
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._shm,
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._socks, self._shm,
                                            self._fd)
+        self._views = [[layout.views(memoryview(self._shm), (w * depth + slot) * layout.nbytes)
+                        for slot in range(depth)] for w in range(workers)]
+        self._buffers = (BufferPool(layout.shape, layout.dtypes, keep=workers * depth + 2)
+                         if layout.nbytes >= _POOL_MIN_BYTES else None)
         self._ended = False
+        self._early = b""  # the next batch's message, read ahead by ``ready``
         self.retries = 0
         try:
             self._spawn(producer, state)
@@ -144,33 +169,51 @@ class ProcessBatches(Iterator[dict[str, Any]]):
 
     @property
     def ready(self) -> int:
-        """Workers with a finished batch waiting (the queue depth seen by the consumer)."""
-        return sum(1 for c in self._conns if not c.closed and c.poll())
+        """1 when the next batch is already waiting, else 0 (the queue depth the consumer
+        sees). Its message is read ahead without blocking, so asking costs no extra call."""
+        if self._ended or not self._socks:
+            return 0
+        w = (self._next - self._start) % self.workers
+        if len(self._early) < _MSG.size:
+            with contextlib.suppress(OSError):  # nothing yet, or a dead worker next() reports
+                self._early += self._socks[w].recv(_MSG.size - len(self._early),
+                                                   socket.MSG_DONTWAIT)
+        return int(len(self._early) >= _MSG.size)
 
     def __next__(self) -> dict[str, Any]:
         if self._ended:
             raise StopIteration
         w = (self._next - self._start) % self.workers
-        msg = self._receive(w)
-        if msg[0] == "end":
+        kind, k, slot, tokens_read, retries = _MSG.unpack(self._receive(w, _MSG.size))
+        if kind == _END:
             self._ended = True
             raise StopIteration
-        _, k, slot, tokens_read, retries = msg
+        if kind == _ERROR:
+            text = self._receive(w, k).decode(errors="replace")
+            self.close()
+            raise DataError(f"reader process {w} failed on batch {self._next}: {text}")
         if k != self._next:
             self.close()
             raise DataError(f"reader process {w} delivered batch {k}, expected {self._next}; "
                             "this is a bug")
-        offset = (w * self.depth + slot) * self.layout.nbytes
-        out: dict[str, Any] = {name: view.copy() for name, view in
-                               self.layout.views(memoryview(self._shm), offset).items()}
+        out = self._copy_out(self._views[w][slot])
+        self._socks[w].sendall(_SLOT.pack(slot))
         out["tokens_read"] = tokens_read
         self.retries += retries
-        self._conns[w].send(slot)
         self._next += 1
+        return out
+
+    def _copy_out(self, views: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self._buffers is None:  # small batches: the heap serves them without faults
+            return {name: view.copy() for name, view in views.items()}
+        out: dict[str, Any] = self._buffers.take()
+        for name, view in views.items():
+            np.copyto(out[name], view)
         return out
 
     def close(self) -> None:
         """Stop every worker (by PID when it does not exit at once) and free the memory."""
+        self._views = []
         self._finalizer()
 
     def _spawn(self, producer: BatchProducer, state: dict[str, Any] | None) -> None:
@@ -183,32 +226,49 @@ class ProcessBatches(Iterator[dict[str, Any]]):
             finally:
                 theirs.close()
             self._procs.append(proc)
-            conn = Connection(mine.detach())
-            self._conns.append(conn)
-            conn.send(list(sys.path))
-            conn.send(_WorkerArgs(producer=producer, layout=self.layout,
-                                  size=len(self._shm), worker=w, stride=self.workers,
-                                  depth=self.depth, start=self._start, state=state,
-                                  parent=os.getpid()))
+            self._socks.append(mine)
+            # Transient setup over our own socket pair (never persisted): the producer and
+            # where to import it from.
+            setup = pickle.dumps((list(sys.path), _WorkerArgs(
+                producer=producer, layout=self.layout, size=len(self._shm), worker=w,
+                stride=self.workers, depth=self.depth, start=self._start, state=state,
+                parent=os.getpid())))
+            mine.sendall(_SLOT.pack(len(setup)) + setup)
 
-    def _receive(self, w: int) -> tuple[Any, ...]:
-        conn, proc = self._conns[w], self._procs[w]
-        while not conn.poll(_POLL_S):
-            if proc.poll() is not None:
+    def _receive(self, w: int, n: int) -> bytes:
+        """Exactly ``n`` bytes from worker ``w``; a dead worker or a closed pipe raises."""
+        sock, proc = self._socks[w], self._procs[w]
+        data, self._early = self._early[:n], self._early[n:]
+        while len(data) < n:
+            try:
+                chunk = sock.recv(n - len(data), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                self._wait(w)
+                continue
+            except OSError as exc:
                 self.close()
-                raise DataError(f"reader process {w} (pid {proc.pid}) exited with "
-                                f"{proc.returncode} before batch {self._next}; see the rank's "
-                                "stderr for why, or use executor='thread'")
-        try:
-            msg: tuple[Any, ...] = conn.recv()
-        except (EOFError, OSError) as exc:
-            self.close()
-            raise DataError(f"reader process {w} (pid {proc.pid}) closed its pipe before "
-                            f"batch {self._next} ({exc!r}); see the rank's stderr") from exc
-        if msg[0] == "error":
-            self.close()
-            raise DataError(f"reader process {w} failed on batch {self._next}: {msg[1]}")
-        return msg
+                raise DataError(f"reader process {w} (pid {proc.pid}) closed its pipe before "
+                                f"batch {self._next} ({exc!r}); see the rank's stderr") from exc
+            if not chunk:
+                self._wait_exit(w)
+            data += chunk
+        return data
+
+    def _wait(self, w: int) -> None:
+        """Block until worker ``w`` has something to say, checking that it still lives."""
+        sock, proc = self._socks[w], self._procs[w]
+        while not select.select([sock], [], [], _POLL_S)[0]:
+            if proc.poll() is not None:
+                self._wait_exit(w)
+
+    def _wait_exit(self, w: int) -> None:
+        proc = self._procs[w]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(_STOP_GRACE_S)
+        code = proc.returncode
+        self.close()
+        raise DataError(f"reader process {w} (pid {proc.pid}) exited with {code} before batch "
+                        f"{self._next}; see the rank's stderr for why, or use executor='thread'")
 
 
 def _shared_block(size: int) -> tuple[int, mmap.mmap]:
@@ -222,12 +282,12 @@ def _shared_block(size: int) -> tuple[int, mmap.mmap]:
     return fd, mmap.mmap(fd, size)
 
 
-def _shutdown(procs: list[subprocess.Popen[bytes]], conns: list[Connection],
+def _shutdown(procs: list[subprocess.Popen[bytes]], socks: list[socket.socket],
               shm: mmap.mmap, fd: int) -> None:
     """Ask each worker to stop, then SIGKILL by PID whatever is still alive; free memory."""
-    for conn in conns:
-        with contextlib.suppress(OSError, ValueError):
-            conn.send(None)
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.sendall(_SLOT.pack(-1))
     deadline = time.monotonic() + _STOP_GRACE_S
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -237,10 +297,10 @@ def _shutdown(procs: list[subprocess.Popen[bytes]], conns: list[Connection],
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-    for conn in conns:
-        conn.close()
+    for sock in socks:
+        sock.close()
     procs.clear()
-    conns.clear()
+    socks.clear()
     with contextlib.suppress(BufferError):  # a view still exported: freed with it
         shm.close()
     with contextlib.suppress(OSError):
@@ -265,39 +325,58 @@ def main(fd: int, shared_fd: int) -> None:
     # The rank handles preemption and interrupts; its readers stop when it closes them.
     for sig in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    conn = Connection(fd)
+    sock = socket.socket(fileno=fd)
     try:
-        sys.path[:] = conn.recv()
-        args: _WorkerArgs = conn.recv()
+        head = _read_exact(sock, _SLOT.size)
+        body = None if head is None else _read_exact(sock, _SLOT.unpack(head)[0])
+        if body is None:  # the parent is gone before it sent the setup
+            return
+        path, args = pickle.loads(body)
+        sys.path[:] = path
         _die_with_parent(args.parent)
         shm = mmap.mmap(shared_fd, args.size)
-        _serve(args, conn, memoryview(shm))
-    except (EOFError, OSError):  # the parent is gone or closed us: nothing to report to
-        return
+        _serve(args, sock, memoryview(shm))
     except Exception as exc:  # reported to the parent, which raises it as a DataError
-        with contextlib.suppress(OSError):
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        text = f"{type(exc).__name__}: {exc}".encode()
+        with contextlib.suppress(OSError):  # the parent is gone: nothing to report to
+            sock.sendall(_MSG.pack(_ERROR, len(text), 0, 0, 0) + text)
 
 
-def _serve(args: _WorkerArgs, conn: Connection, shm: memoryview) -> None:
+def _read_exact(sock: socket.socket, n: int) -> bytes | None:
+    """Exactly ``n`` bytes, or ``None`` when the parent closed the pipe first."""
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _slot_back(sock: socket.socket) -> int:
+    """The next slot the parent handed back; -1 = stop (or the parent is gone)."""
+    data = _read_exact(sock, _SLOT.size)
+    return -1 if data is None else int(_SLOT.unpack(data)[0])
+
+
+def _serve(args: _WorkerArgs, sock: socket.socket, shm: memoryview) -> None:
+    views = [args.layout.views(shm, (args.worker * args.depth + slot) * args.layout.nbytes)
+             for slot in range(args.depth)]
     free = list(range(args.depth))
     batches = args.producer.produce(args.start, args.state, args.worker, args.stride)
     while True:
-        while not free or conn.poll():
-            msg = conn.recv()
-            if msg is None:
+        while not free or select.select([sock], [], [], 0)[0]:
+            slot = _slot_back(sock)
+            if slot < 0:
                 return
-            free.append(msg)
+            free.append(slot)
         got = next(batches, None)
         if got is None:
-            conn.send(("end",))
-            while conn.recv() is not None:
+            sock.sendall(_MSG.pack(_END, 0, 0, 0, 0))
+            while _slot_back(sock) >= 0:
                 pass
             return
-        k, arrays = got
+        k, fill = got
         slot = free.pop(0)
-        offset = (args.worker * args.depth + slot) * args.layout.nbytes
-        for name, view in args.layout.views(shm, offset).items():
-            view[...] = arrays[name]
-        conn.send(("batch", k, slot, int(arrays["tokens_read"]), int(arrays.get("retries", 0))))
-
+        tokens_read, retries = fill(views[slot])
+        sock.sendall(_MSG.pack(_BATCH, k, slot, tokens_read, retries))

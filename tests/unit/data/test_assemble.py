@@ -93,8 +93,8 @@ def test_a_pipeline_dropped_without_close_stops_its_planner(mixed_formats: Path)
 
     pipe = DataPipeline(mixed_formats, seed=2, global_batch=2, seq_len=8, workers=1)
     next(pipe)
-    assert pipe._plans is not None
-    planner = pipe._plans._thread
+    assert pipe._ahead is not None
+    planner = pipe._ahead._thread
     assert planner.is_alive()
     del pipe
     gc.collect()
@@ -122,3 +122,23 @@ def test_read_ahead_is_ordered_bounded_and_raises_in_place() -> None:
     with pytest.raises(ValueError, match="planning failed"):
         next(ahead)
     ahead.close()
+
+
+def test_long_segments_of_shards_are_the_tokens_a_document_read_gives(tmp_path: Path) -> None:
+    (tmp_path / "rows").mkdir()
+    np.save(tmp_path / "rows" / "r.npy", (np.arange(9 * 300) % 4093).reshape(9, 300)
+            .astype(np.int32))
+    lens = np.random.default_rng(2).integers(80, 400, size=12)
+    (tmp_path / "flat").mkdir()
+    with h5py.File(tmp_path / "flat" / "a.h5", "w") as f:
+        f["tokens"] = (np.arange(lens.sum()) * 3 % 1021).astype("<u2")
+        f["offsets"] = np.concatenate([[0], np.cumsum(lens)])
+    build_manifest([f"rows={tmp_path / 'rows'}", f"flat={tmp_path / 'flat'}"],
+                   tmp_path / "m.json", progress=False)
+    pipe = DataPipeline(tmp_path / "m.json", seed=1, global_batch=4, seq_len=700, workers=1)
+    for k in range(12):
+        batch = next(pipe)
+        table = next(t for t in pipe._batch_tasks(k)).table
+        assert table["length"].mean() >= 64  # the slice-by-slice path
+        assert np.array_equal(batch["tokens"], _reference(pipe.dataset, table, 4, 700)), k
+    pipe.close()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hpcrun.data.loader import LoaderMetrics, OrderedReader, call_with_retries
+from hpcrun.data.loader import InlineExecutor, LoaderMetrics, OrderedReader, call_with_retries
 from hpcrun.testing.fakes import FakeClock
 
 
@@ -84,3 +84,20 @@ def test_metrics_quantiles_rates_and_required_rate() -> None:
     assert s["tokens_per_s"] == pytest.approx(40_000 / 0.991, rel=1e-3)  # from first request
     assert m.rate_check(tokens_per_step=400, target_step_time_s=0.02).ok
     assert not m.rate_check(tokens_per_step=4000, target_step_time_s=0.02).ok
+
+
+def test_an_inline_reader_is_ordered_bounded_and_raises_in_place() -> None:
+    made: list[int] = []
+
+    def read(item: int) -> int:
+        made.append(item)
+        if item == 6:
+            raise ValueError("object 6 is damaged")
+        return -item
+
+    reader = OrderedReader(read, range(10), max_inflight=3, executor=InlineExecutor())
+    assert [next(reader) for _ in range(4)] == [0, -1, -2, -3]
+    assert made == list(range(7))  # the window: three read ahead of the consumer, no more
+    assert next(reader) == -4 and next(reader) == -5
+    with pytest.raises(ValueError, match="object 6 is damaged"):
+        next(reader)
