@@ -4,6 +4,8 @@ place in the same job (``docs/recovery.md``, node-loss row). Run with ``-s`` to 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hpcrun.control.entries import FaultInjectedNote
@@ -102,8 +104,8 @@ def test_losing_the_supervising_node_hands_supervision_to_a_survivor_in_the_same
             fault="node-loss-supervisor", node=victim, step=first.step), generation=UNFENCED,
             holder="")
         rec = run.wait({"SUCCEEDED"}, timeout=300)
-        history = slurm.run("sacct", "-n", "-X", "-j", run.job_id, "-o", "State",
-                            "--duplicates").stdout.split()
+        job_end = _job_end(slurm, int(run.job_id), timeout=90)
+        history = [r.state for r in slurm.history(int(run.job_id))]
     finally:
         testbed.boot(victim)
     # the same job, no requeue, and the survivor with the lowest node rank took over
@@ -138,4 +140,15 @@ def test_losing_the_supervising_node_hands_supervision_to_a_survivor_in_the_same
     print(f"\nsupervising node lost: {victim} crashed, {survivor} took over, {spare} swapped "
           f"in, RTO {splits[0].total_s:.1f} s: " + ", ".join(
               f"{k} {v:.1f} s" for k, v in splits[0].phases.items())
-          + f"; Slurm history {history}")
+          + f"; Slurm: {job_end} {history}")
+
+
+def _job_end(slurm: JobClient, job_id: int, *, timeout: float) -> str:
+    """The job's state once it left RUNNING (or the last one seen within ``timeout``)."""
+    deadline, state = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        state = slurm.state(job_id)
+        if state not in (None, "RUNNING", "COMPLETING", "RESIZING"):
+            break
+        time.sleep(1.0)
+    return str(state)
