@@ -82,6 +82,7 @@ NODE_EXIT_WAIT_S = 60.0
 FAULT_SETTLE_S = 2.0
 TIER1_WAIT_S = 120.0
 FOLLOW_WAIT_S = 900.0
+RELEASE_WAIT_S = 30.0
 POLL_S = 0.2
 
 
@@ -263,6 +264,7 @@ class Supervisor:
                                                 reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.SUCCEEDED))
                 self._ended(inc)
+                self._release_if_orphaned()
                 return AgentExit(status=EXIT_OK)
             case LeaveToSlurm():
                 self._record_preempted(inc)
@@ -287,6 +289,7 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.FAILED, reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.FAILED, reason=decision.reason))
                 self._ended(inc)
+                self._release_if_orphaned()
                 return AgentExit(status=EXIT_USER_ERROR)
             case Requeue():
                 if decision.preempted:
@@ -295,6 +298,21 @@ class Supervisor:
                     self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                     reason=decision.reason))
                 return AgentExit(status=self._requeue(inc, decision))
+
+    def _release_if_orphaned(self) -> None:
+        """Give the allocation back when supervision was taken over from node 0 on Slurm.
+
+        The batch script ran on the job's first node and died with it: nothing would end the
+        job before its time limit. Once the other agents have exited (stopped beating; bounded
+        by ``RELEASE_WAIT_S``, so the final run summary and drains are written), end the job.
+        """
+        if self.node.backend != "slurm" or self.node.is_supervisor or self.liveness is None:
+            return
+        others = set(self.node.nodes) - {self.node.node}
+        deadline = self.clock.monotonic() + RELEASE_WAIT_S
+        while not others <= set(self._stale()) and self.clock.monotonic() < deadline:
+            self.clock.sleep(POLL_S)
+        print(f"hpcrun agent {self.node.node}: {self.requeuer.release()}", file=sys.stderr)
 
     def _log_fault_once(self, inc: Incarnation, fault: GangFault) -> None:
         """Log ``fault`` under ``inc`` unless it is there already (its retry history)."""

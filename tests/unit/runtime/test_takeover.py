@@ -3,6 +3,7 @@ supervisor shell taking over on a real run log with a fake clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -166,3 +167,33 @@ def test_a_supervisor_that_another_agent_replaced_follows_instead_of_deciding(
     log.claim("job7.r0.a1.y")  # the new supervisor's restart
     assert sup.conclude(inc) == AgentExit(next_attempt=1)
     assert [e for e in log.read() if e.kind == EntryKind.STATE] == [], "n0 decided nothing"
+
+
+def _gang_of(inc: Incarnation, gang: tuple[str, ...]) -> Incarnation:
+    return dataclasses.replace(inc, gang=gang)
+
+
+def test_a_run_that_ends_under_a_taken_over_supervisor_gives_the_allocation_back(
+        tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _agent(tmp_path, "n1", live=())  # the others have exited
+    _claim(log, "n1", (inc.generation, inc.holder))
+    inc = _gang_of(inc, ("n2", "n1"))  # the spare in node rank 0's position
+    for node in inc.gang:
+        log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+                   payload={"event": "node_exit", "node": node, "status": "succeeded",
+                            "attempt": 0})
+    assert sup.conclude(inc) == AgentExit()
+    assert read_record(inc.run_dir).state == "SUCCEEDED"
+    # the batch script died with n0: nothing else would end the job before its time limit
+    assert requeuer.released and sup.clock.monotonic() < 10
+
+
+def test_node_0_supervising_as_always_leaves_the_job_to_its_batch_script(
+        tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _agent(tmp_path, "n0", live=("n1", "n2"))
+    for node in inc.gang:
+        log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+                   payload={"event": "node_exit", "node": node, "status": "succeeded",
+                            "attempt": 0})
+    assert sup.conclude(inc) == AgentExit()
+    assert read_record(inc.run_dir).state == "SUCCEEDED" and not requeuer.released
