@@ -37,7 +37,7 @@ from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.record import read_record
 from hpcrun.control.states import RunState
-from hpcrun.errors import StaleGenerationError
+from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag
 from hpcrun.observe.postrun import post_run_publisher
 from hpcrun.runtime import preemption
@@ -312,7 +312,11 @@ class Supervisor:
         deadline = self.clock.monotonic() + RELEASE_WAIT_S
         while not others <= set(self._stale()) and self.clock.monotonic() < deadline:
             self.clock.sleep(POLL_S)
-        print(f"hpcrun agent {self.node.node}: {self.requeuer.release()}", file=sys.stderr)
+        try:
+            done = self.requeuer.release()
+        except HpcrunError as exc:  # the run's end stands; the time limit ends the job
+            done = f"could not end the job ({exc}); it ends at its time limit"
+        print(f"hpcrun agent {self.node.node}: {done}", file=sys.stderr)
 
     def _log_fault_once(self, inc: Incarnation, fault: GangFault) -> None:
         """Log ``fault`` under ``inc`` unless it is there already (its retry history)."""
