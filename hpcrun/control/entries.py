@@ -97,6 +97,7 @@ __all__ = [
     "ResultPayload",
     "SegmentNote",
     "StatePayload",
+    "SupervisionClaimPayload",
     "UnknownEntry",
     "UnknownNote",
     "canonical_json",
@@ -517,6 +518,40 @@ class ResultPayload(EntryPayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SupervisionClaimPayload(EntryPayload):
+    """A surviving agent takes over supervising the job start from a node that was lost.
+
+    Published under the fence in force (the incarnation whose supervisor vanished): a stale
+    claimant's claim is void like any stale publish, and of two claims under one fence the
+    earlier slot stands (:mod:`hpcrun.runtime.takeover`).
+    """
+
+    KIND: ClassVar[EntryKind] = EntryKind.SUPERVISE
+    node: str
+    """The claimant: the node whose agent supervises from now on."""
+    replaces: str
+    """The supervising node that was lost."""
+    attempt: int
+    """In-allocation attempt of the incarnation whose supervisor was lost."""
+    reason: str = ""
+    """One line for people."""
+
+    def __post_init__(self) -> None:
+        if not self.node or not self.replaces:
+            raise PayloadError("a supervision claim names its claimant and the lost supervisor "
+                               f"(node={self.node!r}, replaces={self.replaces!r}); pass both")
+
+    def fields(self) -> dict[str, Any]:
+        return {"node": self.node, "replaces": self.replaces, "attempt": self.attempt,
+                "reason": self.reason}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"node": f.text("node"), "replaces": f.text("replaces"),
+                "attempt": f.integer("attempt"), "reason": f.text("reason", "")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownEntry(EntryPayload):
     """An entry of a kind this version does not know (a newer writer's); ``extra`` holds it."""
 
@@ -539,7 +574,7 @@ class UnknownEntry(EntryPayload):
 _BY_KIND: dict[str, type[EntryPayload]] = {cls.KIND.value: cls for cls in (
     FencePayload, StatePayload, JobPayload, OpPayload, HeartbeatPayload, ProgressPayload,
     CommitPayload, DrainedPayload, CursorPayload, FaultPayload, QuarantinePayload,
-    ResultPayload)}
+    ResultPayload, SupervisionClaimPayload)}
 
 
 def decode(entry: LogEntry) -> EntryPayload:

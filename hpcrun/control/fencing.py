@@ -24,7 +24,7 @@ UNFENCED = -1
 
 PUBLISH_KINDS = frozenset({
     EntryKind.COMMIT, EntryKind.DRAINED, EntryKind.PROGRESS, EntryKind.CURSOR, EntryKind.RESULT,
-    EntryKind.STATE,
+    EntryKind.STATE, EntryKind.SUPERVISE,
 })
 """Kinds that publish run state: only ever valid under the token in force."""
 

@@ -40,6 +40,7 @@ class EntryKind(StrEnum):
     QUARANTINE = "quarantine"  # a node excluded from later allocations
     RESULT = "result"          # terminal result / post-run manifest reference
     NOTE = "note"              # an observation for people and tools (see NoteEvent)
+    SUPERVISE = "supervise"    # a surviving agent takes over supervision of the job start
 
 
 def canonical_json(obj: Mapping[str, Any]) -> bytes:

@@ -26,6 +26,7 @@ class DrillFault(StrEnum):
     PREEMPT_TIMELIMIT = "preempt-timelimit"
     NODE_LOSS = "node-loss"
     NODE_LOSS_SPARE = "node-loss-spare"
+    NODE_LOSS_SUPERVISOR = "node-loss-supervisor"
     HANG = "hang"
     STRAGGLER = "straggler"
     DRAIN_STORAGE_ERROR = "drain-storage-error"
@@ -102,6 +103,10 @@ MATRIX: tuple[MatrixRow, ...] = (
               backends=_BOTH, expect_cause="node_failure", recovery=Recovery.REQUEUE),
     MatrixRow(fault=DrillFault.NODE_LOSS_SPARE,
               what="node power loss with a hot spare → spare swapped in, same job",
+              backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
+    MatrixRow(fault=DrillFault.NODE_LOSS_SUPERVISOR,
+              what="the supervising node (node rank 0) lost, a hot spare → a survivor takes "
+                   "over supervision, spare swapped in, same job",
               backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
     MatrixRow(fault=DrillFault.HANG, what="a rank stops making progress without exiting",
               backends=_BOTH, expect_cause="hang", recovery=Recovery.EITHER),

@@ -87,8 +87,13 @@ class DrillPlan:
 
 OUTSIDE = {DrillFault.CANCEL: frozenset({"local", "slurm"}), DrillFault.NODE_LOSS:
            frozenset({"slurm"}), DrillFault.NODE_LOSS_SPARE: frozenset({"slurm"}),
+           DrillFault.NODE_LOSS_SUPERVISOR: frozenset({"slurm"}),
            DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
 """Faults the drill does from outside the run, per backend."""
+
+
+_WITH_SPARE = (DrillFault.NODE_LOSS_SPARE, DrillFault.NODE_LOSS_SUPERVISOR)
+"""Rows whose spec gets one hot spare (at least)."""
 
 
 def drillable(row: MatrixRow, backend: str) -> str:
@@ -113,7 +118,7 @@ def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
         step = every + 1  # the second checkpoint: the first one is the restore point
     spec = dict(raw_spec)
     spec["config"] = {**dict(raw_spec.get("config") or {}), "ledger": True}
-    if row.fault == DrillFault.NODE_LOSS_SPARE:
+    if row.fault in _WITH_SPARE:
         spec["resources"] = {**res, "spare_nodes": max(1, int(res.get("spare_nodes", 0)))}
     if row.fault == DrillFault.SDC:
         # Replica checks twice per checkpoint interval, the flip just after a check that makes
@@ -122,7 +127,8 @@ def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
         spec["sdc"] = {**dict(raw_spec.get("sdc") or {}), "every_steps": check}
         step = every + check + 2 if at is None else at
     env = {"HPCRUN_HANG_S": str(HANG_S)} if row.fault == DrillFault.HANG else {}
-    victim = 0 if row.fault == DrillFault.KILL_BEFORE_MANIFEST else nodes * tpn - 1
+    victim = (0 if row.fault in (DrillFault.KILL_BEFORE_MANIFEST,
+                                 DrillFault.NODE_LOSS_SUPERVISOR) else nodes * tpn - 1)
     inject = injection(row, at=step, world_size=nodes * tpn, tasks_per_node=tpn)
     if backend in OUTSIDE.get(row.fault, frozenset()):
         inject = ""  # done from outside (a real node crash on the testbed, a cancel)
@@ -258,7 +264,9 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
     def crash_node(record: Any) -> None:
         if not done and int(record.step) >= plan.at and record.membership:
             done.append(True)
-            node = str(record.membership[-1])
+            # the last gang node, or node rank 0 (the supervising node) for its own row
+            node = str(record.membership[
+                0 if row.fault == DrillFault.NODE_LOSS_SUPERVISOR else -1])
             crash_testbed_node(node)
             RunLog(run_dir).append_entry(FaultInjectedNote(
                 fault=row.fault.value, node=node, step=int(record.step)),
@@ -267,7 +275,7 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
 
     if row.fault == DrillFault.CANCEL:
         return cancel
-    if row.fault in (DrillFault.NODE_LOSS, DrillFault.NODE_LOSS_SPARE) and backend == "slurm":
+    if row.fault in (DrillFault.NODE_LOSS, *_WITH_SPARE) and backend == "slurm":
         return crash_node
     return None
 

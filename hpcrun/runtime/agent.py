@@ -5,8 +5,10 @@ into one file and their events into one stream per node (:mod:`hpcrun.runtime.no
 the node's drain in its own process, and reports how its ranks ended
 in the run log. The node-0 agent also supervises: it claims each incarnation's generation, reads
 every node's outcome, and decides between success, an in-allocation restart, a requeue and
-failure (:mod:`hpcrun.runtime.supervisor`). Agents coordinate only through the run log: the other
-agents find their incarnation by its fence's holder key, and a newer fence tells them to stop.
+failure (:mod:`hpcrun.runtime.supervisor`); in a run with hot spares, a surviving agent takes
+that role over when node 0 is lost (:mod:`hpcrun.runtime.takeover`). Agents coordinate only
+through the run log: the other agents find their incarnation by its fence's holder key, and a
+newer fence tells them to stop.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ class Agent:
 
     def _establish(self, attempt: int) -> Incarnation | None:
         key = self.node.incarnation_key(attempt)
-        if self.node.is_supervisor:
+        if self.supervisor.supervising:
             claimed = self.log.claim(new_holder(key))
             if attempt == 0 and cancel_if_upstream_broken(
                     self.run_dir, self.log, generation=claimed.generation,
@@ -160,9 +162,19 @@ class Agent:
                 return self._incarnation(fence.generation, fence.holder, slot, attempt, gang)
             if self.view.terminal():
                 return None
+            if attempt > 0 and self._take_over_between(attempt):
+                return self._establish(attempt)  # now this agent fences the restart
             self.clock.sleep(POLL_S)
         raise HpcrunError(f"node {self.node.node}: no fence for {key} appeared within "
                           f"{FENCE_WAIT_S:.0f} s; the node-0 agent did not start the gang")
+
+    def _take_over_between(self, attempt: int) -> bool:
+        """The supervisor decided a restart and was lost before fencing it: take over when
+        this agent is its successor (the claim goes under the fence still in force)."""
+        fence = self.view.fence
+        return self.supervisor.take_over_if_lost(
+            self._plan_gang(), generation=fence.generation, holder=fence.holder,
+            attempt=attempt - 1)
 
     def _finalize_previous(self, generation: int, holder: str) -> None:
         """Commit on tier 1 what every node drained before the last incarnation ended.
@@ -196,7 +208,7 @@ class Agent:
         if len(self.node.nodes) <= size:
             return tuple(self.node.nodes)
         self.view.refresh()  # the decision that named the gang was published after the view
-        prefix = self.node.incarnation_key(0).rsplit(".a", 1)[0] + "."
+        prefix = self.node.job_start_key
         states = [e for e in self.view.valid
                   if e.kind == EntryKind.STATE and e.holder.startswith(prefix)]
         for p in reversed(decoded(states, StatePayload)):
@@ -264,17 +276,17 @@ class Agent:
         if status is not Ending.FAILED and drainer is not None:
             drain_round_safely(self._drain_target(inc), self.log, last=True)
         self._report_node_exit(inc, status)
-        if self.node.is_supervisor:
-            ended = self.supervisor.conclude(inc)
-            obs.finish()  # every node's last lines are in: the final run summary
-            return ended
-        return self.supervisor.follow(inc)
+        ended = (self.supervisor.conclude(inc) if self.supervisor.supervising
+                 else self.supervisor.follow(inc))
+        obs.finish()  # decided, every node's last lines are in: the final run summary
+        return ended
 
     def _observer(self, inc: Incarnation, gang: Gang) -> NodeObserver:
         from hpcrun.runtime.nodeobs import NodeObserver
 
+        # the run summary is node rank 0's duty: it moves with that position, a swap included
         return NodeObserver(self.run_dir, inc=inc, ranks=gang.ranks, nodes=self.node.nodes,
-                            supervisor=self.node.is_supervisor, clock=self.clock)
+                            supervisor=self._place(inc).node_rank == 0, clock=self.clock)
 
     def _watch(self, inc: Incarnation, gang: Gang, agg: NodeObserver) -> Watched | AgentExit:
         """Supervise the ranks until they all end, one fails, or the run moves on."""
@@ -318,11 +330,17 @@ class Agent:
             return rejoin(self.view, self.node, inc)
         if self.view.terminal():
             return AgentExit(status=EXIT_OK)
-        if self.node.is_supervisor and any(
-                f.node != self.node.node for f in gang_faults(
-                    self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT))):
+        if not self.supervisor.supervising:
+            # the supervisor lost while this gang still runs (its peers may block in a
+            # collective): its successor takes over and ends the incarnation as it would
+            taken = self.supervisor.take_over_if_lost(
+                self._place(inc).nodes, generation=inc.generation, holder=inc.holder,
+                attempt=inc.attempt)
+            return Watched.PEER_FAILED if taken and self._record_vanished(inc) else None
+        if any(f.node != self.node.node for f in gang_faults(
+                self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT))):
             return Watched.PEER_FAILED
-        if self.node.is_supervisor and self._record_vanished(inc):
+        if self._record_vanished(inc):
             return Watched.PEER_FAILED
         return None
 

@@ -72,6 +72,11 @@ class NodeInfo:
             node_local_root=expand_path(template, env) if template else None, backend="slurm",
         )
 
+    @property
+    def job_start_key(self) -> str:
+        """Prefix of every fence holder of this job start (all its attempts)."""
+        return f"job{self.job_id}.r{self.restart_count}."
+
     def incarnation_key(self, attempt: int) -> str:
         """Prefix of the fence holder for ``attempt`` of this job start: every agent derives it."""
-        return f"job{self.job_id}.r{self.restart_count}.a{attempt}."
+        return f"{self.job_start_key}a{attempt}."

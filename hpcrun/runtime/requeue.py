@@ -44,6 +44,11 @@ class Requeuer(Protocol):
         """Keep the job alive until the scheduler ends it (True), or give up (False)."""
         ...
 
+    def release(self) -> str:
+        """End the job now that the run ended and no batch script is left to end it (its
+        first node was lost); return a short description of what was done."""
+        ...
+
 
 class LocalRequeuer:
     """The local launcher relaunches on EXIT_PREEMPTED; nothing to do here."""
@@ -58,6 +63,9 @@ class LocalRequeuer:
 
     def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
         return False  # the launcher ends the allocation when its agents exit
+
+    def release(self) -> str:
+        return "the local launcher ends when its agents exit"
 
 
 class SlurmRequeuer:
@@ -126,6 +134,15 @@ class SlurmRequeuer:
                 return True
             self._clock.sleep(poll_s)
         return False
+
+    def release(self) -> str:
+        """``scancel`` this job: the batch script died with the job's first node, so Slurm
+        would hold the allocation until the time limit (sacct then says CANCELLED; the run's
+        state is the log's)."""
+        with sigterm_ignored():
+            found = self._client.scancel(self._job_id)
+        return (f"cancelled job {self._job_id}: its batch host was lost" if found
+                else f"job {self._job_id} already ended")
 
     def _preempt_time(self) -> str | None:
         """When Slurm started preempting the job (it stays RUNNING through the grace time and

@@ -11,7 +11,10 @@ terminal or REQUEUED state means "exit".
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,12 +31,13 @@ from hpcrun.control.entries import (
     ResultPayload,
     SegmentNote,
     StatePayload,
+    SupervisionClaimPayload,
 )
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.record import read_record
 from hpcrun.control.states import RunState
-from hpcrun.errors import StaleGenerationError
+from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag
 from hpcrun.observe.postrun import post_run_publisher
 from hpcrun.runtime import preemption
@@ -66,6 +70,7 @@ from hpcrun.runtime.membership import (
     usable_spares,
 )
 from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.takeover import claim_due, supervisor_of
 from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
@@ -77,6 +82,7 @@ NODE_EXIT_WAIT_S = 60.0
 FAULT_SETTLE_S = 2.0
 TIER1_WAIT_S = 120.0
 FOLLOW_WAIT_S = 900.0
+RELEASE_WAIT_S = 30.0
 POLL_S = 0.2
 
 
@@ -92,7 +98,8 @@ def rejoin(view: LogView, node: NodeInfo, inc: Incarnation) -> AgentExit:
 
 
 class Supervisor:
-    """One agent's supervision role: decide on node 0, follow elsewhere."""
+    """One agent's supervision role: decide where the log says this node supervises (node 0
+    until a surviving agent takes over, :mod:`hpcrun.runtime.takeover`), follow elsewhere."""
 
     def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
                  view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,
@@ -122,14 +129,59 @@ class Supervisor:
 
     def vanished(self, inc: Incarnation) -> tuple[str, ...]:
         """Gang nodes whose agent stopped beating (empty without hot spares)."""
+        stale = set(self._stale())
+        return tuple(n for n in self._gang(inc) if n in stale)
+
+    def _stale(self) -> tuple[str, ...]:
+        """Nodes whose agent stopped beating (empty without hot spares)."""
         if self.liveness is None:
             return ()
         now = self.clock.monotonic()
         if now - self._liveness_read >= ALIVE_EVERY_S:  # one read of N files per beat
             self.liveness.observe(read_liveness(self.run_dir, self.node.nodes))
             self._liveness_read = now
-        stale = set(self.liveness.stale())
-        return tuple(n for n in self._gang(inc) if n in stale)
+        return self.liveness.stale()
+
+    # -- who supervises (runs with hot spares: any surviving agent can take over) ---------------
+    @property
+    def supervising(self) -> bool:
+        """Whether this agent supervises the job start now: node 0 until a supervision claim
+        in the log names another node (runs without hot spares: node 0, always)."""
+        if self.liveness is None:
+            return self.node.is_supervisor
+        return self.supervisor_node() == self.node.node
+
+    def supervisor_node(self) -> str:
+        """The node supervising this job start, as the log says."""
+        self.view.refresh()
+        return supervisor_of(self.view.valid, allocation=self.node.nodes,
+                             job_start=self.node.job_start_key)
+
+    def take_over_if_lost(self, gang: Sequence[str], *, generation: int, holder: str,
+                          attempt: int) -> bool:
+        """Claim supervision when the supervising node's agent vanished and this agent is its
+        successor; whether this agent supervises now (its claim stands).
+
+        The claim is published under the fence in force, ``(generation, holder)``: when a newer
+        fence came first the claim is void and this agent follows that fence instead.
+        """
+        if self.liveness is None:
+            return False
+        lost = self.supervisor_node()
+        quarantined = {q.node for q in decoded(self.view.valid, QuarantinePayload)}
+        if not claim_due(self.node.node, allocation=self.node.nodes, gang=gang,
+                         supervisor=lost, stale=self._stale(), quarantined=quarantined):
+            return False
+        claim = SupervisionClaimPayload(
+            node=self.node.node, replaces=lost, attempt=attempt,
+            reason=f"supervisor {lost} vanished: no liveness beat for {NODE_STALE_S:.0f} s")
+        try:
+            self.log.publish_entry(claim, generation=generation, holder=holder)
+        except StaleGenerationError:
+            return False
+        print(f"hpcrun agent {self.node.node}: supervisor {lost} lost; claimed supervision",
+              file=sys.stderr)
+        return self.supervising
 
     def live_spares(self, inc: Incarnation) -> tuple[str, ...]:
         """Spare nodes still beating and never quarantined, in allocation order."""
@@ -144,7 +196,9 @@ class Supervisor:
 
     # -- node 0 -------------------------------------------------------------------------------
     def conclude(self, inc: Incarnation) -> AgentExit:
-        """Decide how ``inc`` ended and act on it."""
+        """Decide how ``inc`` ended and act on it (follow, when another agent took over)."""
+        if not self.supervising:
+            return self.follow(inc)
         obs = self.gather(inc)
         decision = decide(obs, read_record(self.run_dir), self.policy, now=self.clock.now(),
                           rng=self.rng)
@@ -210,6 +264,7 @@ class Supervisor:
                                                 reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.SUCCEEDED))
                 self._ended(inc)
+                self._release_if_orphaned()
                 return AgentExit(status=EXIT_OK)
             case LeaveToSlurm():
                 self._record_preempted(inc)
@@ -234,6 +289,7 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.FAILED, reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.FAILED, reason=decision.reason))
                 self._ended(inc)
+                self._release_if_orphaned()
                 return AgentExit(status=EXIT_USER_ERROR)
             case Requeue():
                 if decision.preempted:
@@ -242,6 +298,25 @@ class Supervisor:
                     self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                     reason=decision.reason))
                 return AgentExit(status=self._requeue(inc, decision))
+
+    def _release_if_orphaned(self) -> None:
+        """Give the allocation back when supervision was taken over from node 0 on Slurm.
+
+        The batch script ran on the job's first node and died with it: nothing would end the
+        job before its time limit. Once the other agents have exited (stopped beating; bounded
+        by ``RELEASE_WAIT_S``, so the final run summary and drains are written), end the job.
+        """
+        if self.node.backend != "slurm" or self.node.is_supervisor or self.liveness is None:
+            return
+        others = set(self.node.nodes) - {self.node.node}
+        deadline = self.clock.monotonic() + RELEASE_WAIT_S
+        while not others <= set(self._stale()) and self.clock.monotonic() < deadline:
+            self.clock.sleep(POLL_S)
+        try:
+            done = self.requeuer.release()
+        except HpcrunError as exc:  # the run's end stands; the time limit ends the job
+            done = f"could not end the job ({exc}); it ends at its time limit"
+        print(f"hpcrun agent {self.node.node}: {done}", file=sys.stderr)
 
     def _log_fault_once(self, inc: Incarnation, fault: GangFault) -> None:
         """Log ``fault`` under ``inc`` unless it is there already (its retry history)."""
@@ -280,7 +355,8 @@ class Supervisor:
         """Drain until the newest tier-0 commit is committed on tier 1 (bounded wait)."""
         if self.node.node_local_root is None:
             return
-        target = drain_target(self.run_dir, self.node, inc)
+        # the supervisor commits on tier 1, whichever node of the allocation it runs on
+        target = dataclasses.replace(drain_target(self.run_dir, self.node, inc), supervisor=True)
         deadline = self.clock.monotonic() + TIER1_WAIT_S
         while self.clock.monotonic() < deadline:
             drain_round_safely(target, self.log, last=True)
@@ -336,8 +412,19 @@ class Supervisor:
                                  else EXIT_USER_ERROR)
             if last == RunState.REQUEUED:
                 return AgentExit(status=preemption.requeued_exit(self.node.backend))
+            if self.take_over_if_lost(self._gang(inc), generation=inc.generation,
+                                      holder=inc.holder, attempt=inc.attempt):
+                return self._conclude_taken_over(inc, last)
             self.clock.sleep(POLL_S)
         return AgentExit(status=EXIT_USER_ERROR)
+
+    def _conclude_taken_over(self, inc: Incarnation, last_state: str) -> AgentExit:
+        """This agent took over supervising ``inc``: decide how it ended, unless the lost
+        supervisor had decided a restart already (RECOVERING) and died before fencing it;
+        then start that restart (the next incarnation's gang is the one RECOVERING named)."""
+        if last_state == RunState.RECOVERING:
+            return AgentExit(next_attempt=inc.attempt + 1)
+        return self.conclude(inc)
 
     # -- log ------------------------------------------------------------------------------------
     def _publish(self, inc: Incarnation, payload: EntryPayload) -> None:

@@ -4,6 +4,8 @@ place in the same job (``docs/recovery.md``, node-loss row). Run with ``-s`` to 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hpcrun.control.entries import FaultInjectedNote
@@ -81,3 +83,75 @@ def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
     wait_until(f"{victim} back in service", lambda: slurm.run(
         "sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed", "allocated"),
         timeout=60)
+
+
+def test_losing_the_supervising_node_hands_supervision_to_a_survivor_in_the_same_job(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
+                      resources={"spare_nodes": 1}, config={"ledger": True})
+    run = runs.submit(spec, inject=_pace(0.05, 4))
+    run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
+        (rec := run.record()).step >= 3 * EVERY
+        and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
+    first = run.record()
+    allocation = next(e.payload["nodes"] for e in run.valid("job") if "nodes" in e.payload)
+    gang = first.membership
+    spare = next(n for n in allocation if n not in gang)
+    victim, survivor = gang[0], gang[1]  # node rank 0: the supervising agent, the batch host
+    try:
+        testbed.crash(victim)
+        RunLog(run.run_dir).append_entry(FaultInjectedNote(
+            fault="node-loss-supervisor", node=victim, step=first.step), generation=UNFENCED,
+            holder="")
+        rec = run.wait({"SUCCEEDED"}, timeout=300)
+        job_end = _job_end(slurm, int(run.job_id), timeout=90)
+        history = [r.state for r in slurm.history(int(run.job_id))]
+    finally:
+        testbed.boot(victim)
+    # the same job, no requeue, and the survivor with the lowest node rank took over
+    assert rec.job_ids == (run.job_id,) and rec.requeues == 0, rec
+    claims = run.valid("supervise")
+    assert [(c.payload["node"], c.payload["replaces"]) for c in claims] == [(survivor, victim)]
+    assert rec.quarantined == (victim,)
+    assert rec.membership == (spare, survivor), "the spare takes node rank 0's position"
+    assert rec.step == STEPS
+    assert [f.fault for f in rec.faults if not f.detail.startswith("checkpoint")][:1] == [
+        "node_failure"] and victim in rec.faults[0].detail
+    states = run.states()
+    swapped = first_after(states, "RECOVERING")
+    assert swapped.payload["nodes"] == [spare, survivor]
+    assert swapped.writer.startswith(f"{survivor}:"), "the new supervisor decided the swap"
+    restarted = first_after(states, "STARTING", swapped.slot)
+    assert restarted.writer.startswith(f"{survivor}:") and restarted.slot > claims[0].slot
+    # rank 0's duties moved with node rank 0: the spare runs ranks 0 and 1 (rank 0 commits)
+    starts = [e for e in run.rank_events("restored") if e["generation"] == restarted.generation]
+    assert {(e["rank"], e["node"]) for e in starts} == {
+        (0, spare), (1, spare), (2, survivor), (3, survivor)}
+    commits = [e for e in run.valid("commit") if e.generation == restarted.generation]
+    assert commits and all(c.writer.startswith(f"{spare}:") for c in commits
+                           if c.payload["tier"] == "node_local")
+    # the drill contracts: exact samples, fencing, no torn checkpoint, a restart not a requeue
+    ev = collect(run.run_dir, victim_rank=0)
+    results = check_contracts(ev, row_for("node-loss-supervisor"))
+    broken = [f"{r.name}: {r.detail}" for r in results if r.ok is False]
+    assert not broken, broken
+    splits = [s for s in rto_splits(ev.entries, ev.events) if s.cause == "node_failure"]
+    assert len(splits) == 1
+    # the batch script died with the victim: the new supervisor gave the allocation back
+    # instead of leaving it held until the time limit
+    assert job_end == "CANCELLED", (job_end, history)
+    print(f"\nsupervising node lost: {victim} crashed, {survivor} took over, {spare} swapped "
+          f"in, RTO {splits[0].total_s:.1f} s: " + ", ".join(
+              f"{k} {v:.1f} s" for k, v in splits[0].phases.items())
+          + f"; Slurm: {job_end} {history}")
+
+
+def _job_end(slurm: JobClient, job_id: int, *, timeout: float) -> str:
+    """The job's state once it left RUNNING (or the last one seen within ``timeout``)."""
+    deadline, state = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        state = slurm.state(job_id)
+        if state not in (None, "RUNNING", "COMPLETING", "RESIZING"):
+            break
+        time.sleep(1.0)
+    return str(state)

@@ -46,6 +46,7 @@ from hpcrun.control.entries import (
     ResultPayload,
     SegmentNote,
     StatePayload,
+    SupervisionClaimPayload,
     UnknownEntry,
     UnknownNote,
     canonical_json,
@@ -116,6 +117,9 @@ PAYLOADS: dict[str, EntryPayload] = {
     "note_known_good": KnownGoodNote(ckpt_id="g000002-s0000000050-a", step=50, checked_step=60),
     "note_batch_skipped": BatchSkippedNote(step=37, batch="36",
                                            detail="the replay computes the same results"),
+    "supervise": SupervisionClaimPayload(node="n2", replaces="n1", attempt=0,
+                                         reason="supervisor n1 vanished: no liveness beat "
+                                                "for 5 s"),
     "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,
                               signature="sdc:n2", detail="silent data corruption on n2"),
 }

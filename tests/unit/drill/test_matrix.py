@@ -59,6 +59,17 @@ def test_node_loss_with_a_spare_adds_one_spare_crashes_from_outside_and_expects_
     assert drillable(row, "local").startswith("needs slurm"), "local has no node to lose"
 
 
+def test_losing_the_supervising_node_adds_a_spare_and_crashes_node_rank_0_from_outside(
+        ) -> None:
+    row = row_for("node-loss-supervisor")
+    plan = plan_drill(SPEC, row, at=5, backend="slurm")
+    assert plan.spec["resources"] == {"nodes": 2, "tasks_per_node": 2, "spare_nodes": 1}
+    assert plan.inject == "" and drillable(row, "slurm") == ""
+    assert plan.victim_rank == 0, "node rank 0 holds ranks 0..k-1"
+    assert row.recovery == "restart" and row.expect_cause == "node_failure"
+    assert drillable(row, "local").startswith("needs slurm")
+
+
 def test_the_sdc_row_flips_a_bit_in_the_last_rank_and_expects_a_requeue() -> None:
     row = row_for("sdc")
     assert row.fault is DrillFault.SDC and row.expect_cause == "sdc"

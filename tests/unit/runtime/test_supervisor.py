@@ -36,6 +36,7 @@ class RecordingRequeuer:
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, tuple[str, ...]]] = []
+        self.released = False
 
     def requeue(self, *, delay_s: float, exclude: Sequence[str]) -> str:
         self.calls.append((delay_s, tuple(exclude)))
@@ -46,6 +47,10 @@ class RecordingRequeuer:
 
     def outlive(self, *, timeout_s: float = 600.0, poll_s: float = 1.0) -> bool:
         return False
+
+    def release(self) -> str:
+        self.released = True
+        return "released"
 
 
 class Setup:
