@@ -22,6 +22,7 @@ from hpcrun.control.entries import (
     CommitPayload,
     EntryPayload,
     OpPayload,
+    PeerLostNote,
     QuarantinePayload,
     RequeueLeftToSlurmNote,
     RequeueSentNote,
@@ -60,6 +61,7 @@ from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, Age
 from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.membership import (
     ALIVE_EVERY_S,
+    NODE_STALE_ECHO_S,
     NODE_STALE_S,
     LivenessWatch,
     read_liveness,
@@ -128,7 +130,10 @@ class Supervisor:
         if now - self._liveness_read >= ALIVE_EVERY_S:  # one read of N files per beat
             self.liveness.observe(read_liveness(self.run_dir, self.node.nodes))
             self._liveness_read = now
-        stale = set(self.liveness.stale())
+        # the gang's collectives already lost a peer: a silent node is the one that is gone
+        echoed = bool(decoded(self.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE),
+                              PeerLostNote))
+        stale = set(self.liveness.stale(NODE_STALE_ECHO_S if echoed else None))
         return tuple(n for n in self._gang(inc) if n in stale)
 
     def live_spares(self, inc: Incarnation) -> tuple[str, ...]:
