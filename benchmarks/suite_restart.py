@@ -78,10 +78,10 @@ def _one(root: Path, env: dict[str, str], site: str, inject: str, name: str, *,
 
 MODES = (("warm", {}), ("cold", {"HPCRUN_WARM": "0"}))
 """Rank crash runs: warm rank processes (the default) and cold spawns."""
-CRASH = "crash@step=300,rank=1"
+CRASH = "crash@step=900,rank=1"
 """Late enough (several seconds of steps) for the warm pool, refilled once the gang has
 stepped, to have imported: a crash in a real run comes long after the start."""
-CRASH_STEPS, CRASH_EVERY = 340, 50
+CRASH_STEPS, CRASH_EVERY = 960, 100
 
 
 def run(repeats: int = 3) -> dict[str, Any]:

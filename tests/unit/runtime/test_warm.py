@@ -45,3 +45,15 @@ def test_an_unused_warm_process_exits_cleanly_when_the_agent_lets_it_go(tmp_path
     procs = list(pool._ready.values())
     pool.close()
     assert [p.returncode for p in procs] == [0]
+
+
+def test_the_entrypoint_module_is_imported_while_warm_from_the_code_path(
+        tmp_path: Path) -> None:
+    from hpcrun.runtime.warm import preimport_entrypoint
+
+    (tmp_path / "warm_probe_mod.py").write_text("LOADED = True\n")
+    assert preimport_entrypoint("warm_probe_mod:main", str(tmp_path))
+    assert sys.modules["warm_probe_mod"].LOADED
+    # an entrypoint that does not import is left for the rank, which reports it
+    assert not preimport_entrypoint("no_such_module_here:main", None)
+    assert not preimport_entrypoint("", None)
