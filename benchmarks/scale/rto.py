@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import threading
 import time
@@ -66,10 +66,16 @@ SEED_BYTES_PER_NODE = 30e9
 SEED_READ_RATE = 2e9
 
 
+DETECT_EXTRA_S = 0.0
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PerNode:
     """Per-node figures of one recovery, measured on this machine (seconds)."""
 
+    detect_extra_s: float
+    """Detect beyond the staleness bound and the read period: the survivors' gang exits and
+    the decision (testbed, spare swap)."""
     swap_s: float
     """Decision → the new fence, in the same job (testbed, spare swap)."""
     start_local_s: float
@@ -83,7 +89,7 @@ class PerNode:
     """Where the figures come from."""
 
 
-PER_NODE = PerNode(swap_s=0.1, start_local_s=1.21, groups_s=0.11, first_step_s=0.05,
+PER_NODE = PerNode(detect_extra_s=DETECT_EXTRA_S, swap_s=0.1, start_local_s=1.21, groups_s=0.11, first_step_s=0.05,
                    source="benchmarks/suite_restart.py, warm rank crash, medians of 3 (local "
                           "backend, 2 x 2 ranks); swap: the testbed's spare swap "
                           "(docs/performance.md)")
@@ -127,7 +133,7 @@ def store_rendezvous_s(clients: int, *, burst: bool = False) -> float:
                 store.set("bootstrap", "unique-id")
             store.wait(["bootstrap"])
             store.get("bootstrap")
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(r,), daemon=True) for r in range(clients)]
@@ -265,8 +271,9 @@ def project(measured: dict[str, Any], *, ranks: int = 16384, ranks_per_node: int
     per_file = float(measured["liveness_read_s"]) / int(measured["liveness_nodes"])
     bound = NODE_STALE_ECHO_S if echo else NODE_STALE_S
     phases = {
-        "detect": (bound + ALIVE_EVERY_S, per_file * nodes,
-                   f"staleness {bound:g} s + read period {ALIVE_EVERY_S:g} s; "
+        "detect": (bound + ALIVE_EVERY_S + per_node.detect_extra_s, per_file * nodes,
+                   f"staleness {bound:g} s + read period {ALIVE_EVERY_S:g} s + gang exit and "
+                   f"decision {per_node.detect_extra_s:g} s; "
                    f"{nodes:,} liveness files at {per_file * 1e6:.0f} µs each"),
         "swap": (per_node.swap_s, 0.0, "decision, quarantine, new fence: log appends"),
         "start": (per_node.start_local_s, store.at(ranks) + (ranks - 1) * hop,

@@ -3,15 +3,17 @@
 The *start* phase of a recovery (:mod:`hpcrun.drill.rto`: the new fence to the first
 ``restore`` span) is split into parts, each ending at a mark the rank records as it passes it:
 
-| part | ends when |
-|---|---|
-| ``hand_off`` | the agent hands the rank its environment (a warm process's pipe, or a cold spawn); from the new fence |
-| ``process`` | the rank's code runs (cold: interpreter start and the worker's own imports; warm: reading the hand-off) |
-| ``imports`` | :func:`~hpcrun.runtime.worker.build_context`'s imports (torch, the checkpoint plane) are done |
-| ``groups`` | the process groups are formed (TCPStore and gloo/NCCL rendezvous) |
-| ``context`` | the Checkpointer, event writer and Context are built |
-| ``entrypoint`` | the user's ``module:function`` is imported |
-| ``user_setup`` | the first ``restore`` span begins (model, optimizer, data pipeline: the training script) |
+- ``hand_off``: from the new fence until the agent hands the rank its environment (a warm
+  process's pipe, or a cold spawn);
+- ``process``: until the rank's code runs (cold: interpreter start and the worker's own
+  imports; warm: reading the hand-off, or the rest of its imports when it was not ready);
+- ``imports``: :func:`~hpcrun.runtime.worker.build_context`'s imports (torch, the checkpoint
+  plane);
+- ``groups``: the process groups (TCPStore and gloo/NCCL rendezvous);
+- ``context``: the Checkpointer, event writer and Context;
+- ``entrypoint``: importing the user's ``module:function``;
+- ``user_setup``: until the first ``restore`` span begins (model, optimizer, data pipeline:
+  the training script).
 
 The agent stamps the hand-off time into the rank's environment (:data:`HANDED_AT_ENV`); the rank
 records the rest (:class:`StartMarks`) and emits them as one ``startup`` event (``data.marks``:
@@ -21,6 +23,7 @@ a generation's ranks into part → seconds (median over ranks), which the RTO to
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Iterable, Mapping
@@ -44,11 +47,9 @@ class StartMarks:
 
     def __init__(self, environ: Mapping[str, str], *, now: float | None = None) -> None:
         self.marks: dict[str, float] = {}
-        handed = environ.get(HANDED_AT_ENV, "")
-        try:
-            self.marks["handed"] = float(handed)
-        except ValueError:
-            pass  # started by something other than an agent: no hand-off time
+        # started by something other than an agent: no hand-off time
+        with contextlib.suppress(ValueError):
+            self.marks["handed"] = float(environ.get(HANDED_AT_ENV, ""))
         self.marks["process"] = time.time() if now is None else now
         self._writer: EventWriter | None = None
 

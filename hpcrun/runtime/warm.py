@@ -105,7 +105,7 @@ def _preimport(environ: Mapping[str, str]) -> None:
     checkpoint plane, and the user's entrypoint module (its import-time code runs here, before
     the rank's environment is known; ``HPCRUN_WARM=0`` opts out)."""
     import torch
-    import torch.distributed  # noqa: F401
+    import torch.distributed
 
     import hpcrun.checkpoint.checkpointer
     import hpcrun.runtime.context
@@ -129,7 +129,7 @@ def preimport_entrypoint(entrypoint: str, code_path: str | None) -> bool:
         sys.path.insert(0, code_path)
     try:
         importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - reported by the rank, which imports it again
+    except Exception:
         return False
     return True
 
