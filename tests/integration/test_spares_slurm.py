@@ -75,18 +75,6 @@ def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
           f"RTO {splits[0].total_s:.1f} s: " + ", ".join(
               f"{k} {v:.1f} s" for k, v in splits[0].phases.items())
           + "; start: " + ", ".join(f"{k} {v:.2f} s" for k, v in splits[0].start_parts.items()))
-    t0 = min(float(e.ts) for e in ev.entries if getattr(e, "kind", "") == "fault" or (
-        isinstance(e.payload, dict) and e.payload.get("event") == "fault_injected"))
-    for e in ev.entries:
-        if float(e.ts) >= t0 - 1:
-            print("DBG", round(float(e.ts) - t0, 2), e.generation, e.kind,
-                  {k: v for k, v in dict(e.payload).items() if k in (
-                      "state", "node", "status", "fault", "event", "detail")})
-    for x in ev.events:
-        if x.kind in ("startup", "restore") and float(x.ts) >= t0:
-            print("DBG", x.kind, x.node, x.rank, x.generation,
-                  {k: round(v - t0, 2) for k, v in dict(x.data.get("marks", {})).items()},
-                  round(float(x.data.get("start_ts", x.ts)) - t0, 2))
     # Slurm never requeued the job: it shrank it (RESIZING, the lost node removed) and the
     # same run completed
     history = slurm.wait_for_accounting(int(run.job_id), {"COMPLETED"}, timeout=60)
