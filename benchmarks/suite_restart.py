@@ -141,7 +141,7 @@ def render_crash(r: dict[str, Any]) -> list[str]:
                  _cell(cold["total_s"])])
     return [f"### Rank crash repaired in the allocation: warm vs cold (medians of "
             f"{warm['n']} and {cold['n']} runs, backend {r['backend']})", "",
-            *table(["phase", "warm s", "cold s"], rows),
+            *table(["phase", "warm s", "cold s"], rows), "",
             f"totals: warm {warm['totals']}, cold {cold['totals']}", ""]
 
 
