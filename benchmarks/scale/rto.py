@@ -66,9 +66,10 @@ SEED_BYTES_PER_NODE = 30e9
 SEED_READ_RATE = 2e9
 
 
-DETECT_EXTRA_S = 1.6
-"""The testbed's spare swap: detect 5.1 s as the RTO tools measure it (from the drill's crash
-mark, before the node's last beat), less the 3 s bound and the 0.5 s read period."""
+DETECT_EXTRA_S = 2.3
+"""The testbed's spare swap: detect 5.1 and 5.8 s in two runs as the RTO tools measure it (from
+the drill's crash mark, before the node's last beat); the larger, less the 3 s bound and the
+0.5 s read period."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
