@@ -82,7 +82,7 @@ def _restart(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -
     from benchmarks import suite_restart
 
     with harness.section(results, "restart") as out:
-        out.update(suite_restart.run())
+        out.update(suite_restart.run(args.repeats))
     md += suite_restart.render(results["restart"])
 
 

@@ -1,6 +1,7 @@
 """Scale benchmark of the real Checkpointer: ``python -m benchmarks.scale``.
 
-    python -m benchmarks.scale [--ranks 1 64 1024 16384] [--tensors 800] [--json out.json]
+    python -m benchmarks.scale [--ranks 1 64 1024 16384] [--tensors 800] [--only checkpoint rto]
+                               [--json out.json]
 
 Rank 0 is a real :class:`~hpcrun.checkpoint.Checkpointer` (save, hierarchical commit, restore:
 the code a run calls), on a real run directory behind a counting storage seam; the other N - 1
@@ -12,7 +13,8 @@ Reported per gang size: commit latency (coordinator receive + verify + publish, 
 and steady state, when nodes leave out the key table the coordinator already has), the node
 leader's share, restore planning latency (until rank 0 holds its read plan), bytes and files
 each rank reads on restore, metadata operations per rank and per node (save and restore), and
-the coordinator's peak Python memory during the commit.
+the coordinator's peak Python memory during the commit. ``--only rto`` projects a node loss
+with a hot spare to the largest gang, phase by phase (:mod:`benchmarks.scale.rto`).
 """
 
 from __future__ import annotations
@@ -280,16 +282,29 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+PARTS = ("checkpoint", "rto")
+"""``--only`` choices: the Checkpointer at scale, the recovery time projection
+(:mod:`benchmarks.scale.rto`)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 64, 1024, 16384])
     ap.add_argument("--tensors", type=int, default=800)
+    ap.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    rows = run(args.ranks, tensors=args.tensors)
-    print(render(rows))
+    out: dict[str, Any] = {}
+    if "checkpoint" in args.only:
+        out["checkpoint"] = rows = run(args.ranks, tensors=args.tensors)
+        print(render(rows))
+    if "rto" in args.only:
+        from benchmarks.scale import rto
+
+        out["rto"] = projected = rto.run(max(args.ranks))
+        print(rto.render(projected))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ interrupted ─ detect ─► decided ─ requeue/wait ─► fence g' ─ start
   the ranks of ``g'`` (process start, imports and the process group come before);
 - *RUNNING*: rank 0's validation of the first step after the restore.
 
+The *start* phase is split further from the ranks' ``startup`` events
+(:mod:`hpcrun.runtime.startup`: hand-off, process, imports, process groups, context,
+entrypoint, the training script's setup), as ``RtoSplit.start_parts``.
+
 RTO is *interrupted → RUNNING*; RPO is the steps lost: the last step reached in ``g`` minus the
 step ``g'`` restored.
 """
@@ -28,8 +32,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from hpcrun.runtime.startup import start_parts
 
 PHASES = ("detect", "requeue_wait", "start", "restore", "first_step")
 """Phase names, in order."""
@@ -54,6 +60,9 @@ class RtoSplit:
     """Last step reached in the interrupted generation."""
     restored_step: int
     """Step the recovering generation restored (0 for a fresh start)."""
+    start_parts: Mapping[str, float] = field(default_factory=dict)
+    """The *start* phase split (:data:`hpcrun.runtime.startup.PARTS` → median seconds over
+    the ranks), from their ``startup`` events; empty when the ranks emitted none."""
 
     @property
     def steps_lost(self) -> int:
@@ -136,7 +145,8 @@ def _split(window: Sequence[Any], entries: Sequence[Any], by_gen: Mapping[int, l
     return RtoSplit(from_generation=g, to_generation=g2, cause=_cause(window),
                     phases=phase_durations(marks), total_s=marks["running"] - interrupted,
                     last_step=_last_step(by_gen.get(g, []), window),
-                    restored_step=int(_payload(running).get("restored_step") or 0))
+                    restored_step=int(_payload(running).get("restored_step") or 0),
+                    start_parts=start_parts(by_gen.get(g2, []), g2, fence_ts=fence_ts))
 
 
 def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:

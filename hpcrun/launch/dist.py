@@ -1,7 +1,8 @@
 """Forming the process groups from a :class:`~hpcrun.launch.env.DistEnv`.
 
 The rendezvous is a TCP store on ``master_addr:master_port``, both derived without talking (see
-:func:`hpcrun.launch.env.derive_master_port`); it waits at most the init timeout, and the
+:func:`hpcrun.launch.env.derive_master_port`); the other ranks join as soon as rank 0's store
+listens (:func:`await_listener`); it waits at most the init timeout, and the
 groups' collectives at most their own timeouts (:class:`~hpcrun.launch.gpu.CollectiveTimeouts`).
 :func:`form_groups` is what a rank of a run does: the default group on the run's backend (NCCL
 with ``device_id`` on ``cuda:<local_rank>``, after ``torch.cuda.set_device``; gloo on CPU), a
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import DistInitError, EnvError
 from hpcrun.launch.env import DistEnv, Launcher
 from hpcrun.launch.gpu import GpuSettings
@@ -140,6 +142,8 @@ def _init(env: DistEnv, backend: str, timeout_s: float, init_timeout_s: float,
     # device_id binds the NCCL communicator to this rank's GPU and creates it eagerly, so a
     # broken GPU or fabric fails here, within the init timeout, not in the first all-reduce.
     extra = {"device_id": device} if device is not None else {}
+    if env.rank != 0:
+        await_listener(env.master_addr, env.master_port, timeout_s=init_timeout_s)
     try:
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                               is_master=env.rank == 0,
@@ -154,6 +158,30 @@ def _init(env: DistEnv, backend: str, timeout_s: float, init_timeout_s: float,
             "that every rank started, that the port is free and reachable, or raise the init "
             "timeout (dist.init_timeout_s in the spec, pg_init_timeout_s in the site config)"
         ) from exc
+
+
+STORE_PROBE_S = 0.02
+"""How often a rank looks for rank 0's store to listen (see :func:`await_listener`)."""
+
+
+def await_listener(host: str, port: int, *, timeout_s: float, poll_s: float = STORE_PROBE_S,
+                   clock: Clock = SYSTEM_CLOCK) -> bool:
+    """Wait until ``host:port`` accepts a TCP connection; whether it did within ``timeout_s``.
+
+    A rank that reaches the rendezvous before rank 0's store listens would otherwise wait out
+    c10d's own connect backoff (up to seconds after the store came up, measured); probing every
+    ``poll_s`` joins within one probe of it. A store that never listens is left to the
+    TCPStore's own timeout and error.
+    """
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return True
+        except OSError:
+            if clock.monotonic() >= deadline:
+                return False
+            clock.sleep(poll_s)
 
 
 def _check_existing(env: DistEnv, backend: str) -> str:

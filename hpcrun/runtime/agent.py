@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
+FAULT_KILL_GRACE_S = 0.5
+"""SIGTERM grace for the ranks of a gang that already failed: they can commit nothing (their
+next collective has lost a peer), so only exits already under way are waited for."""
 START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
 
 
@@ -103,6 +106,7 @@ class Agent:
         self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.warm = self._warm_pool()
+        self._stopping_drainer: subprocess.Popen[bytes] | None = None
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock)
@@ -113,6 +117,7 @@ class Agent:
         with contextlib.ExitStack() as stack:
             if self.warm is not None:
                 stack.callback(self.warm.close)
+            stack.callback(self._reap_drainer)
             if self.spec.resources.spare_nodes > 0:
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
@@ -262,12 +267,20 @@ class Agent:
         # pay the checkpoint plane's import (torch, h5py) now, while the ranks start.
         import hpcrun.checkpoint.drain  # noqa: F401
         obs = self._observer(inc, gang)
+        outcome: Watched | AgentExit | None = None
         try:
             outcome = (self._watch(inc, gang, obs) if short is None
                        else self._gpu_fault(inc, short))
         finally:
-            gang.kill(grace_s=float(self.environ.get("HPCRUN_KILL_GRACE_S", "5")))
-            self._stop_drainer(drainer)
+            failed = outcome in (Watched.FAILED, Watched.PEER_FAILED)
+            grace = float(self.environ.get("HPCRUN_KILL_GRACE_S", "5"))
+            gang.kill(grace_s=min(grace, FAULT_KILL_GRACE_S) if failed else grace)
+            if failed:
+                # no final drain round follows: report the node's exit without waiting for
+                # the drain's round in flight (reaped before the next drain starts)
+                self._terminate_drainer(drainer)
+            else:
+                self._stop_drainer(drainer)
             obs.close()  # the node stream's last lines, once the ranks are gone
         if isinstance(outcome, AgentExit):
             obs.finish()
@@ -308,8 +321,8 @@ class Agent:
                 self._record_rank_faults(inc, failed)
                 return Watched.FAILED
             relay.tick(gang.signal)
-            hb = agg.poll()
-            if not refilled and hb is not None and _all_stepped(hb, gang.ranks, started):
+            agg.poll()
+            if not refilled and _all_stepped(inc, gang.ranks, started):
                 # the next incarnation's ranks import now, off this one's critical path
                 refilled = True
                 assert self.warm is not None
@@ -463,11 +476,12 @@ class Agent:
 
     def _warm_pool(self) -> WarmPool | None:
         """One warm process per local rank, unless ``HPCRUN_WARM=0``."""
-        from hpcrun.runtime.warm import WARM_ENV, WarmPool
+        from hpcrun.runtime.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool
 
         if self.environ.get(WARM_ENV, "1") == "0":
             return None
-        return WarmPool(slots=self.spec.resources.tasks_per_node, env=self._base_env(),
+        env = {**self._base_env(), ENTRYPOINT_ENV: self.spec.entrypoint}
+        return WarmPool(slots=self.spec.resources.tasks_per_node, env=env,
                         python=self.python, log_dir=self.run_dir / "logs" / self.node.node,
                         cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
                         preexec=functools.partial(signal.signal, self.preempt_signal,
@@ -508,15 +522,28 @@ class Agent:
                             injection=self.environ.get("HPCRUN_INJECT", ""))
 
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
+        self._reap_drainer()  # never two drains of this node at once
         if self.node.node_local_root is None:
             return None
         argv = self._drain_target(inc).argv(self.python, interval_s=2.0)
         out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
+            # niced from its start: its imports must not slow the ranks starting beside it
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_lowest_cpu_priority)
         finally:
             out.close()
+
+    def _terminate_drainer(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """Ask the drain to stop after its round in flight; :meth:`_reap_drainer` waits."""
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            self._stopping_drainer = proc
+
+    def _reap_drainer(self) -> None:
+        """Wait for a drain told to stop by :meth:`_terminate_drainer` (if any)."""
+        proc, self._stopping_drainer = self._stopping_drainer, None
+        self._stop_drainer(proc)
 
     @staticmethod
     def _stop_drainer(proc: subprocess.Popen[bytes] | None) -> None:
@@ -530,10 +557,21 @@ class Agent:
             proc.wait()
 
 
-def _all_stepped(hb: Any, ranks: list[int], since: float) -> bool:
+def _lowest_cpu_priority() -> None:
+    """In a child before exec: nice 19 (the drain lowers the rest of its priority itself)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+
+
+def _all_stepped(inc: Incarnation, ranks: list[int], since: float) -> bool:
     """Whether every rank of the gang beat a step since ``since`` (restore and first step
-    done: warm processes may start importing without slowing them)."""
-    return all(r in hb.ranks and hb.ranks[r].ts >= since - 1 for r in ranks)
+    done: warm processes may start importing without slowing them). Reads the ranks' own
+    beat files (K small reads a poll, until it holds), not the node file published every 5 s:
+    a crash soon after the start must find the pool refilled."""
+    from hpcrun.observe.heartbeat import read_rank_beats
+
+    beats = read_rank_beats(inc.heartbeat_dir())
+    return all(r in beats and beats[r].ts >= since - 1 for r in ranks)
 
 
 def _hang_threshold(spec: RunSpec) -> float:

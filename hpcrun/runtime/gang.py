@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED
+from hpcrun.runtime.startup import HANDED_AT_ENV
 
 if TYPE_CHECKING:
     from hpcrun.runtime.warm import WarmPool
@@ -91,7 +92,8 @@ class Gang:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         for slot, rank in enumerate(self.ranks):
             self._exit_report_for(rank).unlink(missing_ok=True)
-            env, log = self._env_for(rank), self._log_dir / f"rank-{rank:05d}.out"
+            env, log = dict(self._env_for(rank)), self._log_dir / f"rank-{rank:05d}.out"
+            env[HANDED_AT_ENV] = f"{time.time():.6f}"  # where the rank's start begins
             warm = self._warm.take(slot, env, log) if self._warm is not None else None
             self.procs[rank] = warm if warm is not None else self._spawn_cold(env, log)
 

@@ -25,6 +25,7 @@ from hpcrun.control.entries import (
     CommitPayload,
     EntryPayload,
     OpPayload,
+    PeerLostNote,
     QuarantinePayload,
     RequeueLeftToSlurmNote,
     RequeueSentNote,
@@ -64,6 +65,7 @@ from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, Age
 from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.membership import (
     ALIVE_EVERY_S,
+    NODE_STALE_ECHO_S,
     NODE_STALE_S,
     LivenessWatch,
     read_liveness,
@@ -129,18 +131,22 @@ class Supervisor:
 
     def vanished(self, inc: Incarnation) -> tuple[str, ...]:
         """Gang nodes whose agent stopped beating (empty without hot spares)."""
-        stale = set(self._stale())
+        # the gang's collectives already lost a peer: a silent node is the one that is gone
+        echoed = bool(decoded(self.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE),
+                              PeerLostNote))
+        stale = set(self._stale(NODE_STALE_ECHO_S if echoed else None))
         return tuple(n for n in self._gang(inc) if n in stale)
 
-    def _stale(self) -> tuple[str, ...]:
-        """Nodes whose agent stopped beating (empty without hot spares)."""
+    def _stale(self, bound: float | None = None) -> tuple[str, ...]:
+        """Nodes whose agent stopped beating for ``bound`` s (default ``NODE_STALE_S``; empty
+        without hot spares)."""
         if self.liveness is None:
             return ()
         now = self.clock.monotonic()
         if now - self._liveness_read >= ALIVE_EVERY_S:  # one read of N files per beat
             self.liveness.observe(read_liveness(self.run_dir, self.node.nodes))
             self._liveness_read = now
-        return self.liveness.stale()
+        return self.liveness.stale(bound)
 
     # -- who supervises (runs with hot spares: any surviving agent can take over) ---------------
     @property
@@ -174,7 +180,7 @@ class Supervisor:
             return False
         claim = SupervisionClaimPayload(
             node=self.node.node, replaces=lost, attempt=attempt,
-            reason=f"supervisor {lost} vanished: no liveness beat for {NODE_STALE_S:.0f} s")
+            reason=f"supervisor {lost} vanished: no liveness beat for {NODE_STALE_S:g} s")
         try:
             self.log.publish_entry(claim, generation=generation, holder=holder)
         except StaleGenerationError:

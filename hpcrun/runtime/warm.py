@@ -14,6 +14,7 @@ finds its processes already warm; a hot spare's agent keeps its own.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -25,6 +26,9 @@ from typing import IO, Any
 
 WARM_ENV = "HPCRUN_WARM"
 """``0`` turns warm processes off (every rank is spawned cold)."""
+ENTRYPOINT_ENV = "HPCRUN_WARM_ENTRYPOINT"
+"""The run's ``module:function`` (set by the agent): its module is imported while warm."""
+CODE_PATH_ENV = "HPCRUN_CODE_PATH"
 
 
 class WarmPool:
@@ -96,13 +100,38 @@ def read_handoff(stream: IO[bytes]) -> tuple[dict[str, str], Path] | None:
     return env, Path(str(body["log"]))
 
 
-def _preimport() -> None:
-    """What a rank would otherwise import on the critical path."""
+def _preimport(environ: Mapping[str, str]) -> None:
+    """What a rank would otherwise import on the critical path: torch, the worker, the
+    checkpoint plane, and the user's entrypoint module (its import-time code runs here, before
+    the rank's environment is known; ``HPCRUN_WARM=0`` opts out)."""
     import torch
-    import torch.distributed  # noqa: F401
+    import torch.distributed
 
     import hpcrun.checkpoint.checkpointer
+    import hpcrun.runtime.context
     import hpcrun.runtime.worker  # noqa: F401
+
+    # The first optimizer built in a process imports torch's compiler stack (about 1 s of CPU,
+    # measured): build a throwaway one here, off the critical path.
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    preimport_entrypoint(environ.get(ENTRYPOINT_ENV, ""), environ.get(CODE_PATH_ENV) or None)
+
+
+def preimport_entrypoint(entrypoint: str, code_path: str | None) -> bool:
+    """Import the module of ``entrypoint`` now; whether it imported.
+
+    A failure is left for the rank: it imports the entrypoint again and reports the error.
+    """
+    module = entrypoint.partition(":")[0]
+    if not module:
+        return False
+    if code_path and code_path not in sys.path:
+        sys.path.insert(0, code_path)
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    return True
 
 
 def _redirect(log: Path) -> None:
@@ -116,7 +145,7 @@ def _redirect(log: Path) -> None:
 
 
 def main() -> None:
-    _preimport()
+    _preimport(os.environ)
     handoff = read_handoff(sys.stdin.buffer)
     if handoff is None:
         os._exit(0)

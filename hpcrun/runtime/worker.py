@@ -28,6 +28,7 @@ from hpcrun.errors import (
     StorageError,
 )
 from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Incarnation
+from hpcrun.runtime.startup import StartMarks
 
 if TYPE_CHECKING:
     from hpcrun.launch.signals import StopFlag
@@ -127,8 +128,13 @@ def cadence_factory(run_dir: Path, policy: Any, log: Any) -> Callable[[int], Any
     return build
 
 
-def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
-    """Wire a Context from the environment around the process's stop flag."""
+def build_context(environ: Mapping[str, str], stop: StopFlag,
+                  marks: StartMarks | None = None) -> Context:
+    """Wire a Context from the environment around the process's stop flag.
+
+    ``marks`` records where the start went (imports, process groups, context) and is bound to
+    the rank's event writer.
+    """
     from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.control.log import RunLog
     from hpcrun.control.record import load_run_spec
@@ -145,6 +151,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     from hpcrun.runtime.sharedtier import site_deadline_s
     from hpcrun.storage import LOCAL_STORAGE, DeadlineStorage
 
+    mark = marks.mark if marks is not None else (lambda name: None)
+    mark("imports")
     env = DistEnv.from_environ(environ)
     inc = Incarnation.from_environ(environ)
     spec = load_run_spec(inc.run_dir)
@@ -154,6 +162,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
     settings = GpuSettings.from_environ(environ)
     bound = bind_cpus(settings.cpus)
     groups = form_groups(env, settings)
+    mark("groups")
     log = RunLog(inc.run_dir)
     layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
                     local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
@@ -192,6 +201,9 @@ def build_context(environ: Mapping[str, str], stop: StopFlag) -> Context:
         injections=injections,
     )
     built.append(ctx)
+    if marks is not None:
+        marks.mark("context")
+        marks.bind(events)
     return ctx
 
 
@@ -218,6 +230,7 @@ def run(environ: Mapping[str, str]) -> int:
     from hpcrun.launch.signals import StopFlag, signal_number
     from hpcrun.runtime import preemption
 
+    marks = StartMarks(environ)
     inc = Incarnation.from_environ(environ)
     rank = int(environ.get("HPCRUN_RANK", "0"))
     report_path = inc.exit_report(rank)
@@ -226,8 +239,10 @@ def run(environ: Mapping[str, str]) -> int:
     stop = StopFlag()
     try:
         with preemption.rank_stop_signals(preempt, stop):
-            ctx = build_context(environ, stop)
+            ctx = build_context(environ, stop, marks)
             fn = resolve_entrypoint(ctx.spec.entrypoint, environ.get("HPCRUN_CODE_PATH"))
+            marks.mark("entrypoint")
+            marks.emit()
             fn(ctx)
             ctx.close()
             preemption.ignore_late_signals(preempt)

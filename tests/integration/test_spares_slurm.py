@@ -75,7 +75,8 @@ def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
     assert len(splits) == 1
     print(f"\nnode loss with a hot spare: {victim} crashed, {spare} swapped in, "
           f"RTO {splits[0].total_s:.1f} s: " + ", ".join(
-              f"{k} {v:.1f} s" for k, v in splits[0].phases.items()))
+              f"{k} {v:.1f} s" for k, v in splits[0].phases.items())
+          + "; start: " + ", ".join(f"{k} {v:.2f} s" for k, v in splits[0].start_parts.items()))
     # Slurm never requeued the job: it shrank it (RESIZING, the lost node removed) and the
     # same run completed
     history = slurm.wait_for_accounting(int(run.job_id), {"COMPLETED"}, timeout=60)

@@ -44,3 +44,24 @@ def test_results_are_written_as_json_and_markdown(tmp_path: Path) -> None:
     js, md = harness.write_results(s.values, "| a |", tmp_path)
     assert json.loads(js.read_text()) == {"x": [3.0, 1.0, 2.0]}
     assert md.read_text() == "| a |\n" and js.stem == md.stem
+
+
+def test_the_rto_projection_adds_what_grows_with_the_gang_to_the_per_node_figures() -> None:
+    from benchmarks.scale.rto import BUDGET_S, PER_NODE, project
+    from hpcrun.runtime.membership import ALIVE_EVERY_S, NODE_STALE_ECHO_S, NODE_STALE_S
+
+    measured = {"store_rendezvous": [(16, 0.01), (1024, 0.5)],
+                "store_server_cpu": [(256, 200e-6), (1024, 100e-6)],
+                "hop_latency_s": 10e-6, "liveness_nodes": 100, "liveness_read_s": 0.002}
+    big, small = project(measured, ranks=16384), project(measured, ranks=64)
+    assert list(big["phases"]) == list(BUDGET_S) and big["nodes"] == 2048
+    start = big["phases"]["start"]
+    # 150 µs of store server time per rank (the median of the two), a ring of 16,383 hops
+    assert start["grows_s"] == pytest.approx(PER_NODE.groups_s + 16384 * 150e-6 + 16383 * 10e-6)
+    assert big["phases"]["detect"]["per_node_s"] == pytest.approx(
+        NODE_STALE_S + ALIVE_EVERY_S + PER_NODE.detect_extra_s)
+    assert big["phases"]["detect"]["grows_s"] == pytest.approx(2048 * 20e-6)
+    assert big["total_s"] == pytest.approx(sum(p["total_s"] for p in big["phases"].values()))
+    assert small["phases"]["start"]["total_s"] < start["total_s"]
+    echo = project(measured, ranks=16384, echo=True)
+    assert big["total_s"] - echo["total_s"] == pytest.approx(NODE_STALE_S - NODE_STALE_ECHO_S)

@@ -229,3 +229,46 @@ def test_step_collective_timeout_is_its_own_and_reads_as_a_hang() -> None:
     assert first["fault"] == "hang"
     # gloo names the deadline it waited for: the step's 2 s, not the 60 s of init or checkpoint
     assert "Timed out waiting 2000ms" in first["error"], first["error"]
+
+
+def test_a_rank_joins_as_soon_as_rank_0_s_store_listens_not_after_a_backoff() -> None:
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hpcrun.launch.dist import await_listener
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up: dict[str, Any] = {}
+
+    def rank0() -> None:
+        time.sleep(1.2)  # rank 0 is late: c10d's own backoff would then wait ~1 s more
+        up["store"] = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30),
+                                    wait_for_workers=False)
+        up["at"] = time.monotonic()
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    assert await_listener("127.0.0.1", port, timeout_s=30)
+    joined = time.monotonic()
+    t.join()
+    assert joined - up["at"] < 0.3, "joined within a probe or two of the store listening"
+    client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+    client.set("k", "v")
+    assert up["store"].get("k") == b"v", "the probe left the store working"
+
+
+def test_a_store_that_never_listens_is_left_to_the_rendezvous_timeout() -> None:
+    from hpcrun.launch.dist import await_listener
+    from hpcrun.testing import FakeClock
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    clock = FakeClock()
+    assert not await_listener("127.0.0.1", port, timeout_s=2.0, clock=clock)
+    assert 2.0 <= clock.monotonic() < 2.1

@@ -19,9 +19,9 @@ from hpcrun.observe.postrun import read_manifest
 from hpcrun.runtime.decisions import Fail
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incarnation
 from hpcrun.runtime.logview import LogView
-from hpcrun.runtime.membership import alive_path
+from hpcrun.runtime.membership import NODE_STALE_ECHO_S, NODE_STALE_S, alive_path
 from hpcrun.runtime.node import NodeInfo
-from hpcrun.runtime.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, Supervisor
+from hpcrun.runtime.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, POLL_S, Supervisor
 from hpcrun.testing import FakeClock
 
 SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:main",
@@ -272,3 +272,39 @@ def test_with_spares_a_peer_error_waits_for_the_silent_node_to_go_stale_then_swa
     rec = read_record(inc.run_dir)
     assert rec.membership == ("n0", "n2") and rec.quarantined == ("n1",)
     assert requeuer.calls == [] and FAULT_SETTLE_S < sup.clock.monotonic() < 10
+
+
+def _peer_lost(log: RunLog, inc: Incarnation, node: str) -> None:
+    log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+               payload={"event": "peer_lost", "node": node, "ranks": [0, 1]})
+    log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+               payload={"event": "node_exit", "node": node, "status": "failed", "attempt": 0})
+
+
+def test_a_silent_node_whose_peers_lost_a_peer_is_lost_after_the_short_bound(
+        tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _spare_setup(tmp_path, live=("n2",))  # n1's agent is gone
+    _peer_lost(log, inc, "n0")
+    assert sup.conclude(inc) == AgentExit(next_attempt=1)
+    assert NODE_STALE_ECHO_S < sup.clock.monotonic() < NODE_STALE_S, \
+        "the collective's lost peer corroborates the silence: no full staleness bound"
+    assert read_record(inc.run_dir).quarantined == ("n1",) and requeuer.calls == []
+
+
+def test_without_a_lost_peer_a_silent_node_gets_the_full_staleness_bound(
+        tmp_path: Path) -> None:
+    sup, inc, _, _ = _spare_setup(tmp_path, live=("n2",))
+    sup.clock.advance(NODE_STALE_ECHO_S + 0.5)
+    assert sup.vanished(inc) == (), "silent for less than NODE_STALE_S: not lost yet"
+    sup.clock.advance(NODE_STALE_S)
+    sup._liveness_read = float("-inf")
+    assert sup.vanished(inc) == ("n1",)
+
+
+def test_a_node_that_keeps_beating_is_never_lost_even_after_a_lost_peer(
+        tmp_path: Path) -> None:
+    sup, inc, _, log = _spare_setup(tmp_path, live=("n1", "n2"))
+    _peer_lost(log, inc, "n0")
+    for _ in range(int(4 * NODE_STALE_S / POLL_S)):
+        sup.clock.sleep(POLL_S)  # n1 beats on every sleep: slow, not gone
+        assert sup.vanished(inc) == ()

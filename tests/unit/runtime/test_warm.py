@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from hpcrun.runtime.warm import WarmPool, handoff_line, read_handoff
 
@@ -45,3 +46,65 @@ def test_an_unused_warm_process_exits_cleanly_when_the_agent_lets_it_go(tmp_path
     procs = list(pool._ready.values())
     pool.close()
     assert [p.returncode for p in procs] == [0]
+
+
+def test_the_entrypoint_module_is_imported_while_warm_from_the_code_path(
+        tmp_path: Path) -> None:
+    from hpcrun.runtime.warm import preimport_entrypoint
+
+    (tmp_path / "warm_probe_mod.py").write_text("LOADED = True\n")
+    assert preimport_entrypoint("warm_probe_mod:main", str(tmp_path))
+    assert sys.modules["warm_probe_mod"].LOADED
+    # an entrypoint that does not import is left for the rank, which reports it
+    assert not preimport_entrypoint("no_such_module_here:main", None)
+    assert not preimport_entrypoint("", None)
+
+
+class _TakingPool:
+    """A warm pool that records what each rank was handed and starts a trivial process."""
+
+    def __init__(self) -> None:
+        self.handed: list[dict[str, str]] = []
+
+    def take(self, slot: int, env: dict[str, str], log: Path) -> Any:
+        import subprocess
+
+        self.handed.append(dict(env))
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+
+def test_the_gang_stamps_each_rank_s_hand_off_time_for_the_start_split(tmp_path: Path) -> None:
+    import time
+
+    from hpcrun.runtime.gang import Gang
+    from hpcrun.runtime.startup import HANDED_AT_ENV
+
+    pool = _TakingPool()
+    gang = Gang(ranks=[2, 3], env_for=lambda r: {"HPCRUN_RANK": str(r)}, log_dir=tmp_path,
+                exit_report_for=lambda r: tmp_path / f"exit-{r}.json", warm=pool)  # type: ignore[arg-type]
+    before = time.time()
+    gang.start()
+    for proc in gang.procs.values():
+        proc.wait(timeout=60)
+    assert [e["HPCRUN_RANK"] for e in pool.handed] == ["2", "3"]
+    assert all(before <= float(e[HANDED_AT_ENV]) <= time.time() for e in pool.handed)
+
+
+def test_the_pool_refills_once_every_rank_s_own_beat_shows_a_step(tmp_path: Path) -> None:
+    from hpcrun.observe.heartbeat import write_rank_heartbeat
+    from hpcrun.runtime.agent import _all_stepped
+    from hpcrun.runtime.incarnation import Incarnation
+
+    inc = Incarnation(run_dir=tmp_path, run_id="r1", generation=2, holder="h", fence_slot=0,
+                      job_id="1", restart_count=0, attempt=0, node="n0",
+                      node_local_root=tmp_path / "local")
+    started = 1000.0
+    write_rank_heartbeat(inc.heartbeat_dir(), rank=0, step=5, ts=started + 2, step_time_s=0.1,
+                         pid=1)
+    assert not _all_stepped(inc, [0, 1], started), "rank 1 has not stepped yet"
+    write_rank_heartbeat(inc.heartbeat_dir(), rank=1, step=1, ts=started - 30, step_time_s=0.1,
+                         pid=2)
+    assert not _all_stepped(inc, [0, 1], started), "a beat of the last gang does not count"
+    write_rank_heartbeat(inc.heartbeat_dir(), rank=1, step=6, ts=started + 3, step_time_s=0.1,
+                         pid=2)
+    assert _all_stepped(inc, [0, 1], started)
