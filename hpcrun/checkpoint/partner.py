@@ -140,16 +140,21 @@ class FetchStep(StrEnum):
 
 
 def fetch_step(ckpt: CommittedCheckpoint, *, owners: Collection[str], node: str,
-               local_complete: bool, copy: PartnerCopy | None) -> FetchStep:
+               local_complete: bool, copy: PartnerCopy | None,
+               shared_complete: bool = True) -> FetchStep:
     """Decide for one checkpoint, given who wrote the shards of this node's ranks (pure).
 
     Args:
         owners: Nodes that wrote the shards this node's ranks restore (from the manifest).
         local_complete: Every one of those shards is already on this node's tier 0.
         copy: A complete partner copy of them, if the log names one.
+        shared_complete: Every one of those shards is present on tier 1 (when the checkpoint
+            is committed there); without them tier 1 cannot serve this checkpoint either.
     """
     if local_complete or set(owners) <= {node}:
         return FetchStep.STOP
     if copy is not None and set(owners) == {copy.owner}:
         return FetchStep.FETCH
-    return FetchStep.STOP if Tier.SHARED in ckpt.tiers else FetchStep.SKIP
+    if Tier.SHARED in ckpt.tiers and shared_complete:
+        return FetchStep.STOP
+    return FetchStep.SKIP

@@ -17,15 +17,17 @@ from hpcrun.errors import CheckpointError
 from hpcrun.vocab import Tier
 
 
-def partner_ready(run_dir: Path, owner: str) -> str | None:
+def partner_ready(run_dir: Path, owner: str, *, strictly_newer: bool = True) -> str | None:
     """The newest checkpoint of which a partner holds a complete copy of ``owner``'s shards,
-    when it is newer than every tier-1 commit (a restore from tier 1 would lose steps)."""
+    when it is newer than every tier-1 commit (a restore from tier 1 would lose steps), or
+    with ``strictly_newer=False`` at least as new."""
     entries = RunLog(run_dir).read()
     committed = fold_checkpoints(entries)
     shared = max((c.step for c in committed if Tier.SHARED in c.tiers), default=-1)
     steps = {c.ckpt_id: c.step for c in committed}
     held = [c.ckpt_id for c in fold_partner_copies(entries).values()
-            if c.owner == owner and c.complete and steps.get(c.ckpt_id, -1) > shared]
+            if c.owner == owner and c.complete
+            and steps.get(c.ckpt_id, -1) > shared - (0 if strictly_newer else 1)]
     return max(held, key=lambda ckpt: steps[ckpt], default=None)
 
 

@@ -271,8 +271,8 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
             if row.fault == DrillFault.NODE_LOSS_PARTNER:
                 from hpcrun.drill.partner import hide_tier1, partner_ready
 
-                if partner_ready(run_dir, node) is None:
-                    return  # its partner holds no copy newer than tier 1 yet
+                if partner_ready(run_dir, node, strictly_newer=False) is None:
+                    return  # its partner holds no copy as new as tier 1's yet
                 hide_tier1(run_dir)
             done.append(True)
             crash_testbed_node(node)

@@ -550,19 +550,22 @@ def fetch_for_restore(target: FetchTarget, log: RunLog) -> PartnerFetchNote | No
             continue  # the restore will find this one unusable too
         shards = [s for s in m.shards if s.rank in target.ranks]
         owners = {s.node for s in shards}
-        local = tier_paths(target.run_dir, ckpt.ckpt_id, local_root=target.node_local_root,
-                           run_id=m.run_id).node_local
+        paths = tier_paths(target.run_dir, ckpt.ckpt_id, local_root=target.node_local_root,
+                           run_id=m.run_id)
+        local = paths.node_local
         assert local is not None
         have = bool(shards) and all((local / s.path).exists() for s in shards)
+        shared = all((paths.shared / s.path).exists() for s in shards)
         copy = complete_copy(copies, ckpt.ckpt_id, next(iter(owners), ""),
                              holders=[n for n in target.gang if n != target.node])
-        step = fetch_step(ckpt, owners=owners, node=target.node, local_complete=have, copy=copy)
+        step = fetch_step(ckpt, owners=owners, node=target.node, local_complete=have, copy=copy,
+                          shared_complete=shared)
         if step is FetchStep.FETCH and copy is not None:
             note = _fetch(target, m, shards, local, copy.held_by, log)
             if note is not None:
                 return note
             step = fetch_step(ckpt, owners=owners, node=target.node, local_complete=False,
-                              copy=None)
+                              copy=None, shared_complete=shared)
         if step is FetchStep.STOP:
             return None
     return None

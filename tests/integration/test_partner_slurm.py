@@ -6,6 +6,8 @@ to see the RTO split and the fetch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpcrun.checkpoint.partner import fold_partner_copies
@@ -32,33 +34,42 @@ def _pace(seconds: float, ranks: int) -> str:
     return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in range(ranks))
 
 
-def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, *, hide: bool
-                                ) -> tuple[TestbedRun, str, str, str]:
-    """Submit 2 nodes x 2 ranks + 1 spare, wait until the last gang node's shards are held by
-    its partner newer than tier 1, (hide tier 1,) crash that node, wait for the end."""
+def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, tmp_path: Path, *,
+                                hide: bool) -> tuple[TestbedRun, str, str, str]:
+    """Submit 2 nodes x 2 ranks + 1 spare; once tier 1 holds a checkpoint, hold tier-1 drains
+    back (the shared tier is slower than the partner copy, as at scale) until the last gang
+    node's shards are held by its partner newer than tier 1; (hide tier 1,) crash that node;
+    let tier 1 go on once the spare has fetched; wait for the end."""
+    hold = tmp_path / "tier1-held"
     spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       resources={"spare_nodes": 1}, config={"ledger": True})
-    run = runs.submit(spec, inject=_pace(0.1, 4))
-    run.wait_for("a gang", lambda: bool(run.record().membership), timeout=120)
+    run = runs.submit(spec, inject=f"{_pace(0.1, 4)};storage@mode=fail,while={hold}")
+    run.wait_for("a gang and a checkpoint on tier 1", lambda: (rec := run.record()).membership
+                 and any(c.tier == "shared" for c in rec.checkpoints), timeout=180)
     gang = run.record().membership
     victim = gang[-1]
-    run.wait_for(f"{victim}'s shards held by its partner, newer than tier 1 (and something on "
-                 "tier 1 to hide)", lambda: partner_ready(run.run_dir, victim) is not None and (
-                     not hide or any(c.tier == "shared" for c in run.record().checkpoints)),
-                 timeout=180)
-    held = partner_ready(run.run_dir, victim)
-    assert held is not None
-    if hide:
-        assert hide_tier1(run.run_dir), "some checkpoint was on tier 1 to hide"
     try:
-        testbed.crash(victim)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-partner" if hide else "node-loss-spare", node=victim,
-            step=run.record().step), generation=UNFENCED, holder="")
+        hold.touch()
+        held = run.wait_for(f"{victim}'s shards held by its partner, newer than tier 1",
+                            lambda: partner_ready(run.run_dir, victim), timeout=120)
+        if hide:
+            assert hide_tier1(run.run_dir), "some checkpoint was on tier 1 to hide"
+        try:
+            testbed.crash(victim)
+            RunLog(run.run_dir).append_entry(FaultInjectedNote(
+                fault="node-loss-partner" if hide else "node-loss-spare", node=victim,
+                step=run.record().step), generation=UNFENCED, holder="")
+            run.wait_for("the spare's fetch", lambda: _fetches(run), timeout=120)
+        finally:
+            hold.unlink()
         run.wait({"SUCCEEDED"}, timeout=300)
     finally:
         testbed.boot(victim)
     return run, victim, gang[0], held
+
+
+def _fetches(run: TestbedRun) -> list[PartnerFetchNote]:
+    return [p for e in run.valid("note") if isinstance(p := decode(e), PartnerFetchNote)]
 
 
 def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str,
@@ -71,7 +82,7 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
     restarted = first_after(run.states(), "STARTING", swapped.slot)
     before = [e for e in run.valid() if e.slot < restarted.slot]
     # the spare fetched the lost node's shards from the node that held them
-    [fetched] = [p for e in run.valid("note") if isinstance(p := decode(e), PartnerFetchNote)]
+    [fetched] = _fetches(run)
     assert (fetched.owner, fetched.held_by, fetched.node) == (victim, partner, spare)
     assert fetched.bytes > 0
     copies = fold_partner_copies(before)
@@ -89,8 +100,8 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
     restored = [e for e in run.rank_events("restored")
                 if e["generation"] == restarted.generation]
     assert {e["rank"] for e in restored} == {0, 1, 2, 3}
-    assert {e["ckpt_id"] for e in restored} == {fetched.ckpt_id}
-    assert {e["tier"] for e in restored} == {"node_local"}
+    assert {e["data"]["ckpt_id"] for e in restored} == {fetched.ckpt_id}
+    assert {e["data"]["tier"] for e in restored} == {"node_local"}
     # the drill contracts: exact samples, fencing, no torn checkpoint, a restart not a requeue
     ev = collect(run.run_dir, victim_rank=3)
     broken = [f"{r.name}: {r.detail}" for r in check_contracts(ev, row_for(fault))
@@ -105,12 +116,14 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
 
 
 def test_node_crash_with_a_spare_restores_the_lost_shards_from_the_partner(
-        testbed: Testbed, runs: RunFactory) -> None:
-    run, victim, partner, held = _crash_after_a_partner_copy(testbed, runs, hide=False)
+        testbed: Testbed, runs: RunFactory, tmp_path: Path) -> None:
+    run, victim, partner, held = _crash_after_a_partner_copy(testbed, runs, tmp_path,
+                                                             hide=False)
     _check_partner_restore(run, victim, partner, held, "node-loss-spare")
 
 
 def test_partner_restore_succeeds_with_tier1_unreadable(
-        testbed: Testbed, runs: RunFactory) -> None:
-    run, victim, partner, held = _crash_after_a_partner_copy(testbed, runs, hide=True)
+        testbed: Testbed, runs: RunFactory, tmp_path: Path) -> None:
+    run, victim, partner, held = _crash_after_a_partner_copy(testbed, runs, tmp_path,
+                                                             hide=True)
     _check_partner_restore(run, victim, partner, held, "node-loss-partner")

@@ -116,6 +116,9 @@ def test_a_replacement_fetches_only_a_complete_copy_of_the_lost_nodes_shards() -
     # no complete copy: a tier-0-only checkpoint is skipped, a tier-1 one restored from there
     assert fetch_step(tier0, owners={"n2"}, copy=None, **kw) is FetchStep.SKIP
     assert fetch_step(both, owners={"n2"}, copy=None, **kw) is FetchStep.STOP
+    # ... unless its tier-1 copy is gone too: look further back for a partner copy
+    assert fetch_step(both, owners={"n2"}, copy=None, shared_complete=False,
+                      **kw) is FetchStep.SKIP
     # its own shards, or shards already here: nothing to fetch
     assert fetch_step(tier0, owners={"n3"}, copy=None, **kw) is FetchStep.STOP
     assert fetch_step(tier0, owners={"n2"}, copy=copy, node="n3",
