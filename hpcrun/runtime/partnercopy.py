@@ -82,6 +82,8 @@ CHUNK = 8 << 20
 """Bytes per read or send (the drain's request size)."""
 TIMEOUT_S = 60.0
 """Socket timeout of one request."""
+FETCH_STREAMS = 8
+"""Parallel streams of one fetch (the node-local restore reads with as many threads)."""
 
 
 def wanted(spare_nodes: int, node_local_root: Path | None) -> bool:
@@ -298,17 +300,40 @@ class _Handler(BaseHTTPRequestHandler):
         rel = self._rel()
         if rel is None:
             return
+        rel, _, query = rel.partition("?")
         try:
             path = self.server.store.path_of(rel)
             size = path.stat().st_size
-        except (HpcrunError, OSError) as exc:
+            off, length = byte_range(query, size)
+        except (HpcrunError, OSError, ValueError) as exc:
             self.send_error(404, str(exc)[:500])
             return
         self.send_response(200)
-        self.send_header("Content-Length", str(size))
+        self.send_header("Content-Length", str(length))
         self.end_headers()
+        self.wfile.flush()
         with open(path, "rb") as f:
-            shutil.copyfileobj(f, self.wfile, CHUNK)
+            sent = 0
+            while sent < length:  # zero-copy, file to socket
+                n = os.sendfile(self.connection.fileno(), f.fileno(), off + sent, length - sent)
+                if n == 0:
+                    break
+                sent += n
+
+
+def byte_range(query: str, size: int) -> tuple[int, int]:
+    """``off=A&len=B`` of a GET (the whole file when absent), checked against ``size`` (pure).
+
+    Raises:
+        ValueError: malformed, or outside the file.
+    """
+    if not query:
+        return 0, size
+    fields = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
+    off, length = int(fields.get("off", "x")), int(fields.get("len", "x"))
+    if off < 0 or length < 0 or off + length > size:
+        raise ValueError(f"range {off}+{length} lies outside the {size}-byte copy")
+    return off, length
 
 
 def _read_exactly(stream: Any, data: np.ndarray) -> None:
@@ -400,30 +425,37 @@ class PeerClient:
                                f"{body[:300].decode(errors='replace')}")
         return size
 
-    def get(self, rel: str, size: int) -> np.ndarray:
-        """The bytes the partner holds as ``rel`` (unverified: check them before use).
+    def get_into(self, rel: str, off: int, view: np.ndarray) -> None:
+        """Bytes ``off`` .. ``off + len(view)`` of the copy the partner holds as ``rel``, into
+        ``view`` (unverified: check them before use).
 
         Raises:
-            StorageError: unreachable, missing there, or a size other than ``size``.
+            StorageError: unreachable, missing there, or a length other than asked.
         """
-        path = f"/v1/copy/{rel}"
+        path = f"/v1/copy/{rel}?off={off}&len={view.size}"
         conn, headers = self._connect("GET", path, 0)
         try:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
             if resp.status != 200:
                 raise StorageError(f"{self.node} has no {rel}: {resp.status} {resp.reason}")
-            if int(resp.headers.get("Content-Length") or -1) != size:
-                raise StorageError(f"{self.node} sends {rel} as "
-                                   f"{resp.headers.get('Content-Length')} bytes, the manifest "
-                                   f"says {size}")
-            data = aligned_buffer(size, touch=False)
-            _read_exactly(resp, data)
-            return data
+            if int(resp.headers.get("Content-Length") or -1) != view.size:
+                raise StorageError(f"{self.node} sends {view.size} bytes of {rel} at {off} as "
+                                   f"{resp.headers.get('Content-Length')} bytes")
+            _read_exactly(resp, view)
         except OSError as exc:
             raise StorageError(f"fetching {rel} from {self.node} failed: {exc}") from exc
         finally:
             conn.close()
+
+
+def fetch_ranges(size: int, *, streams: int = FETCH_STREAMS,
+                 least: int = 64 << 20) -> list[tuple[int, int]]:
+    """``(offset, length)`` pieces of a ``size``-byte shard fetched over parallel streams:
+    at most ``streams``, none under ``least`` bytes but the last, 4 KiB aligned (pure)."""
+    n = max(1, min(streams, size // least))
+    step = (-(-size // n) + 4095) // 4096 * 4096 if n > 1 else size
+    return [(o, min(step, size - o)) for o in range(0, size, step)] if size else [(0, 0)]
 
 
 def _paced_chunks(src: Path) -> Iterator[bytes]:
@@ -575,15 +607,7 @@ def _fetch(target: FetchTarget, m: Manifest, shards: list[ShardRecord], local: P
            held_by: str, log: RunLog) -> PartnerFetchNote | None:
     started = time.monotonic()
     try:
-        client = PeerClient(target.run_dir, held_by)
-
-        def one(s: ShardRecord) -> int:
-            data = client.get(f"{m.ckpt_id}/{s.path}", s.bytes)
-            land_verified(data, local / s.path, s, algorithm=m.checksum, ckpt_id=m.ckpt_id)
-            return s.bytes
-
-        with ThreadPoolExecutor(max_workers=max(1, min(4, len(shards)))) as pool:
-            total = sum(pool.map(one, shards))
+        total = fetch_shards(PeerClient(target.run_dir, held_by), m, shards, local)
     except (HpcrunError, OSError) as exc:
         _log.warning("fetching %s from %s failed, the restore falls back: %s", m.ckpt_id,
                      held_by, exc)
@@ -597,3 +621,24 @@ def _fetch(target: FetchTarget, m: Manifest, shards: list[ShardRecord], local: P
     log.publish_entry(note, generation=target.generation, holder=target.holder)
     return note
 
+
+def fetch_shards(client: PeerClient, m: Manifest, shards: list[ShardRecord], local: Path, *,
+                 least: int = 64 << 20) -> int:
+    """Fetch ``shards`` from ``client``'s node over parallel streams into ``local`` (each one
+    checked against the manifest before it is renamed into place); the bytes fetched.
+
+    Raises:
+        StorageError: a stream failed. CorruptCheckpointError: a shard fails its checks.
+    """
+    bufs = {s.path: aligned_buffer(s.bytes, touch=False) for s in shards}
+    pieces = [(s, off, n) for s in shards for off, n in fetch_ranges(s.bytes, least=least)]
+
+    def one(piece: tuple[ShardRecord, int, int]) -> None:
+        s, off, n = piece
+        client.get_into(f"{m.ckpt_id}/{s.path}", off, bufs[s.path][off:off + n])
+
+    with ThreadPoolExecutor(max_workers=max(1, min(FETCH_STREAMS, len(pieces)))) as pool:
+        list(pool.map(one, pieces))
+    for s in shards:
+        land_verified(bufs[s.path], local / s.path, s, algorithm=m.checksum, ckpt_id=m.ckpt_id)
+    return sum(s.bytes for s in shards)

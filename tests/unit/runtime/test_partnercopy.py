@@ -5,6 +5,7 @@ verified there, fetched by a replacement node and restored from its own tier 0, 
 from __future__ import annotations
 
 import http.client
+import itertools
 import os
 import stat
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
+from hpcrun.checkpoint.commit import read_manifest
 from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.entries import PartnerCopyNote, PartnerFetchNote, decode
 from hpcrun.control.fencing import fold_fences
@@ -24,8 +26,11 @@ from hpcrun.runtime.partnercopy import (
     TS_HEADER,
     FetchTarget,
     PartnerServer,
+    PeerClient,
     PushTarget,
     fetch_for_restore,
+    fetch_ranges,
+    fetch_shards,
     peer_address,
     push_round,
     run_secret,
@@ -192,3 +197,27 @@ def test_unsigned_or_forged_requests_and_escaping_paths_are_refused(
                                           AUTH_HEADER: sign(secret, "GET", bad, 0, ts)}) == 404
     assert _request(run_dir, "PUT", bad, {TS_HEADER: ts,
                                           AUTH_HEADER: sign(secret, "PUT", bad, 0, ts)}) == 422
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 10 * 4096 + 7, 123_456_789])
+def test_fetch_ranges_cover_the_shard_once_in_aligned_pieces(size: int) -> None:
+    pieces = fetch_ranges(size, streams=8, least=4096)
+    assert pieces[0][0] == 0 and sum(n for _, n in pieces) == size
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(pieces))
+    assert all(off % 4096 == 0 for off, _ in pieces) and len(pieces) <= 8
+
+
+def test_a_shard_fetched_over_parallel_streams_is_byte_identical(
+        run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
+    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
+    _, ckpt = _saved(incarnation, nvme0, 3)
+    ck = incarnation(node_local_root=nvme0, layout=LOST)
+    assert _push(run_dir, log, ck, nvme0) == ckpt
+    committed = {c.ckpt_id: c for c in fold_checkpoints(log.read())}
+    m = read_manifest(run_dir, committed[ckpt])
+    assert len(fetch_ranges(m.shards[0].bytes, least=4096)) > 1
+    got = fetch_shards(PeerClient(run_dir, "node1"), m, list(m.shards), nvme2 / "x",
+                       least=4096)
+    src = nvme0 / "run1" / "ckpt" / ckpt / m.shards[0].path
+    assert got == src.stat().st_size
+    assert (nvme2 / "x" / m.shards[0].path).read_bytes() == src.read_bytes()
