@@ -173,6 +173,8 @@ def render(r: dict[str, Any]) -> list[str]:
     return [f"### Partner restore vs node-local read ({r['bytes'] / 2**30:.2f} GiB shard; cold "
             f"start: {r['cache_drop']})", "",
             *table(["path", "seconds (median)", "GB/s"], rows), "",
+            "samples (s): " + "; ".join(f"{k} " + ", ".join(f"{v:.3f}" for v in vs)
+                                        for k, vs in r["samples"].items()), "",
             f"- partner fetch rate / node-local read rate ≥ {TARGET}: "
             f"{r['fetch_vs_local_read']:.2f}, "
             f"{verdict(r['fetch_vs_local_read'], TARGET, at_least=True)}",

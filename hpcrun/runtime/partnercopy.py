@@ -624,21 +624,35 @@ def _fetch(target: FetchTarget, m: Manifest, shards: list[ShardRecord], local: P
 
 def fetch_shards(client: PeerClient, m: Manifest, shards: list[ShardRecord], local: Path, *,
                  least: int = 64 << 20) -> int:
-    """Fetch ``shards`` from ``client``'s node over parallel streams into ``local`` (each one
-    checked against the manifest before it is renamed into place); the bytes fetched.
+    """Fetch ``shards`` from ``client``'s node over parallel streams into ``local``; the bytes
+    fetched. Each stream writes its piece (O_DIRECT where possible) as it arrives; each shard
+    is then checked against the manifest and only then renamed into place.
 
     Raises:
-        StorageError: a stream failed. CorruptCheckpointError: a shard fails its checks.
+        StorageError: a stream or a write failed. CorruptCheckpointError: a shard fails its
+        checks (nothing of it is left in place).
     """
     bufs = {s.path: aligned_buffer(s.bytes, touch=False) for s in shards}
-    pieces = [(s, off, n) for s in shards for off, n in fetch_ranges(s.bytes, least=least)]
+    tmps = {s.path: (local / s.path).with_name(f".{Path(s.path).name}.partner") for s in shards}
+    try:
+        for tmp in tmps.values():
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(b"")
 
-    def one(piece: tuple[ShardRecord, int, int]) -> None:
-        s, off, n = piece
-        client.get_into(f"{m.ckpt_id}/{s.path}", off, bufs[s.path][off:off + n])
+        def one(piece: tuple[ShardRecord, int, int]) -> None:
+            s, off, n = piece
+            view = bufs[s.path][off:off + n]
+            client.get_into(f"{m.ckpt_id}/{s.path}", off, view)
+            write_extents(tmps[s.path], [Extent(file_offset=off, buffer=view.data)], threads=1)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(FETCH_STREAMS, len(pieces)))) as pool:
-        list(pool.map(one, pieces))
-    for s in shards:
-        land_verified(bufs[s.path], local / s.path, s, algorithm=m.checksum, ckpt_id=m.ckpt_id)
+        pieces = [(s, off, n) for s in shards for off, n in fetch_ranges(s.bytes, least=least)]
+        with ThreadPoolExecutor(max_workers=max(1, min(FETCH_STREAMS, len(pieces)))) as pool:
+            list(pool.map(one, pieces))
+        for s in shards:
+            check_shard_image(bufs[s.path], s, m.checksum, tmps[s.path], m.ckpt_id)
+            os.replace(tmps[s.path], local / s.path)
+    finally:
+        for tmp in tmps.values():
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
     return sum(s.bytes for s in shards)
