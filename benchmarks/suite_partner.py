@@ -42,7 +42,7 @@ _HOLDER = """
 import sys
 from pathlib import Path
 from hpcrun.control.log import RunLog
-from hpcrun.runtime.partnercopy import PartnerServer
+from hpcrun.runtime.partnerserver import PartnerServer
 run_dir, root = Path(sys.argv[1]), Path(sys.argv[2])
 with PartnerServer(run_dir, node="n1", host="127.0.0.1", node_local_root=root,
                    log=RunLog(run_dir)):

@@ -132,7 +132,7 @@ class Agent:
     def _partner_server(self) -> contextlib.AbstractContextManager[object]:
         """This node's partner server (holds its partner's copies, serves a replacement);
         a node that cannot serve keeps running, its partner's copies then fail and say so."""
-        from hpcrun.runtime.partnercopy import PartnerServer, node_address
+        from hpcrun.runtime.partnerserver import PartnerServer, node_address
 
         assert self.node.node_local_root is not None
         try:

@@ -22,17 +22,20 @@ from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import RunLog, new_holder
 from hpcrun.errors import StaleGenerationError
 from hpcrun.runtime.partnercopy import (
-    AUTH_HEADER,
-    TS_HEADER,
     FetchTarget,
-    PartnerServer,
     PeerClient,
     PushTarget,
     fetch_for_restore,
     fetch_ranges,
     fetch_shards,
-    peer_address,
     push_round,
+    shards_for,
+)
+from hpcrun.runtime.partnerserver import (
+    AUTH_HEADER,
+    TS_HEADER,
+    PartnerServer,
+    peer_address,
     run_secret,
     sign,
 )
@@ -214,10 +217,11 @@ def test_a_shard_fetched_over_parallel_streams_is_byte_identical(
     ck = incarnation(node_local_root=nvme0, layout=LOST)
     assert _push(run_dir, log, ck, nvme0) == ckpt
     committed = {c.ckpt_id: c for c in fold_checkpoints(log.read())}
+    found = shards_for(run_dir, committed[ckpt], (0,), node="node2", gang=("node2", "node1"))
     m = read_manifest(run_dir, committed[ckpt])
+    assert found is not None and found.shards == m.shards  # the lost node's, from its own file
     assert len(fetch_ranges(m.shards[0].bytes, least=4096)) > 1
-    got = fetch_shards(PeerClient(run_dir, "node1"), m, list(m.shards), nvme2 / "x",
-                       least=4096)
+    got = fetch_shards(PeerClient(run_dir, "node1"), found, nvme2 / "x", least=4096)
     src = nvme0 / "run1" / "ckpt" / ckpt / m.shards[0].path
     assert got == src.stat().st_size
     assert (nvme2 / "x" / m.shards[0].path).read_bytes() == src.read_bytes()
