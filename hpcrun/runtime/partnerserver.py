@@ -290,14 +290,15 @@ def byte_range(query: str, size: int) -> tuple[int, int]:
     """``off=A&len=B`` of a GET (the whole file when absent), checked against ``size`` (pure).
 
     Raises:
-        ValueError: malformed, or outside the file.
+        ValueError: malformed. StorageError: outside the file.
     """
     if not query:
         return 0, size
     fields = dict(kv.split("=", 1) for kv in query.split("&") if "=" in kv)
     off, length = int(fields.get("off", "x")), int(fields.get("len", "x"))
     if off < 0 or length < 0 or off + length > size:
-        raise ValueError(f"range {off}+{length} lies outside the {size}-byte copy")
+        raise StorageError(f"range {off}+{length} lies outside the {size}-byte copy; "
+                           "expected off=A&len=B within the file")
     return off, length
 
 

@@ -88,13 +88,14 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
     copies = fold_partner_copies(before)
     assert copies[(fetched.ckpt_id, victim, partner)].complete
     # ... of the newest checkpoint it held, at least as new as the one seen before the crash,
-    # newer than anything on tier 1
+    # newer than anything on tier 1 when the node was lost
     committed = {c.ckpt_id: c for c in fold_checkpoints(before)}
     newest_held = max((c.ckpt_id for c in copies.values() if c.owner == victim and c.complete),
                       key=lambda ck: committed[ck].step)
     assert fetched.ckpt_id == newest_held and committed[held].step <= committed[
         fetched.ckpt_id].step
-    tier1 = max((c.step for c in committed.values() if Tier.SHARED in c.tiers), default=-1)
+    at_crash = fold_checkpoints([e for e in run.valid() if e.slot < swapped.slot])
+    tier1 = max((c.step for c in at_crash if Tier.SHARED in c.tiers), default=-1)
     assert committed[fetched.ckpt_id].step > tier1
     # every rank of the new gang restored that checkpoint, the spare's ranks from its tier 0
     restored = [e for e in run.rank_events("restored")
