@@ -103,7 +103,13 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
     # every rank of the new gang restored that checkpoint, the spare's ranks from its tier 0
     restored = [e for e in run.rank_events("restored")
                 if e["generation"] == restarted.generation]
-    assert {e["rank"] for e in restored} == {0, 1, 2, 3}
+    assert {e["rank"] for e in restored} == {0, 1, 2, 3}, (
+        [(e["generation"], e["rank"], e["data"]) for e in run.rank_events("restored")],
+        [(st, e.generation, e.payload.get("reason")) for st, e in run.states()],
+        [(e.kind, e.generation, {k: e.payload.get(k) for k in ("fault", "event", "detail",
+                                                               "skipped", "restored")})
+         for e in run.valid() if e.kind == "fault" or e.payload.get("event") in (
+             "restore_fell_back", "partner_fetch")])
     assert {e["data"]["ckpt_id"] for e in restored} == {fetched.ckpt_id}
     tiers = {e["data"]["tier"] for e in restored}
     if Tier.SHARED not in committed[fetched.ckpt_id].tiers:
