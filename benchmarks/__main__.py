@@ -1,6 +1,7 @@
 """``make bench`` / ``python -m benchmarks``: every comparison side by side, in one run.
 
-    python -m benchmarks [--quick] [--only ckpt drain data ops restart scale] [--repeats N]
+    python -m benchmarks [--quick] [--only ckpt drain partner data ops restart scale]
+                         [--repeats N]
                          [--sizes 1 4] [--dir /var/tmp] [--out benchmarks/results]
 
 Writes ``<out>/<date>.json`` (every sample, medians, ratios, the machine) and ``<out>/<date>.md``
@@ -19,7 +20,7 @@ from typing import Any
 
 from benchmarks import harness
 
-SECTIONS = ("ckpt", "drain", "data", "ops", "restart", "scale")
+SECTIONS = ("ckpt", "drain", "partner", "data", "ops", "restart", "scale")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,6 +61,14 @@ def _drain(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> 
     with harness.section(results, "drain") as out:
         out.update(suite_drain.run(min(args.sizes[0], 1.0)))
     md += suite_drain.render(results["drain"])
+
+
+def _partner(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> None:
+    from benchmarks import suite_partner
+
+    with harness.section(results, "partner") as out:
+        out.update(suite_partner.run(min(args.sizes[0], 1.0), args.repeats))
+    md += suite_partner.render(results["partner"])
 
 
 def _data(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> None:
@@ -103,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"machine": harness.machine(), "args": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     md = ["# hpcrun benchmarks", ""]
-    steps = {"ckpt": _ckpt, "drain": _drain, "data": _data, "ops": _ops, "restart": _restart,
-             "scale": _scale}
+    steps = {"ckpt": _ckpt, "drain": _drain, "partner": _partner, "data": _data, "ops": _ops,
+             "restart": _restart, "scale": _scale}
     for name in SECTIONS:
         if name in args.only:
             steps[name](args, results, md)

@@ -49,9 +49,14 @@ from hpcrun.storage import LOCAL_STORAGE, Storage
 _log = logging.getLogger(__name__)
 
 
-def _check_bytes(data: np.ndarray, rec: ShardRecord, algorithm: str, where: Path,
-                 ckpt_id: str) -> None:
-    """Check a shard image: size, contiguous datasets here, the rest through HDF5."""
+def check_shard_image(data: np.ndarray, rec: ShardRecord, algorithm: str, where: Path,
+                      ckpt_id: str) -> None:
+    """Check a shard image against its manifest record: size and contiguous datasets from
+    ``data``, the rest through HDF5 from the file ``where`` (which holds the same bytes).
+
+    Raises:
+        CorruptCheckpointError: a size or checksum differs from the manifest's.
+    """
     if data.size != rec.bytes:
         raise CorruptCheckpointError(f"{where} is {data.size} bytes, manifest says {rec.bytes}")
     for d in rec.datasets:
@@ -90,7 +95,7 @@ def copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algor
 def _copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algorithm: str,
                    storage: Storage, pacer: DrainPacer | None) -> None:
     data = _read_cold(src, pacer)
-    _check_bytes(data, rec, algorithm, src, ckpt_id)
+    check_shard_image(data, rec, algorithm, src, ckpt_id)
     want = checksum(algorithm, data)
     storage.makedirs(dst.parent)
     tmp = dst.with_name(f".{dst.name}.drain")

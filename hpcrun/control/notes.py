@@ -14,11 +14,30 @@ from typing import Any, ClassVar
 
 from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
 
-__all__ = ["BatchSkippedNote", "CreatedNote", "DebrisKind", "DependencyNote", "DrainErrorNote",
-           "FaultInjectedNote", "KnownGoodNote", "LogDebrisMovedNote", "LogDebrisNote",
-           "NodeExitNote", "NodeStatus",
-           "NoteEvent", "NotePayload", "PeerLostNote", "RequeueLeftToSlurmNote",
-           "RequeueSentNote", "RestoreFellBackNote", "SegmentNote", "UnknownNote", "decode_note"]
+__all__ = [
+    "BatchSkippedNote",
+    "CreatedNote",
+    "DebrisKind",
+    "DependencyNote",
+    "DrainErrorNote",
+    "FaultInjectedNote",
+    "KnownGoodNote",
+    "LogDebrisMovedNote",
+    "LogDebrisNote",
+    "NodeExitNote",
+    "NodeStatus",
+    "NoteEvent",
+    "NotePayload",
+    "PartnerCopyNote",
+    "PartnerFetchNote",
+    "PeerLostNote",
+    "RequeueLeftToSlurmNote",
+    "RequeueSentNote",
+    "RestoreFellBackNote",
+    "SegmentNote",
+    "UnknownNote",
+    "decode_note",
+]
 
 
 class NoteEvent(StrEnum):
@@ -38,6 +57,8 @@ class NoteEvent(StrEnum):
     DEPENDENCY = "dependency"                        # the run waits for upstream runs
     KNOWN_GOOD = "known_good"                        # a replica check passed after a commit
     BATCH_SKIPPED = "batch_skipped"                  # a suspect step's update was dropped
+    PARTNER_COPY = "partner_copy"                    # a node's tier-0 shards copied to its partner
+    PARTNER_FETCH = "partner_fetch"                  # a replacement fetched them from the partner
 
 
 class DebrisKind(StrEnum):
@@ -371,6 +392,66 @@ class BatchSkippedNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PartnerCopyNote(NotePayload):
+    """One node's tier-0 shards of a checkpoint, copied to (and held by) its partner node."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.PARTNER_COPY
+    ckpt_id: str
+    """The checkpoint."""
+    owner: str
+    """Node whose shards were copied."""
+    held_by: str
+    """Node holding the copy on its tier 0."""
+    bytes: int
+    """Shard bytes the holder verified and keeps."""
+    complete: bool
+    """Every shard of ``owner`` arrived and matched the manifest's checksums."""
+    detail: str = ""
+    """Why the copy is incomplete, when it is."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"ckpt_id": self.ckpt_id, "owner": self.owner, "held_by": self.held_by,
+                "bytes": self.bytes, "complete": self.complete, **present(
+                    detail=self.detail or None)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"ckpt_id": f.text("ckpt_id"), "owner": f.text("owner"),
+                "held_by": f.text("held_by"), "bytes": f.integer("bytes"),
+                "complete": f.flag("complete"), "detail": f.text("detail", "")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PartnerFetchNote(NotePayload):
+    """A replacement node fetched a lost node's shards from the partner holding them, into its
+    own tier 0, before its ranks restored."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.PARTNER_FETCH
+    ckpt_id: str
+    """The checkpoint."""
+    owner: str
+    """Node that wrote the shards (the lost one)."""
+    held_by: str
+    """Node they were fetched from."""
+    node: str
+    """Node that fetched them."""
+    bytes: int
+    """Shard bytes fetched and verified."""
+    seconds: float
+    """Wall time of the fetch."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"ckpt_id": self.ckpt_id, "owner": self.owner, "held_by": self.held_by,
+                "node": self.node, "bytes": self.bytes, "seconds": self.seconds}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"ckpt_id": f.text("ckpt_id"), "owner": f.text("owner"),
+                "held_by": f.text("held_by"), "node": f.text("node"),
+                "bytes": f.integer("bytes"), "seconds": f.number("seconds")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownNote(NotePayload):
     """A note of an event this version does not know; ``extra`` holds the rest of it."""
 
@@ -395,7 +476,8 @@ class UnknownNote(NotePayload):
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
     DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
-    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote)}
+    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote, PartnerCopyNote,
+    PartnerFetchNote)}
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

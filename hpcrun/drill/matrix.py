@@ -27,6 +27,7 @@ class DrillFault(StrEnum):
     NODE_LOSS = "node-loss"
     NODE_LOSS_SPARE = "node-loss-spare"
     NODE_LOSS_SUPERVISOR = "node-loss-supervisor"
+    NODE_LOSS_PARTNER = "node-loss-partner"
     HANG = "hang"
     STRAGGLER = "straggler"
     DRAIN_STORAGE_ERROR = "drain-storage-error"
@@ -107,6 +108,10 @@ MATRIX: tuple[MatrixRow, ...] = (
     MatrixRow(fault=DrillFault.NODE_LOSS_SUPERVISOR,
               what="the supervising node (node rank 0) lost, a hot spare → a survivor takes "
                    "over supervision, spare swapped in, same job",
+              backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
+    MatrixRow(fault=DrillFault.NODE_LOSS_PARTNER,
+              what="node power loss with a hot spare, tier 1 unreadable → the lost node's "
+                   "shards restored from its partner's copy, same job",
               backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
     MatrixRow(fault=DrillFault.HANG, what="a rank stops making progress without exiting",
               backends=_BOTH, expect_cause="hang", recovery=Recovery.EITHER),

@@ -88,11 +88,13 @@ class DrillPlan:
 OUTSIDE = {DrillFault.CANCEL: frozenset({"local", "slurm"}), DrillFault.NODE_LOSS:
            frozenset({"slurm"}), DrillFault.NODE_LOSS_SPARE: frozenset({"slurm"}),
            DrillFault.NODE_LOSS_SUPERVISOR: frozenset({"slurm"}),
+           DrillFault.NODE_LOSS_PARTNER: frozenset({"slurm"}),
            DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
 """Faults the drill does from outside the run, per backend."""
 
 
-_WITH_SPARE = (DrillFault.NODE_LOSS_SPARE, DrillFault.NODE_LOSS_SUPERVISOR)
+_WITH_SPARE = (DrillFault.NODE_LOSS_SPARE, DrillFault.NODE_LOSS_SUPERVISOR,
+               DrillFault.NODE_LOSS_PARTNER)
 """Rows whose spec gets one hot spare (at least)."""
 
 
@@ -263,10 +265,16 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
 
     def crash_node(record: Any) -> None:
         if not done and int(record.step) >= plan.at and record.membership:
-            done.append(True)
             # the last gang node, or node rank 0 (the supervising node) for its own row
             node = str(record.membership[
                 0 if row.fault == DrillFault.NODE_LOSS_SUPERVISOR else -1])
+            if row.fault == DrillFault.NODE_LOSS_PARTNER:
+                from hpcrun.drill.partner import hide_tier1, partner_ready
+
+                if partner_ready(run_dir, node, strictly_newer=False) is None:
+                    return  # its partner holds no copy as new as tier 1's yet
+                hide_tier1(run_dir)
+            done.append(True)
             crash_testbed_node(node)
             RunLog(run_dir).append_entry(FaultInjectedNote(
                 fault=row.fault.value, node=node, step=int(record.step)),

@@ -26,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcrun.checkpoint.partner import ring_partner
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
     FaultPayload,
@@ -123,7 +124,29 @@ class Agent:
                 # supervisor tells a vanished node from a busy one
                 stack.enter_context(LivenessBeat(self.run_dir, self.node.node))
                 self.supervisor.watch_nodes()
+            if self._partner_copies:
+                stack.enter_context(self._partner_server())
             return self._run_incarnations()
+
+    @property
+    def _partner_copies(self) -> bool:
+        from hpcrun.runtime.partnercopy import wanted
+
+        return wanted(self.spec.resources.spare_nodes, self.node.node_local_root)
+
+    def _partner_server(self) -> contextlib.AbstractContextManager[object]:
+        """This node's partner server (holds its partner's copies, serves a replacement);
+        a node that cannot serve keeps running, its partner's copies then fail and say so."""
+        from hpcrun.runtime.partnerserver import PartnerServer, node_address
+
+        assert self.node.node_local_root is not None
+        try:
+            return PartnerServer(self.run_dir, node=self.node.node,
+                                 host=node_address(self.node.node, self.node.backend),
+                                 node_local_root=self.node.node_local_root, log=self.log)
+        except (HpcrunError, OSError) as exc:
+            print(f"hpcrun agent {self.node.node}: no partner server: {exc}", file=sys.stderr)
+            return contextlib.nullcontext()
 
     def _run_incarnations(self) -> int:
         attempt = 0
@@ -261,6 +284,7 @@ class Agent:
         gang = self._gang(inc)
         short = self.gpus.shortfall(self.node.node)
         if short is None:
+            self._fetch_from_partner(inc, gang)
             gang.start()
         drainer = self._start_drainer(inc)
         # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
@@ -518,8 +542,24 @@ class Agent:
     def _drain_target(self, inc: Incarnation) -> DrainTarget:
         """This node's drain, background and final round alike: the same shared-tier deadline
         and the same scheduled storage fault, if a drill injects one."""
-        return drain_target(self.run_dir, self._place(inc), inc,
-                            injection=self.environ.get("HPCRUN_INJECT", ""))
+        place = self._place(inc)
+        partner = ring_partner(place.nodes, place.node) if self._partner_copies else None
+        return drain_target(self.run_dir, place, inc,
+                            injection=self.environ.get("HPCRUN_INJECT", ""),
+                            partner=partner or "")
+
+    def _fetch_from_partner(self, inc: Incarnation, gang: Gang) -> None:
+        """A node in a lost node's position: its shards onto this tier 0 from the partner
+        holding a complete copy, before the ranks restore (nothing otherwise)."""
+        if not self._partner_copies:
+            return
+        from hpcrun.runtime.partnercopy import FetchTarget, fetch_for_restore
+
+        assert self.node.node_local_root is not None
+        fetch_for_restore(FetchTarget(
+            run_dir=self.run_dir, node=self.node.node, ranks=tuple(gang.ranks),
+            gang=self._place(inc).nodes, node_local_root=self.node.node_local_root,
+            fence_slot=inc.fence_slot, generation=inc.generation, holder=inc.holder), self.log)
 
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         self._reap_drainer()  # never two drains of this node at once

@@ -4,7 +4,9 @@ Runs in its own process, never in a training process: h5py serialises every HDF5
 process under one lock, so a drain inside training would stall the data loader's reads. Every
 ``--interval`` seconds it copies this node's newly committed tier-0 shards to the shared tier
 (verified with reads that bypass the page cache) and, on the supervising node, appends the tier-1
-commit once every node has drained. A failing drain is noted in the log (``drain_error``) and
+commit once every node has drained. With partner copies it then copies the node's newest
+checkpoint to its partner node (:mod:`hpcrun.runtime.partnercopy`), at the same priority and
+pace. A failing drain is noted in the log (``drain_error``) and
 retried on the next round; training goes on, and the RPO exposure grows until it succeeds.
 Every shared-tier operation runs under the site's deadline (:mod:`hpcrun.runtime.sharedtier`):
 a hung mount becomes a ``storage_timeout`` fault and a retry, never a hang of the drain or of
@@ -19,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcrun.control.entries import DrainErrorNote
 from hpcrun.control.log import RunLog
@@ -33,6 +36,9 @@ from hpcrun.runtime.sharedtier import (
     site_deadline_s,
 )
 from hpcrun.storage import Storage
+
+if TYPE_CHECKING:
+    from hpcrun.runtime.partnercopy import PushTarget
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,14 +64,25 @@ class DrainTarget:
     injection: str = ""
     """The drill's fault-injection schedule; its ``storage@`` part, if any, wraps the shared
     tier (:mod:`hpcrun.runtime.sharedtier`)."""
+    partner: str = ""
+    """The node holding this node's partner copies ("" when the run keeps none): each round
+    also copies the newest checkpoint there (:mod:`hpcrun.runtime.partnercopy`)."""
 
     def argv(self, python: str, interval_s: float) -> list[str]:
         return [python, "-m", "hpcrun.runtime.drainer", "--run-dir", str(self.run_dir),
                 "--node", self.node, "--node-local", str(self.node_local_root),
                 "--generation", str(self.generation), "--holder", self.holder,
                 "--num-nodes", str(self.num_nodes), "--interval", str(interval_s),
-                "--deadline", str(self.deadline_s), "--inject", self.injection] + (
-                    ["--supervisor"] if self.supervisor else [])
+                "--deadline", str(self.deadline_s), "--inject", self.injection,
+                "--partner", self.partner] + (["--supervisor"] if self.supervisor else [])
+
+    def push_target(self) -> PushTarget:
+        """This node's partner copies, pushed under the same fencing token."""
+        from hpcrun.runtime.partnercopy import PushTarget
+
+        return PushTarget(run_dir=self.run_dir, node=self.node, partner=self.partner,
+                          node_local_root=self.node_local_root, generation=self.generation,
+                          holder=self.holder)
 
     def storage(self, log: RunLog) -> Storage:
         """The shared tier as this target's drain round writes it: under the deadline, with
@@ -77,16 +94,17 @@ class DrainTarget:
 
 
 def drain_target(run_dir: Path, node: NodeInfo, inc: Incarnation, *,
-                 injection: str = "") -> DrainTarget:
+                 injection: str = "", partner: str = "") -> DrainTarget:
     """What ``node``'s drainer drains for incarnation ``inc`` (the node has a tier 0), under
-    the site's shared-tier deadline; ``injection`` is the drill's schedule, if any."""
+    the site's shared-tier deadline; ``injection`` is the drill's schedule, if any, and
+    ``partner`` the node that holds this node's partner copies, if the run keeps them."""
     if node.node_local_root is None:
         raise HpcrunError(f"node {node.node} has no node-local tier to drain; the site config "
                           "sets node_local_path for runs that checkpoint on tier 0")
     return DrainTarget(run_dir=run_dir, node=node.node, node_local_root=node.node_local_root,
                        generation=inc.generation, holder=inc.holder, num_nodes=len(node.nodes),
                        supervisor=node.is_supervisor, deadline_s=site_deadline_s(run_dir),
-                       injection=injection)
+                       injection=injection, partner=partner)
 
 
 def drain_round(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
@@ -129,11 +147,12 @@ def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
     p.add_argument("--supervisor", action="store_true")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S)
     p.add_argument("--inject", default="")
+    p.add_argument("--partner", default="")
     a = p.parse_args(argv)
     return DrainTarget(run_dir=Path(a.run_dir), node=a.node, node_local_root=Path(a.node_local),
                        generation=a.generation, holder=a.holder, num_nodes=a.num_nodes,
                        supervisor=a.supervisor, deadline_s=a.deadline,
-                       injection=a.inject), a.interval
+                       injection=a.inject, partner=a.partner), a.interval
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,9 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     log = RunLog(target.run_dir)
+    reported: set[str] = set()
+    from hpcrun.runtime.partnercopy import push_round
+
     while not stopping:
         try:
             drain_round_safely(target, log)
+            if target.partner:
+                push_round(target.push_target(), log, reported=reported)
         except StaleGenerationError:
             return 3
         deadline = time.monotonic() + interval

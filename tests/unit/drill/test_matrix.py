@@ -78,3 +78,12 @@ def test_the_sdc_row_flips_a_bit_in_the_last_rank_and_expects_a_requeue() -> Non
                        "checkpoint": {"every_steps": 10}}, row, at=None)
     # checks every 5 steps; the flip lands after the check that made step 10 known-good
     assert plan.spec["sdc"] == {"every_steps": 5} and plan.inject == "sdc@step=17,rank=1"
+
+
+def test_node_loss_partner_adds_a_spare_and_crashes_from_outside_on_slurm_only() -> None:
+    row = row_for("node-loss-partner")
+    plan = plan_drill(SPEC, row, at=5, backend="slurm")
+    assert plan.spec["resources"] == {"nodes": 2, "tasks_per_node": 2, "spare_nodes": 1}
+    assert plan.inject == "" and drillable(row, "slurm") == ""
+    assert row.recovery == "restart" and row.expect_cause == "node_failure"
+    assert drillable(row, "local").startswith("needs slurm")

@@ -1,0 +1,194 @@
+"""Restoring a lost node's shards from its partner vs reading them from node-local storage,
+for ``python -m benchmarks`` (``--only partner``) or alone (``python -m benchmarks.suite_partner
+[--size-gib 0.5] [--repeats 3]``).
+
+One checkpoint (the Llama-shaped bf16 state of ``--size-gib``) is committed on node n0's tier 0.
+A holder agent's partner server (node n1, in its own process, as on a real node) receives n0's
+shards through the real push (:func:`~hpcrun.runtime.partnercopy.push_round`). Then, cold
+(page cache dropped before each), side by side per repeat:
+
+- *node-local read*: the shard file read past the page cache (what a restore reads from tier 0);
+- *node-local restore*: ``Checkpointer.restore`` on n0 into the state's tensors;
+- *partner fetch*: the real :func:`~hpcrun.runtime.partnercopy.fetch_for_restore` on a
+  replacement n2 (HTTP from the holder, verified against the manifest, durably written to n2's
+  tier 0), then *restore after the fetch* on n2.
+
+The target compares the partner fetch rate with the node-local read rate (>= 0.8x); the
+end-to-end cost of the replacement (fetch + restore) is shown next to a node-local restore.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.ckpt_bench import llama_state, nbytes
+from benchmarks.harness import Samples, drop_caches, ratio, table, timed, verdict
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
+from hpcrun.checkpoint.rawio import read_file_cold
+from hpcrun.control.log import RunLog, new_holder
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 0.8
+_HOLDER = """
+import sys
+from pathlib import Path
+from hpcrun.control.log import RunLog
+from hpcrun.runtime.partnerserver import PartnerServer
+run_dir, root = Path(sys.argv[1]), Path(sys.argv[2])
+with PartnerServer(run_dir, node="n1", host="127.0.0.1", node_local_root=root,
+                   log=RunLog(run_dir)):
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def _layout(node: str) -> Layout:
+    return Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node=node)
+
+
+class Bench:
+    """A run directory with one committed tier-0 checkpoint of n0 and a fence per step."""
+
+    def __init__(self, root: Path, size_gib: float) -> None:
+        self.root, self.run_dir = root, root / "run"
+        (self.run_dir / "log").mkdir(parents=True)
+        self.log = RunLog(self.run_dir)
+        self.state = llama_state(size_gib)
+        self.bytes = nbytes(self.state)
+        ck = self.checkpointer("n0")
+        res = ck.save(1, {"model": self.state}, blocking=True)
+        ck.close()
+        assert res is not None and res.committed, res
+        self.ckpt_id = res.ckpt_id
+
+    def tier0(self, node: str) -> Path:
+        return self.root / f"nvme-{node}"
+
+    def checkpointer(self, node: str) -> Checkpointer:
+        holder = new_holder()
+        fence = self.log.claim(holder)
+        return Checkpointer(identity=CheckpointIdentity(
+            run_id="bench", spec_id="bench", generation=fence.generation, holder=holder),
+            tiers=TierLayout(run_dir=self.run_dir, node_local_root=self.tier0(node)),
+            layout=_layout(node), log=self.log, fence_slot=fence.slot)
+
+    def restore(self, node: str) -> float:
+        ck = self.checkpointer(node)
+        try:
+            t0 = time.perf_counter()
+            res = ck.restore({"model": self.state})
+            took = time.perf_counter() - t0
+        finally:
+            ck.close()
+        assert res is not None and res.tier == "node_local", res
+        return took
+
+    def push(self) -> None:
+        from hpcrun.runtime.partnercopy import PushTarget, push_round
+
+        fence = self.log.claim(holder := new_holder())
+        done = push_round(PushTarget(run_dir=self.run_dir, node="n0", partner="n1",
+                                     node_local_root=self.tier0("n0"),
+                                     generation=fence.generation, holder=holder), self.log)
+        assert done == self.ckpt_id, done
+
+    def fetch(self) -> float:
+        from hpcrun.runtime.partnercopy import FetchTarget, fetch_for_restore
+
+        shutil.rmtree(self.tier0("n2"), ignore_errors=True)
+        fence = self.log.claim(holder := new_holder())
+        t0 = time.perf_counter()
+        note = fetch_for_restore(FetchTarget(
+            run_dir=self.run_dir, node="n2", ranks=(0,), gang=("n2", "n1"),
+            node_local_root=self.tier0("n2"), fence_slot=fence.slot + 1,
+            generation=fence.generation, holder=holder), self.log)
+        took = time.perf_counter() - t0
+        assert note is not None and note.bytes > 0, note
+        return took
+
+    def shard(self) -> Path:
+        return next(self.tier0("n0").rglob("rank-*.h5"))
+
+
+def run(size_gib: float = 0.5, repeats: int = 3) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="hpcrun-bench-partner-", dir="/var/tmp") as tmp:
+        b = Bench(Path(tmp), size_gib)
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(b.run_dir),
+                                   str(b.tier0("n1"))], cwd=REPO, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+            b.push()
+            return _measure(b, repeats)
+        finally:
+            holder.communicate("", timeout=30)
+
+
+def _measure(b: Bench, repeats: int) -> dict[str, Any]:
+    s = Samples()
+    how = ""
+    shard_bytes = b.shard().stat().st_size
+    for _ in range(repeats):
+        how = drop_caches(b.root)
+        s.add("local_read_s", timed(lambda: read_file_cold(b.shard())))
+        drop_caches(b.root)
+        s.add("local_restore_s", b.restore("n0"))
+        drop_caches(b.root)
+        s.add("fetch_s", b.fetch())
+        drop_caches(b.root)
+        s.add("restore_after_fetch_s", b.restore("n2"))
+    med = s.medians()
+    out: dict[str, Any] = {"bytes": shard_bytes, "state_bytes": b.bytes, "cache_drop": how,
+                           "samples": s.values, **med}
+    out["local_read_gbps"] = shard_bytes / med["local_read_s"] / 1e9
+    out["fetch_gbps"] = shard_bytes / med["fetch_s"] / 1e9
+    out["fetch_vs_local_read"] = ratio(med["local_read_s"], med["fetch_s"])
+    out["replacement_vs_local_restore"] = ratio(
+        med["local_restore_s"], med["fetch_s"] + med["restore_after_fetch_s"])
+    return out
+
+
+def render(r: dict[str, Any]) -> list[str]:
+    if "fetch_s" not in r:
+        return ["### Partner restore vs node-local read", f"failed: {r.get('error')}"]
+    rows = [
+        ["node-local read of the shard (cold)", r["local_read_s"], r["local_read_gbps"]],
+        ["partner fetch (HTTP from the holder, verified, durable on tier 0)", r["fetch_s"],
+         r["fetch_gbps"]],
+        ["node-local restore into the tensors (cold)", r["local_restore_s"],
+         r["bytes"] / r["local_restore_s"] / 1e9],
+        ["replacement: partner fetch + restore from its tier 0",
+         r["fetch_s"] + r["restore_after_fetch_s"],
+         r["bytes"] / (r["fetch_s"] + r["restore_after_fetch_s"]) / 1e9]]
+    return [f"### Partner restore vs node-local read ({r['bytes'] / 2**30:.2f} GiB shard; cold "
+            f"start: {r['cache_drop']})", "",
+            *table(["path", "seconds (median)", "GB/s"], rows), "",
+            "samples (s): " + "; ".join(f"{k} " + ", ".join(f"{v:.3f}" for v in vs)
+                                        for k, vs in r["samples"].items()), "",
+            f"- partner fetch rate / node-local read rate ≥ {TARGET}: "
+            f"{r['fetch_vs_local_read']:.2f}, "
+            f"{verdict(r['fetch_vs_local_read'], TARGET, at_least=True)}",
+            f"- replacement end to end (fetch + restore) vs a node-local restore: "
+            f"{r['replacement_vs_local_restore']:.2f}x the rate", ""]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.suite_partner")
+    p.add_argument("--size-gib", type=float, default=0.5)
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    print("\n".join(render(run(a.size_gib, a.repeats))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Partner copies between agents over loopback: a node's tier-0 shards pushed to its partner,
+verified there, fetched by a replacement node and restored from its own tier 0, with no tier 1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
+from hpcrun.checkpoint.commit import read_manifest
+from hpcrun.checkpoint.tiers import fold_checkpoints
+from hpcrun.control.entries import PartnerCopyNote, PartnerFetchNote, decode
+from hpcrun.control.fencing import fold_fences
+from hpcrun.control.log import RunLog, new_holder
+from hpcrun.errors import StaleGenerationError
+from hpcrun.runtime.partnercopy import (
+    FetchTarget,
+    PeerClient,
+    PushTarget,
+    fetch_for_restore,
+    fetch_ranges,
+    fetch_shards,
+    push_round,
+    shards_for,
+)
+from hpcrun.runtime.partnerserver import (
+    AUTH_HEADER,
+    TS_HEADER,
+    PartnerServer,
+    peer_address,
+    run_secret,
+    sign,
+)
+from hpcrun.vocab import Tier
+
+from ..checkpoint.conftest import same_state, trained
+
+LOST = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="node0")
+SPARE = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="node2")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    (d / "log").mkdir(parents=True)
+    return d
+
+
+@pytest.fixture
+def log(run_dir: Path) -> RunLog:
+    return RunLog(run_dir)
+
+
+@pytest.fixture
+def incarnation(run_dir: Path, log: RunLog) -> Iterator[Callable[..., Checkpointer]]:
+    """Claim a new generation; a single-rank Checkpointer of it on the given node's tier 0."""
+    made: list[Checkpointer] = []
+
+    def make(*, node_local_root: Path, layout: Layout) -> Checkpointer:
+        holder = new_holder()
+        fence = log.claim(holder)
+        ident = CheckpointIdentity(run_id="run1", spec_id="spec1", dataset_id="ds1",
+                                   generation=fence.generation, holder=holder)
+        made.append(Checkpointer(identity=ident, layout=layout, log=log, fence_slot=fence.slot,
+                                 tiers=TierLayout(run_dir=run_dir,
+                                                  node_local_root=node_local_root)))
+        return made[-1]
+
+    yield make
+    for ck in made:
+        ck.close()
+
+
+def _notes(log: RunLog, cls: type) -> list:
+    """The notes of ``cls`` that count under fencing."""
+    _, valid = fold_fences(log.read())
+    return [p for e in valid if e.kind == "note" and isinstance(p := decode(e), cls)]
+
+
+@pytest.fixture
+def holder(run_dir: Path, log: RunLog, tmp_path: Path):
+    with PartnerServer(run_dir, node="node1", host="127.0.0.1",
+                       node_local_root=tmp_path / "nvme1", log=log) as server:
+        yield server
+
+
+def _saved(incarnation, nvme: Path, step: int):
+    ck = incarnation(node_local_root=nvme, layout=LOST)
+    model, opt = trained(step)
+    return ck, ck.save(step, {"model": model, "optim": opt}, blocking=True).ckpt_id
+
+
+def _push(run_dir: Path, log: RunLog, ck, nvme: Path) -> str | None:
+    return push_round(PushTarget(run_dir=run_dir, node="node0", partner="node1",
+                                 node_local_root=nvme, generation=ck.id.generation,
+                                 holder=ck.id.holder), log)
+
+
+def _fetch(run_dir: Path, log: RunLog, ck, nvme: Path) -> PartnerFetchNote | None:
+    return fetch_for_restore(FetchTarget(
+        run_dir=run_dir, node="node2", ranks=(0,), gang=("node2", "node1"), node_local_root=nvme,
+        fence_slot=ck.fence_slot, generation=ck.id.generation, holder=ck.id.holder), log)
+
+
+def test_a_lost_nodes_shards_come_back_from_its_partner_without_tier1(
+        run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
+    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
+    ck, first = _saved(incarnation, nvme0, 1)
+    _, newest = _saved(incarnation, nvme0, 2)
+    with pytest.raises(StaleGenerationError):  # generation 1 was fenced out by the next
+        _push(run_dir, log, ck, nvme0)
+    ck2 = incarnation(node_local_root=nvme0, layout=LOST)
+    assert _push(run_dir, log, ck2, nvme0) == newest
+    assert _push(run_dir, log, ck2, nvme0) is None  # held already: not copied again
+    [note] = _notes(log, PartnerCopyNote)
+    src = nvme0 / "run1" / "ckpt" / newest / "node0" / "rank-00000.h5"
+    kept = tmp_path / "nvme1" / "run" / "partner" / newest / "node0" / "rank-00000.h5"
+    assert (note.ckpt_id, note.owner, note.held_by, note.complete) == (newest, "node0", "node1",
+                                                                        True)
+    assert note.bytes == src.stat().st_size and kept.read_bytes() == src.read_bytes()
+    assert all(Tier.SHARED not in c.tiers for c in fold_checkpoints(log.read()))
+
+    # node0 is lost with its tier 0; node2 takes its place and its ranks
+    spare = incarnation(node_local_root=nvme2, layout=SPARE)
+    fetched = _fetch(run_dir, log, spare, nvme2)
+    assert fetched is not None and (fetched.ckpt_id, fetched.held_by, fetched.bytes) == (
+        newest, "node1", note.bytes)
+    assert _notes(log, PartnerFetchNote) == [fetched]
+    landed = nvme2 / "run1" / "ckpt" / newest / "node0" / "rank-00000.h5"
+    assert landed.read_bytes() == src.read_bytes()
+    model, opt = trained(9)
+    result = incarnation(node_local_root=nvme2, layout=SPARE).restore(
+        {"model": model, "optim": opt})
+    assert result is not None and (result.ckpt_id, result.tier) == (newest, "node_local")
+    assert same_state(model.state_dict(), trained(2)[0].state_dict())
+    assert first != newest
+
+
+def test_a_copy_that_fails_its_checksums_is_never_landed(
+        run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
+    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
+    _, ckpt = _saved(incarnation, nvme0, 1)
+    ck = incarnation(node_local_root=nvme0, layout=LOST)
+    assert _push(run_dir, log, ck, nvme0) == ckpt
+    kept = tmp_path / "nvme1" / "run" / "partner" / ckpt / "node0" / "rank-00000.h5"
+    data = bytearray(kept.read_bytes())
+    data[len(data) * 2 // 3] ^= 0xFF  # the holder's disk flipped a bit
+    kept.write_bytes(bytes(data))
+    spare = incarnation(node_local_root=nvme2, layout=SPARE)
+    assert _fetch(run_dir, log, spare, nvme2) is None
+    assert not list(nvme2.rglob("*.h5"))  # nothing where the restore would look
+    assert _notes(log, PartnerFetchNote) == []
+
+
+def test_an_incomplete_copy_is_recorded_and_never_fetched(
+        run_dir: Path, log: RunLog, tmp_path: Path, incarnation) -> None:
+    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
+    _, ckpt = _saved(incarnation, nvme0, 1)
+    ck = incarnation(node_local_root=nvme0, layout=LOST)
+    assert _push(run_dir, log, ck, nvme0) is None  # node1 serves nothing: no address
+    [note] = _notes(log, PartnerCopyNote)
+    assert (note.ckpt_id, note.complete) == (ckpt, False) and "node1" in note.detail
+    spare = incarnation(node_local_root=nvme2, layout=SPARE)
+    assert _fetch(run_dir, log, spare, nvme2) is None
+
+
+def _request(run_dir: Path, method: str, path: str, headers: dict[str, str]) -> int:
+    host, port = peer_address(run_dir, "node1")
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request(method, path, body=b"" if method == "PUT" else None,
+                     headers={"Content-Length": "0", **headers})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_unsigned_or_forged_requests_and_escaping_paths_are_refused(
+        run_dir: Path, holder) -> None:
+    secret = run_secret(run_dir)
+    assert stat.S_IMODE(os.stat(run_dir / "partner" / "secret").st_mode) == 0o600
+    path = "/v1/copy/g000001-s0000000001-x/node0/rank-00000.h5"
+    assert _request(run_dir, "GET", path, {}) == 403
+    ts = "1700000000.0"  # long ago: a replayed request
+    assert _request(run_dir, "GET", path, {TS_HEADER: ts,
+                                           AUTH_HEADER: sign(secret, "GET", path, 0, ts)}) == 403
+    ts = f"{time.time():.3f}"
+    assert _request(run_dir, "GET", path, {TS_HEADER: ts,
+                                           AUTH_HEADER: sign(b"wrong", "GET", path, 0, ts)}) == 403
+    bad = "/v1/copy/../../secret/x/rank-00000.h5"
+    assert _request(run_dir, "GET", bad, {TS_HEADER: ts,
+                                          AUTH_HEADER: sign(secret, "GET", bad, 0, ts)}) == 404
+    assert _request(run_dir, "PUT", bad, {TS_HEADER: ts,
+                                          AUTH_HEADER: sign(secret, "PUT", bad, 0, ts)}) == 422
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 10 * 4096 + 7, 123_456_789])
+def test_fetch_ranges_cover_the_shard_once_in_aligned_pieces(size: int) -> None:
+    pieces = fetch_ranges(size, streams=8, least=4096)
+    assert pieces[0][0] == 0 and sum(n for _, n in pieces) == size
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(pieces))
+    assert all(off % 4096 == 0 for off, _ in pieces) and len(pieces) <= 8
+
+
+def test_a_shard_fetched_over_parallel_streams_is_byte_identical(
+        run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
+    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
+    _, ckpt = _saved(incarnation, nvme0, 3)
+    ck = incarnation(node_local_root=nvme0, layout=LOST)
+    assert _push(run_dir, log, ck, nvme0) == ckpt
+    committed = {c.ckpt_id: c for c in fold_checkpoints(log.read())}
+    found = shards_for(run_dir, committed[ckpt], (0,), node="node2", gang=("node2", "node1"))
+    m = read_manifest(run_dir, committed[ckpt])
+    assert found is not None and found.shards == m.shards  # the lost node's, from its own file
+    assert len(fetch_ranges(m.shards[0].bytes, least=4096)) > 1
+    got = fetch_shards(PeerClient(run_dir, "node1"), found, nvme2 / "x", least=4096)
+    src = nvme0 / "run1" / "ckpt" / ckpt / m.shards[0].path
+    assert got == src.stat().st_size
+    assert (nvme2 / "x" / m.shards[0].path).read_bytes() == src.read_bytes()
