@@ -103,7 +103,8 @@ class Agent:
         self.warm = self._warm_pool()
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
-                                     preempt_signal=self.preempt_signal, clock=clock)
+                                     preempt_signal=self.preempt_signal, clock=clock,
+                                     drain=self._drain_target)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -484,8 +485,9 @@ class Agent:
         return env
 
     def _drain_target(self, inc: Incarnation) -> DrainTarget:
-        """This node's drain, background and final round alike: the same shared-tier deadline
-        and the same scheduled storage fault, if a drill injects one."""
+        """This node's drain, background, final round and (node 0) the tier-1 wait alike: the
+        same shared-tier deadline and the same scheduled storage fault, if a drill injects
+        one."""
         return drain_target(self.run_dir, self._place(inc), inc,
                             injection=self.environ.get("HPCRUN_INJECT", ""))
 

@@ -12,6 +12,7 @@ terminal or REQUEUED state means "exit".
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,7 @@ from hpcrun.runtime.decisions import (
     Succeed,
     SwapSpare,
 )
-from hpcrun.runtime.drainer import drain_round_safely, drain_target
+from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
 from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.membership import (
@@ -97,7 +98,11 @@ class Supervisor:
     def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
                  view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None,
-                 on_end: EndPublisher | None = None) -> None:
+                 on_end: EndPublisher | None = None,
+                 drain: Callable[[Incarnation], DrainTarget] | None = None) -> None:
+        """``drain`` is this node's drain target for an incarnation (the agent's: the
+        shared-tier deadline and the drill's storage fault its drainer uses); the tier-1 wait
+        drains through it. Default: the site's deadline, no injected fault."""
         self.run_dir = run_dir
         self.node = node
         self.policy = DecisionPolicy.of(spec)
@@ -111,6 +116,7 @@ class Supervisor:
         self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
         self.liveness: LivenessWatch | None = None
         self._liveness_read = float("-inf")
+        self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
 
     # -- node liveness (runs with hot spares) --------------------------------------------------
     def watch_nodes(self) -> None:
@@ -280,7 +286,7 @@ class Supervisor:
         """Drain until the newest tier-0 commit is committed on tier 1 (bounded wait)."""
         if self.node.node_local_root is None:
             return
-        target = drain_target(self.run_dir, self.node, inc)
+        target = self._drain(inc)
         deadline = self.clock.monotonic() + TIER1_WAIT_S
         while self.clock.monotonic() < deadline:
             drain_round_safely(target, self.log, last=True)
