@@ -222,16 +222,28 @@ def finalize_tier1(run_dir: Path, *, log: RunLog, generation: int, holder: str,
     """
     del num_nodes  # coverage comes from the log alone
     out = []
-    for c in fold_checkpoints(log.read()):
-        if Tier.NODE_LOCAL in c.tiers and Tier.SHARED not in c.tiers and set(c.nodes) <= c.drained:
-            # the same entry as the tier-0 commit, on tier 1 (the run directory is named by
-            # the run id, for checkpoints committed before commits carried it)
-            log.publish_entry(commit_entry(
-                run_id=c.run_id or Path(run_dir).name, ckpt_id=c.ckpt_id,
-                generation=c.generation, step=c.step, tier=Tier.SHARED, digest=c.digest,
-                total_bytes=c.bytes, nodes=c.nodes), generation=generation, holder=holder)
-            out.append(c.ckpt_id)
+    for c in finalizable(fold_checkpoints(log.read())):
+        # the same entry as the tier-0 commit, on tier 1 (the run directory is named by the
+        # run id, for checkpoints committed before commits carried it)
+        log.publish_entry(commit_entry(
+            run_id=c.run_id or Path(run_dir).name, ckpt_id=c.ckpt_id,
+            generation=c.generation, step=c.step, tier=Tier.SHARED, digest=c.digest,
+            total_bytes=c.bytes, nodes=c.nodes), generation=generation, holder=holder)
+        out.append(c.ckpt_id)
     return out
+
+
+def finalizable(committed: list[CommittedCheckpoint]) -> list[CommittedCheckpoint]:
+    """Checkpoints to commit on tier 1 now, in commit order (pure): drained by every node that
+    holds a shard, and newer than the newest checkpoint already on tier 1.
+
+    An older one is superseded, as in :func:`pending_drains`: a node whose last round began
+    before the newer checkpoint reached tier 1 may still finish draining it, and committing it
+    then would put a stale checkpoint after the newest one in the tier-1 history.
+    """
+    floor = max((c.slot for c in committed if Tier.SHARED in c.tiers), default=-1)
+    return [c for c in committed if Tier.NODE_LOCAL in c.tiers and Tier.SHARED not in c.tiers
+            and c.slot > floor and set(c.nodes) <= c.drained]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -110,7 +110,8 @@ class Agent:
         self._stopping_drainer: subprocess.Popen[bytes] | None = None
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
-                                     preempt_signal=self.preempt_signal, clock=clock)
+                                     preempt_signal=self.preempt_signal, clock=clock,
+                                     drain=self._drain_target)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -540,8 +541,9 @@ class Agent:
         return env
 
     def _drain_target(self, inc: Incarnation) -> DrainTarget:
-        """This node's drain, background and final round alike: the same shared-tier deadline
-        and the same scheduled storage fault, if a drill injects one."""
+        """This node's drain, background, final round and (supervisor) the tier-1 wait alike:
+        the same shared-tier deadline and the same scheduled storage fault, if a drill injects
+        one."""
         place = self._place(inc)
         partner = ring_partner(place.nodes, place.node) if self._partner_copies else None
         return drain_target(self.run_dir, place, inc,

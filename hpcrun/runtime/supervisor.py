@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,7 +60,7 @@ from hpcrun.runtime.decisions import (
     Succeed,
     SwapSpare,
 )
-from hpcrun.runtime.drainer import drain_round_safely, drain_target
+from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
 from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.membership import (
@@ -106,7 +106,11 @@ class Supervisor:
     def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
                  view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None,
-                 on_end: EndPublisher | None = None) -> None:
+                 on_end: EndPublisher | None = None,
+                 drain: Callable[[Incarnation], DrainTarget] | None = None) -> None:
+        """``drain`` is this node's drain target for an incarnation (the agent's: the
+        shared-tier deadline and the drill's storage fault its drainer uses); the tier-1 wait
+        drains through it. Default: the site's deadline, no injected fault."""
         self.run_dir = run_dir
         self.node = node
         self.policy = DecisionPolicy.of(spec)
@@ -120,6 +124,7 @@ class Supervisor:
         self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
         self.liveness: LivenessWatch | None = None
         self._liveness_read = float("-inf")
+        self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
 
     # -- node liveness (runs with hot spares) --------------------------------------------------
     def watch_nodes(self) -> None:
@@ -362,7 +367,7 @@ class Supervisor:
         if self.node.node_local_root is None:
             return
         # the supervisor commits on tier 1, whichever node of the allocation it runs on
-        target = dataclasses.replace(drain_target(self.run_dir, self.node, inc), supervisor=True)
+        target = dataclasses.replace(self._drain(inc), supervisor=True)
         deadline = self.clock.monotonic() + TIER1_WAIT_S
         while self.clock.monotonic() < deadline:
             drain_round_safely(target, self.log, last=True)

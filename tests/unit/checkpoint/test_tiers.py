@@ -120,3 +120,30 @@ def test_background_round_drains_one_and_the_last_round_everything(
         assert drain_pending(run_dir, nvme, **kw, limit=None) == [older, newest]
     else:
         assert drain_pending(run_dir, nvme, **kw) == [older]
+
+
+def test_a_superseded_checkpoint_drained_late_is_not_committed_on_tier_1(log: RunLog) -> None:
+    """Node b drained the newest checkpoint in its background round and the older one in its
+    last round; by then node 0 had committed the newest on tier 1: the older one stays off
+    tier 1, so the newest is the last tier-1 commit."""
+    holder = "h1"
+    gen = log.claim(holder).generation
+    ids = {step: f"g000001-s{step:010d}-job1.r0." for step in (250, 260)}
+
+    def publish(kind: EntryKind, **payload: object) -> None:
+        log.publish(kind, generation=gen, holder=holder, payload=payload)
+
+    for step, ckpt_id in ids.items():
+        publish(EntryKind.COMMIT, ckpt_id=ckpt_id, step=step, tier="node_local",
+                manifest=f"ckpt/{ckpt_id}/manifest.json", digest="0" * 64, bytes=1,
+                nodes=["a", "b"], generation=gen, run_id="run1")
+    for ckpt_id, node in ((ids[250], "a"), (ids[260], "b"), (ids[260], "a")):
+        publish(EntryKind.DRAINED, ckpt_id=ckpt_id, node=node)
+    assert finalize_tier1(Path("run1"), log=log, generation=gen, holder=holder,
+                          num_nodes=2) == [ids[260]]
+    publish(EntryKind.DRAINED, ckpt_id=ids[250], node="b")  # b's last round, begun earlier
+    assert finalize_tier1(Path("run1"), log=log, generation=gen, holder=holder,
+                          num_nodes=2) == []
+    shared = [decode_as(e, CommitPayload).step for e in log.read()
+              if e.kind == EntryKind.COMMIT and e.payload["tier"] == "shared"]
+    assert shared == [260]
