@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from hpcrun.control.elastic import is_elastic, sbatch_nodes, survives_node_loss
 from hpcrun.errors import ConfigError
 from hpcrun.launch.jobsetup import merge_sbatch_extra, render_container
 from hpcrun.launch.shipped import shipped_dir
@@ -51,19 +52,22 @@ def job_logs_dir(run_dir: Path) -> Path:
 class AgentStep:
     """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime.agent``."""
 
-    nodes: int
-    """Agents to start: one per node of the allocation (the gang's and the hot spares')."""
+    nodes: int | None
+    """Agents to start: one per node of the allocation (the gang's and the hot spares'); None
+    for an elastic run, whose allocation has however many nodes Slurm granted in its
+    ``--nodes=min-max`` range (srun then starts one task on each node of the allocation)."""
     cpus_per_agent: int
     """CPUs each agent's step task gets (its ranks run inside it)."""
     extra_flags: tuple[str, ...] = ()
     """Site ``srun_extra_flags``."""
     no_kill: bool = False
     """Keep the step running on the other nodes when one of its nodes fails (``--no-kill``):
-    runs with hot spares replace the node inside the allocation."""
+    runs with hot spares replace the node inside the allocation, elastic ones shrink."""
 
     def srun_args(self) -> list[str]:
         """The ``srun`` flags, without the command."""
-        return ["-n", str(self.nodes), "--ntasks-per-node=1",
+        count = ["-n", str(self.nodes)] if self.nodes is not None else []
+        return [*count, "--ntasks-per-node=1",
                 f"--cpus-per-task={self.cpus_per_agent}", "--kill-on-bad-exit=0",
                 *(["--no-kill"] if self.no_kill else []), *self.extra_flags]
 
@@ -71,9 +75,9 @@ class AgentStep:
 def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
     """The agent step of ``spec`` on ``site``."""
     r = spec.resources
-    return AgentStep(nodes=r.nodes + r.spare_nodes,
+    return AgentStep(nodes=None if is_elastic(spec) else r.nodes + r.spare_nodes,
                      cpus_per_agent=r.tasks_per_node * r.cpus_per_task,
-                     extra_flags=site.srun_extra_flags, no_kill=r.spare_nodes > 0)
+                     extra_flags=site.srun_extra_flags, no_kill=survives_node_loss(spec))
 
 
 def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
@@ -101,7 +105,7 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     r = spec.resources
     args: list[tuple[str, str]] = [
         ("job-name", spec.name),
-        ("nodes", str(r.nodes + r.spare_nodes)),
+        ("nodes", sbatch_nodes(spec)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(r.tasks_per_node * r.cpus_per_task)),
     ]
@@ -111,8 +115,9 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     args.append(("time", str(r.time_limit_min)))
     args += _placement(spec, site, exclude, begin)
     args.append(("requeue", BARE) if site.requeue_allowed else ("no-requeue", BARE))
-    if r.spare_nodes > 0:
-        # a lost node must not end the allocation: a hot spare takes its place in this job
+    if survives_node_loss(spec):
+        # a lost node must not end the allocation: a hot spare takes its place in this job,
+        # or the elastic gang shrinks
         args.append(("no-kill", BARE))
     logs = job_logs_dir(run_dir)
     args += [

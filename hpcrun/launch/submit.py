@@ -50,6 +50,9 @@ SUBMITIT_DIR = "submitit"
 _NATIVE = {"job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "ntasks_per_node",
            "time": "time"}
 _INT_NATIVE = frozenset({"nodes", "ntasks_per_node", "time"})
+_INT_FLAGS = frozenset({"nodes", "ntasks-per-node", "time"})
+"""Flags submitit takes as integers; a range (an elastic run's ``--nodes=min-max``) goes to its
+``additional_parameters`` instead, which override the native ones."""
 _JOB_ID_RE = re.compile(r"^\s*(\d+)(?:;\S+)?\s*$")
 
 
@@ -82,7 +85,7 @@ def submitit_parameters(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id
     additional: dict[str, Any] = {}
     for key, value in sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude,
                                   begin=begin, dependency=dependency):
-        if key in _NATIVE:
+        if key in _NATIVE and (key not in _INT_FLAGS or value.isdigit()):
             name = _NATIVE[key]
             params[name] = int(value) if name in _INT_NATIVE else value
         else:

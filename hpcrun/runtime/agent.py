@@ -58,7 +58,7 @@ from hpcrun.runtime.incarnation import (
     Incarnation,
 )
 from hpcrun.runtime.logview import LogView, decoded, gang_faults
-from hpcrun.runtime.membership import LivenessBeat, initial_gang
+from hpcrun.runtime.membership import LivenessBeat, initial_gang, survives_node_loss
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 from hpcrun.runtime.upstream import cancel_if_upstream_broken
@@ -120,7 +120,7 @@ class Agent:
             if self.warm is not None:
                 stack.callback(self.warm.close)
             stack.callback(self._reap_drainer)
-            if self.spec.resources.spare_nodes > 0:
+            if survives_node_loss(self.spec):
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
                 stack.enter_context(LivenessBeat(self.run_dir, self.node.node))

@@ -23,8 +23,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.elastic import shrink_gang, survives_node_loss
 from hpcrun.errors import MembershipError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+
+__all__ = [
+    "ALIVE_DIR",
+    "ALIVE_EVERY_S",
+    "NODE_STALE_S",
+    "LivenessBeat",
+    "LivenessWatch",
+    "alive_path",
+    "initial_gang",
+    "read_liveness",
+    "shrink_gang",
+    "survives_node_loss",
+    "swap_in",
+    "usable_spares",
+]
 
 ALIVE_DIR = "alive"
 """Subdirectory of the run directory holding one liveness file per node."""
