@@ -231,11 +231,9 @@ class Agent:
 
     def _plan_gang(self) -> tuple[str, ...]:
         """The gang of this allocation's next incarnation: the membership the last decision in
-        this job start named (a spare swapped in), else its first ``resources.nodes`` usable
-        nodes (the supervisor's own always among them); the rest are hot spares."""
-        size = self.spec.resources.nodes
-        if len(self.node.nodes) <= size:
-            return tuple(self.node.nodes)
+        this job start named (a spare swapped in, an elastic gang shrunk), else its first
+        ``resources.nodes`` usable nodes (the supervisor's own always among them; the rest are
+        hot spares), else every node Slurm granted (an elastic job may get fewer)."""
         self.view.refresh()  # the decision that named the gang was published after the view
         prefix = self.node.job_start_key
         states = [e for e in self.view.valid
@@ -243,6 +241,9 @@ class Agent:
         for p in reversed(decoded(states, StatePayload)):
             if p.nodes:
                 return tuple(p.nodes)
+        size = self.spec.resources.nodes
+        if len(self.node.nodes) <= size:
+            return tuple(self.node.nodes)
         quarantined = {q.node for q in decoded(self.view.valid, QuarantinePayload)}
         return initial_gang(self.node.nodes, size, quarantined - {self.node.node})
 

@@ -57,6 +57,7 @@ from hpcrun.runtime.decisions import (
     Observations,
     Requeue,
     RestartInAllocation,
+    Shrink,
     Succeed,
     SwapSpare,
 )
@@ -289,7 +290,8 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                 reason=decision.reason))
                 return AgentExit(next_attempt=decision.attempt)
-            case SwapSpare():
+            case SwapSpare() | Shrink():
+                # a spare in the lost node's place, or the survivors alone (node ranks dense)
                 self._log_fault_once(inc, decision.fault)
                 for node in decision.lost:
                     self._append(inc, QuarantinePayload(node=node, reason=decision.reason))

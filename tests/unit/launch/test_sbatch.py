@@ -198,6 +198,35 @@ def test_without_spares_a_node_loss_still_ends_the_job_for_slurm_to_requeue() ->
     assert "--no-kill" not in agent_step(spec, site).srun_args()
 
 
+def elastic_spec(nodes: int = 3, min_nodes: int = 2, **resources: object) -> RunSpec:
+    raw = make_spec(nodes=nodes, **resources).to_dict()
+    raw["membership"] = {"mode": "elastic", "min_nodes": min_nodes}
+    return RunSpec.from_dict(raw)
+
+
+def test_golden_elastic_script_asks_for_a_node_range_and_starts_an_agent_per_granted_node(
+        ) -> None:
+    text = rendered(elastic_spec(), load_site("testbed"))
+    assert_golden("sbatch_testbed_elastic.sh", text)
+    assert "#SBATCH --nodes=2-3\n" in text and "#SBATCH --no-kill\n" in text
+    # no task count: srun starts one agent on each node Slurm granted (2 or 3)
+    assert "srun --ntasks-per-node=1 " in text and "srun -n" not in text
+
+
+def test_an_elastic_job_survives_a_node_loss_and_its_spares_widen_the_range() -> None:
+    site = load_site("testbed")
+    srun = agent_step(elastic_spec(), site).srun_args()
+    assert "--no-kill" in srun and "-n" not in srun
+    flags = dict(sbatch_args(elastic_spec(spare_nodes=1), site, run_dir=RUN_DIR, op_id="o"))
+    assert flags["nodes"] == "2-4" and flags["no-kill"] == ""
+
+
+def test_an_elastic_spec_at_its_floor_asks_for_exactly_its_nodes() -> None:
+    flags = dict(sbatch_args(elastic_spec(nodes=2, min_nodes=2), load_site("testbed"),
+                             run_dir=RUN_DIR, op_id="o"))
+    assert flags["nodes"] == "2"
+
+
 # -------------------------------------------------- site setup, containers and sbatch_extra
 
 
