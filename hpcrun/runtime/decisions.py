@@ -3,7 +3,8 @@
 
 A :class:`Decision` is one of a closed set of frozen dataclasses; the supervising agent
 (:mod:`hpcrun.runtime.supervisor`) carries it out. A new way to end an incarnation (swap a spare
-node in: :class:`SwapSpare`; shrink the gang: :class:`Shrink`) is a new variant here, a branch in ``decide`` and a case in the shell.
+node in: :class:`SwapSpare`; shrink the gang: :class:`Shrink`) is a new variant here, a branch in
+``decide`` and a case in the shell.
 """
 
 from __future__ import annotations
@@ -262,8 +263,8 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
 
     A lost node is replaced in the allocation by a live hot spare (one per lost node:
     :class:`SwapSpare`); without one an elastic gang with at least ``min_nodes`` survivors
-    continues on them (:class:`Shrink`); otherwise the run requeues. A preempted gang is never restarted in
-    its allocation (the allocation is ending). Silent data corruption on a named node
+    continues on them (:class:`Shrink`); otherwise the run requeues. A preempted gang is never
+    restarted in its allocation (the allocation is ending). Silent data corruption on a named node
     quarantines it at once and requeues without it (a spare swap can carry the rollback later);
     without a named node the gang restarts in the allocation; either way it rolls back to the
     newest known-good checkpoint.
