@@ -3,7 +3,8 @@ is kept at each of them.
 
 A run with ``membership: {mode: elastic, min_nodes: m}`` and ``resources.nodes: N`` runs its
 gang on any node count ``n`` in ``m..N`` (a lost node with no spare left shrinks it by one in the
-same job; a requeued job asks Slurm for ``--nodes=m-N`` and forms the gang on what it granted).
+same job; a requeued or resubmitted job asks Slurm for ``--nodes=m-N`` and forms the gang on
+what it granted).
 The world size is then ``n x tasks_per_node`` and node ranks are dense (``0..n-1``).
 
 The global batch and the global sample order stay the same at every size: the data plane's
@@ -54,13 +55,17 @@ def gang_node_counts(min_nodes: int, nodes: int) -> range:
     return range(min(min_nodes, nodes), nodes + 1)
 
 
-def sbatch_nodes(spec: RunSpec) -> str:
-    """The ``--nodes`` value of the run's allocation: ``N+S`` for a fixed gang with ``S`` hot
-    spares, ``min-max`` for an elastic one (Slurm may grant fewer than ``N`` when a requeued
-    job would otherwise wait; the gang forms on what it granted)."""
+def sbatch_nodes(spec: RunSpec, *, requeue: bool = False) -> str:
+    """The ``--nodes`` value of the run's allocation: ``N+S`` (``S`` hot spares) for its first
+    job; for a requeued or resubmitted elastic run ``min-max``, so the job starts as soon as
+    ``min_nodes`` are free rather than waiting for all of them, and the gang forms on what
+    Slurm granted. (Slurm's consumable-resource selection grants the low end of a range when
+    it can, measured on the testbed, so a first job asks for exactly what the spec says.)"""
     total = spec.resources.nodes + spec.resources.spare_nodes
     low = min_gang_nodes(spec)
-    return f"{low}-{total}" if is_elastic(spec) and low < total else str(total)
+    if requeue and is_elastic(spec) and low < total:
+        return f"{low}-{total}"
+    return str(total)
 
 
 def unkept_world_sizes(global_batch: int | None, tasks_per_node: int,

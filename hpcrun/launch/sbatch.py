@@ -83,7 +83,7 @@ def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
 def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                 exclude: Sequence[str] = (), begin: str | None = None,
                 dependency: str | None = None,
-                array: str | None = None) -> list[tuple[str, str]]:
+                array: str | None = None, requeue: bool = False) -> list[tuple[str, str]]:
     """The allocation's flags as ``(long option without dashes, value)``; value ``""`` is bare.
 
     Args:
@@ -97,6 +97,8 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         begin: earliest start (``--begin``, e.g. ``now+60``) for a backed-off resubmission.
         dependency: ``--dependency`` value (``afterok:123``) of a run that waits for others.
         array: ``--array`` value (``0-5%2``) of a sweep's job array.
+        requeue: the job runs a run again (a resubmission): an elastic run then asks for
+            ``--nodes=min_nodes-nodes`` (:func:`~hpcrun.control.elastic.sbatch_nodes`).
 
     Raises:
         ConfigError: the spec asks for more GPUs per node than the site has, or its
@@ -105,7 +107,7 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     r = spec.resources
     args: list[tuple[str, str]] = [
         ("job-name", spec.name),
-        ("nodes", sbatch_nodes(spec)),
+        ("nodes", sbatch_nodes(spec, requeue=requeue)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(r.tasks_per_node * r.cpus_per_task)),
     ]
@@ -165,7 +167,8 @@ def format_flag(key: str, value: str) -> str:
 def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                   exclude: Sequence[str] = (), begin: str | None = None,
                   python: str | None = None, template: str = DEFAULT_TEMPLATE,
-                  dependency: str | None = None, array: str | None = None) -> str:
+                  dependency: str | None = None, array: str | None = None,
+                  requeue: bool = False) -> str:
     """The job script for ``spec`` on ``site`` (pure).
 
     Args:
@@ -176,7 +179,7 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     See :func:`sbatch_args` for the other arguments.
     """
     flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin,
-                        dependency=dependency, array=array)
+                        dependency=dependency, array=array, requeue=requeue)
     srun_args, interpreter = render_container(
         site.container, agent_step(spec, site).srun_args(),
         python or site.python or shlex.quote(sys.executable))

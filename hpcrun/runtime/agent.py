@@ -637,18 +637,21 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     ensure_private_dir(run_dir, what="run directory", mode=0o750)
     (run_dir / "logs" / node.node).mkdir(parents=True, exist_ok=True)
     return Agent(run_dir=run_dir, node=node, spec=spec, site=site, log=RunLog(run_dir),
-                 requeuer=_requeuer(node), environ=environ)
+                 requeuer=_requeuer(node, spec), environ=environ)
 
 
-def _requeuer(node: NodeInfo) -> Requeuer:
+def _requeuer(node: NodeInfo, spec: RunSpec) -> Requeuer:
     from hpcrun.runtime.requeue import LocalRequeuer, SlurmRequeuer
 
     if node.backend == "local":
         return LocalRequeuer()
+    from hpcrun.control.elastic import is_elastic, sbatch_nodes
     from hpcrun.runner import SubprocessRunner
     from hpcrun.scheduler.slurm import SlurmClient
 
-    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id)
+    # an elastic run's requeued job starts once min_nodes are free
+    nodes = sbatch_nodes(spec, requeue=True) if is_elastic(spec) else None
+    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id, nodes=nodes)
 
 
 def agent_main(run_dir: str) -> int:

@@ -48,11 +48,12 @@ def test_a_shrunk_gang_keeps_the_survivors_in_order_with_dense_node_ranks() -> N
     assert shrink_gang(("n0", "n1", "n2"), ("n2", "n0")) == ("n1",)
 
 
-def test_the_allocation_asks_for_a_range_only_when_elastic() -> None:
-    assert sbatch_nodes(spec(min_nodes=2)) == "2-3"
-    assert sbatch_nodes(spec(min_nodes=2, spares=1)) == "2-4"
-    assert sbatch_nodes(spec(min_nodes=3)) == "3"
-    assert sbatch_nodes(spec(min_nodes=None, spares=1)) == "4"
+def test_a_requeued_elastic_job_asks_for_a_range_and_a_first_job_for_its_nodes() -> None:
+    assert sbatch_nodes(spec(min_nodes=2), requeue=True) == "2-3"
+    assert sbatch_nodes(spec(min_nodes=2)) == "3"
+    assert sbatch_nodes(spec(min_nodes=2, spares=1), requeue=True) == "2-4"
+    assert sbatch_nodes(spec(min_nodes=3), requeue=True) == "3"
+    assert sbatch_nodes(spec(min_nodes=None, spares=1), requeue=True) == "4"
 
 
 def test_global_batch_arithmetic_per_rank_rows_at_each_size() -> None:

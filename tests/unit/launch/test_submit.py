@@ -101,7 +101,7 @@ def test_submitit_failure_is_one_scheduler_error(fake_slurm: Path) -> None:
         submit_tiny(fake_slurm / "run")
 
 
-def test_submitit_asks_an_elastic_job_for_a_node_range_once_and_starts_an_agent_per_node(
+def test_submitit_starts_an_elastic_job_on_its_nodes_with_an_agent_per_granted_node(
         fake_slurm: Path) -> None:
     run_dir = fake_slurm / "run"
     spec = elastic_spec()
@@ -109,7 +109,7 @@ def test_submitit_asks_an_elastic_job_for_a_node_range_once_and_starts_an_agent_
                     entry=agent_main, python=PYTHON)
     text = (fake_slurm / "submitted.sh").read_text()
     lines = [ln.removeprefix("#SBATCH ") for ln in text.splitlines() if ln.startswith("#SBATCH")]
-    assert [ln for ln in lines if ln.startswith("--nodes")] == ["--nodes=2-3"]
+    assert [ln for ln in lines if ln.startswith("--nodes")] == ["--nodes=3"]
     expected = [format_flag(k, v) for k, v in sbatch_args(
         spec, load_site("testbed"), run_dir=run_dir, op_id="tiny.submit.0")]
     assert sorted(set(lines) - {"--wckey=submitit"}) == sorted(expected)
