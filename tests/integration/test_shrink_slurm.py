@@ -84,3 +84,51 @@ def test_node_crash_without_a_spare_shrinks_the_elastic_gang_within_the_same_job
     wait_until(f"{victim} back in service", lambda: slurm.run(
         "sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed", "allocated"),
         timeout=60)
+
+
+def test_an_elastic_gang_at_min_nodes_requeues_asking_for_a_range_and_runs_on_what_it_got(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    spec = slurm_spec(testbed, nodes=3, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
+                      membership={"mode": "elastic", "min_nodes": 2},
+                      data={"global_batch": 12}, config={"ledger": True})
+    run = runs.submit(spec, inject=_pace(0.05, 6))
+    run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
+        (rec := run.record()).step >= 3 * EVERY
+        and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
+    gang = run.record().membership
+    first, second = gang[1], gang[2]
+    survivors = (gang[0], second)
+    try:
+        testbed.crash(first)
+        RunLog(run.run_dir).append_entry(FaultInjectedNote(
+            fault="node-loss-shrink", node=first, step=run.record().step), generation=UNFENCED,
+            holder="")
+        run.wait_for("the shrunk gang past a new shared checkpoint", lambda: (
+            (rec := run.record()).membership == survivors and rec.state == "RUNNING"
+            and any(c.tier == "shared" and c.generation == rec.generation
+                    for c in rec.checkpoints)), timeout=180)
+        # at min_nodes now: the next loss requeues, asking Slurm for 2-3 nodes
+        testbed.crash(second)
+        RunLog(run.run_dir).append_entry(FaultInjectedNote(
+            fault="node-loss", node=second, step=run.record().step), generation=UNFENCED,
+            holder="")
+        rec = run.wait({"SUCCEEDED"}, timeout=300)
+    finally:
+        testbed.boot(first)
+        testbed.boot(second)
+    assert rec.requeues == 1 and rec.job_ids == (run.job_id,), rec
+    assert set(rec.quarantined) == {first, second}
+    assert rec.step == STEPS
+    requeue = next(e for e in run.valid("note") if e.payload.get("event") == "requeue_sent")
+    assert "nodes 2-3" in requeue.payload["detail"], requeue.payload
+    # the requeued job got 2 of the 2-3 nodes it asked for (the quarantined ones excluded):
+    # the gang formed on them, 4 ranks
+    allocation = [e.payload["nodes"] for e in run.valid("job") if "nodes" in e.payload][-1]
+    assert len(allocation) == 2 and not {first, second} & set(allocation), allocation
+    assert rec.membership == tuple(allocation)
+    last = [e for e in run.rank_events("restored") if e["generation"] == rec.generation]
+    assert {e["rank"] for e in last} == {0, 1, 2, 3}
+    ev = collect(run.run_dir, victim_rank=3)
+    broken = [f"{r.name}: {r.detail}" for r in check_contracts(ev, row_for("node-loss"))
+              if r.ok is False]
+    assert not broken, broken
