@@ -4,7 +4,9 @@ An allocation of ``resources.nodes + resources.spare_nodes`` nodes runs an agent
 the gang is ``resources.nodes`` of them (the *active* set, in node-rank order) and the rest idle
 warm as spares. When an active node is lost, a spare takes its place in the same position, so
 every rank keeps its rank id, the world size stays ``resources.nodes x tasks_per_node`` and the
-global sample order is unchanged.
+global sample order is unchanged. An elastic gang (``membership: elastic``) with no spare left
+goes on without the lost node instead (:func:`shrink_gang`: the survivors, node ranks dense).
+Whether a run survives a node loss at all is :func:`survives_node_loss` (spares or elastic).
 
 Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`) and the liveness
 bookkeeping the supervisor keeps (:class:`LivenessWatch`, skew-free: a node is stale when its
