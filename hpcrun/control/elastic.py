@@ -68,6 +68,23 @@ def sbatch_nodes(spec: RunSpec, *, requeue: bool = False) -> str:
     return str(total)
 
 
+def requeue_resize(spec: RunSpec) -> dict[str, str]:
+    """``scontrol update`` fields that make a requeued elastic job start on ``min-max`` nodes
+    (``NumNodes``, and ``NumTasks`` at the low end: one agent per node, and a task count left
+    at ``nodes`` would still need every node); empty for any other run."""
+    total = spec.resources.nodes + spec.resources.spare_nodes
+    low = min_gang_nodes(spec)
+    if not is_elastic(spec) or low >= total:
+        return {}
+    return {"NumNodes": f"{low}-{total}", "NumTasks": str(low)}
+
+
+AGENT_COUNT_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
+"""Variables ``srun`` takes its task count from when given none. A requeued job keeps the
+values ``sbatch`` computed for its first allocation, so an elastic job's batch shell sets them
+to the nodes it was granted (``$SLURM_JOB_NUM_NODES``) before it starts one agent per node."""
+
+
 def unkept_world_sizes(global_batch: int | None, tasks_per_node: int,
                        node_counts: Sequence[int] | range) -> tuple[tuple[int, int], ...]:
     """``(nodes, world_size)`` pairs at which ``global_batch`` rows cannot be split evenly over

@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from hpcrun.control.elastic import is_elastic, sbatch_nodes, survives_node_loss
+from hpcrun.control.elastic import (
+    AGENT_COUNT_ENV,
+    is_elastic,
+    sbatch_nodes,
+    survives_node_loss,
+)
 from hpcrun.errors import ConfigError
 from hpcrun.launch.jobsetup import merge_sbatch_extra, render_container
 from hpcrun.launch.shipped import shipped_dir
@@ -70,6 +75,16 @@ class AgentStep:
         return [*count, "--ntasks-per-node=1",
                 f"--cpus-per-task={self.cpus_per_agent}", "--kill-on-bad-exit=0",
                 *(["--no-kill"] if self.no_kill else []), *self.extra_flags]
+
+
+def agent_count_exports(spec: RunSpec) -> list[str]:
+    """Batch-shell lines that make ``srun`` without a task count start one agent per granted
+    node: an elastic job may run on fewer nodes than its first allocation, and a requeued job
+    keeps that allocation's ``SLURM_NTASKS`` (measured on the testbed: "More processors
+    requested than permitted"). Empty for any other run."""
+    if not is_elastic(spec):
+        return []
+    return [f'export {name}="$SLURM_JOB_NUM_NODES"' for name in AGENT_COUNT_ENV]
 
 
 def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
@@ -190,6 +205,7 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         "setup": list(site.setup),
         "run_dir": str(run_dir), "signal": site.signal_name(),
         "srun_args": srun_args, "python": interpreter,
+        "agent_count": agent_count_exports(spec),
     }
     return _environment().get_template(template).render(**context)
 

@@ -645,13 +645,13 @@ def _requeuer(node: NodeInfo, spec: RunSpec) -> Requeuer:
 
     if node.backend == "local":
         return LocalRequeuer()
-    from hpcrun.control.elastic import is_elastic, sbatch_nodes
+    from hpcrun.control.elastic import requeue_resize
     from hpcrun.runner import SubprocessRunner
     from hpcrun.scheduler.slurm import SlurmClient
 
     # an elastic run's requeued job starts once min_nodes are free
-    nodes = sbatch_nodes(spec, requeue=True) if is_elastic(spec) else None
-    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id, nodes=nodes)
+    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id,
+                         resize=requeue_resize(spec))
 
 
 def agent_main(run_dir: str) -> int:

@@ -14,7 +14,7 @@ launcher reads the requeue operation from the run log.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
@@ -74,11 +74,12 @@ class SlurmRequeuer:
     release, on this job id."""
 
     def __init__(self, client: SlurmClient, job_id: str, *, clock: Clock = SYSTEM_CLOCK,
-                 nodes: str | None = None) -> None:
+                 resize: Mapping[str, str] | None = None) -> None:
         self._client = client
         self._job_id = job_id
-        self._nodes = nodes
-        """``NumNodes`` of the requeued job (an elastic run's ``min-max``); None: unchanged."""
+        self._resize = dict(resize or {})
+        """Extra ``scontrol update`` fields of the requeued job (an elastic run's ``NumNodes``
+        range and ``NumTasks``); empty: its size is unchanged."""
         self._clock = clock
         self.slurm_requeues = False
         """Set when Slurm is preempting the job and requeues it itself."""
@@ -100,14 +101,14 @@ class SlurmRequeuer:
                 fields["StartTime"] = f"now+{max(1, round(delay_s))}"
             if exclude:
                 fields["ExcNodeList"] = ",".join(exclude)
-            if self._nodes is not None:
-                fields["NumNodes"] = self._nodes
+            fields.update(self._resize)
             if fields:
                 client.update_job(self._job_id, **fields)
             client.release(self._job_id)
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
                 f"exclude {','.join(exclude) or '-'}"
-                + (f", nodes {self._nodes}" if self._nodes is not None else "") + ", release)")
+                + (f", nodes {self._resize['NumNodes']}" if "NumNodes" in self._resize else "")
+                + ", release)")
 
     def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> PastRun | None:
         """The run before this one, from ``sacct --duplicates`` (None without accounting).

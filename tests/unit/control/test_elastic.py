@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hpcrun.control.elastic import (
     gang_node_counts,
     keepable_global_batch,
+    requeue_resize,
     rows_per_rank,
     sbatch_nodes,
     shrink_gang,
@@ -54,6 +55,12 @@ def test_a_requeued_elastic_job_asks_for_a_range_and_a_first_job_for_its_nodes()
     assert sbatch_nodes(spec(min_nodes=2, spares=1), requeue=True) == "2-4"
     assert sbatch_nodes(spec(min_nodes=3), requeue=True) == "3"
     assert sbatch_nodes(spec(min_nodes=None, spares=1), requeue=True) == "4"
+
+
+def test_a_requeued_elastic_job_is_resized_to_its_range_with_a_task_per_node() -> None:
+    assert requeue_resize(spec(min_nodes=2)) == {"NumNodes": "2-3", "NumTasks": "2"}
+    assert requeue_resize(spec(min_nodes=3)) == {}
+    assert requeue_resize(spec(min_nodes=None, spares=1)) == {}
 
 
 def test_global_batch_arithmetic_per_rank_rows_at_each_size() -> None:

@@ -209,8 +209,11 @@ def test_golden_elastic_resubmission_asks_for_a_node_range_and_an_agent_per_gran
     text = rendered(elastic_spec(), load_site("testbed"), requeue=True)
     assert_golden("sbatch_testbed_elastic.sh", text)
     assert "#SBATCH --nodes=2-3\n" in text and "#SBATCH --no-kill\n" in text
-    # no task count: srun starts one agent on each node Slurm granted (2 or 3)
+    # no task count: srun starts one agent on each node Slurm granted (2 or 3), counted from
+    # the allocation, not from the first job's SLURM_NTASKS a requeued job keeps
     assert "srun --ntasks-per-node=1 " in text and "srun -n" not in text
+    assert 'export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"\n' in text
+    assert "SLURM_NTASKS" not in rendered(make_spec(), load_site("testbed"))
     # the first job asks for what the spec says (Slurm grants the low end of a range)
     first = rendered(elastic_spec(), load_site("testbed"))
     assert first == text.replace("#SBATCH --nodes=2-3\n", "#SBATCH --nodes=3\n")

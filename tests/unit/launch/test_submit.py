@@ -115,6 +115,7 @@ def test_submitit_starts_an_elastic_job_on_its_nodes_with_an_agent_per_granted_n
     assert sorted(set(lines) - {"--wckey=submitit"}) == sorted(expected)
     srun_line = next(ln for ln in text.splitlines() if ln.startswith("srun "))
     assert " -n " not in srun_line and "--ntasks-per-node=1" in srun_line
+    assert text.index('export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"') < text.index(srun_line)
     assert "--no-kill" in srun_line
 
 

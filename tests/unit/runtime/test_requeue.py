@@ -36,10 +36,14 @@ class StubSlurm:
 
 def test_an_elastic_requeue_asks_for_the_node_range_before_the_release() -> None:
     slurm = StubSlurm()
-    done = SlurmRequeuer(slurm, "7", nodes="2-3").requeue(  # type: ignore[arg-type]
+    resize = {"NumNodes": "2-3", "NumTasks": "2"}
+    done = SlurmRequeuer(slurm, "7", resize=resize).requeue(  # type: ignore[arg-type]
         delay_s=0.0, exclude=("node2",))
+    # NumTasks too: one agent per node, and 3 tasks would still need 3 nodes (measured:
+    # BadConstraints with NumNodes alone)
     assert slurm.calls == [("requeuehold", "7"),
-                           ("update", {"ExcNodeList": "node2", "NumNodes": "2-3"}),
+                           ("update", {"ExcNodeList": "node2", "NumNodes": "2-3",
+                                       "NumTasks": "2"}),
                            ("release", "7")]
     assert done == "requeued job 7 (hold, begin +0 s, exclude node2, nodes 2-3, release)"
 
@@ -55,5 +59,6 @@ def test_the_agent_gives_an_elastic_run_a_requeuer_with_its_range() -> None:
                     restart_count=0, node_local_root=None, backend="slurm")
     base = {"name": "t", "entrypoint": "m:f", "resources": {"nodes": 3}}
     elastic = RunSpec.from_dict({**base, "membership": {"mode": "elastic", "min_nodes": 2}})
-    assert _requeuer(node, elastic)._nodes == "2-3"  # type: ignore[union-attr]
-    assert _requeuer(node, RunSpec.from_dict(base))._nodes is None  # type: ignore[union-attr]
+    assert _requeuer(node, elastic)._resize == {  # type: ignore[union-attr]
+        "NumNodes": "2-3", "NumTasks": "2"}
+    assert _requeuer(node, RunSpec.from_dict(base))._resize == {}  # type: ignore[union-attr]

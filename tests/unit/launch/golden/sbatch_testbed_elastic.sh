@@ -34,6 +34,8 @@ forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/
 trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
+export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"
+export SLURM_NPROCS="$SLURM_JOB_NUM_NODES"
 srun --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --no-kill \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
