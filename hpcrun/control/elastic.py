@@ -21,6 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hpcrun.errors import SpecError
+
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
 
@@ -105,11 +107,12 @@ def rows_per_rank(global_batch: int, world_size: int) -> int:
     """Rows of each global batch one rank takes at ``world_size``.
 
     Raises:
-        ValueError: ``global_batch`` is not a multiple of ``world_size`` (the spec check refuses
-            such runs at submit, so this is a programming error here).
+        SpecError: ``global_batch`` is not a multiple of ``world_size`` (the spec check refuses
+            such elastic runs at submit).
     """
     if world_size < 1 or global_batch % world_size:
-        raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
+        raise SpecError(f"global batch {global_batch} does not split over {world_size} ranks; "
+                        f"expected a multiple of {world_size}; set data.global_batch to one")
     return global_batch // world_size
 
 

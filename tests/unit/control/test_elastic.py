@@ -71,7 +71,7 @@ def test_global_batch_arithmetic_per_rank_rows_at_each_size() -> None:
     assert unkept_world_sizes(8, 2, gang_node_counts(2, 3)) == ((3, 6),)
     assert unkept_world_sizes(None, 2, gang_node_counts(1, 3)) == ()
     assert keepable_global_batch(2, gang_node_counts(2, 3)) == 12
-    with pytest.raises(ValueError, match="does not split over 6 ranks"):
+    with pytest.raises(SpecError, match="does not split over 6 ranks"):
         rows_per_rank(8, 6)
 
 
