@@ -384,17 +384,21 @@ def sbatch(spec_path: str, site_name: str | None, runs_root: str | None,
 
 def write_job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
                 op_id: str) -> str:
-    """The run's batch script, also kept as ``RUN_DIR/job.sh``: a reconcile pass resubmits
-    that file when the run's job is gone (``hpcrun status`` / ``hpcrun watch``)."""
+    """The run's batch script for its first job; ``RUN_DIR/job.sh`` keeps the one a reconcile
+    pass resubmits when the run's job is gone (``hpcrun status`` / ``hpcrun watch``): the same,
+    except that an elastic run asks for ``--nodes=min-max`` there."""
     from hpcrun.launch.sbatch import render_sbatch
 
-    script = render_sbatch(spec, site, run_dir=run_dir, op_id=op_id)
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in job_env.items())
-    lines = script.splitlines(keepends=True)
-    body_at = next((i for i, ln in enumerate(lines)
-                    if not ln.startswith("#") and ln.strip()), len(lines))
-    text = "".join(lines[:body_at]) + exports + "".join(lines[body_at:])
-    (run_dir / "job.sh").write_text(text)
+    def with_env(script: str) -> str:
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in job_env.items())
+        lines = script.splitlines(keepends=True)
+        body_at = next((i for i, ln in enumerate(lines)
+                        if not ln.startswith("#") and ln.strip()), len(lines))
+        return "".join(lines[:body_at]) + exports + "".join(lines[body_at:])
+
+    text = with_env(render_sbatch(spec, site, run_dir=run_dir, op_id=op_id))
+    again = with_env(render_sbatch(spec, site, run_dir=run_dir, op_id=op_id, requeue=True))
+    (run_dir / "job.sh").write_text(again)
     return text
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from hpcrun.control.elastic import gang_node_counts, keepable_global_batch, unkept_world_sizes
 from hpcrun.errors import SpecError
 from hpcrun.vocab import (
     AsyncPolicy,
@@ -426,6 +427,8 @@ class RunSpec:
         if m.mode == MembershipMode.ELASTIC and m.min_nodes is not None:
             _check(m.min_nodes <= nodes, "membership.min_nodes",
                    f"<= resources.nodes ({nodes})", m.min_nodes, "lower min_nodes")
+            _check_elastic_batch(self.data.global_batch, self.resources.tasks_per_node,
+                                 gang_node_counts(m.min_nodes, nodes))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with every default filled and a ``schema_version``.
@@ -479,6 +482,24 @@ def _check_json_value(value: Any, key: str) -> None:
         _check(value is None or isinstance(value, str | int | bool), key,
                "a JSON value (mapping, list, string, number, bool, null)",
                type(value).__name__, "use plain YAML scalars")
+
+
+def _check_elastic_batch(global_batch: int | None, tasks_per_node: int,
+                         counts: range) -> None:
+    """An elastic run keeps its global batch at every gang size it may shrink to (each rank
+    takes ``global_batch / world_size`` rows): refuse one that cannot, naming the sizes."""
+    bad = unkept_world_sizes(global_batch, tasks_per_node, counts)
+    if not bad:
+        return
+    sizes = ", ".join(f"{w} ranks on {n} nodes" for n, w in bad)
+    lcm = keepable_global_batch(tasks_per_node, counts)
+    _check(False, "data.global_batch",
+           f"a multiple of every world size the elastic gang may take "
+           f"({', '.join(str(n * tasks_per_node) for n in counts)}: nodes "
+           f"{counts.start}..{counts.stop - 1} x {tasks_per_node} ranks), so each rank takes "
+           f"an equal share of the same global batch; it does not split over {sizes}",
+           global_batch, f"set data.global_batch to a multiple of {lcm}, or raise "
+           "membership.min_nodes to leave those sizes out")
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:

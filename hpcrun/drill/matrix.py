@@ -28,6 +28,7 @@ class DrillFault(StrEnum):
     NODE_LOSS_SPARE = "node-loss-spare"
     NODE_LOSS_SUPERVISOR = "node-loss-supervisor"
     NODE_LOSS_PARTNER = "node-loss-partner"
+    NODE_LOSS_SHRINK = "node-loss-shrink"
     HANG = "hang"
     STRAGGLER = "straggler"
     DRAIN_STORAGE_ERROR = "drain-storage-error"
@@ -112,6 +113,9 @@ MATRIX: tuple[MatrixRow, ...] = (
     MatrixRow(fault=DrillFault.NODE_LOSS_PARTNER,
               what="node power loss with a hot spare, tier 1 unreadable → the lost node's "
                    "shards restored from its partner's copy, same job",
+              backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
+    MatrixRow(fault=DrillFault.NODE_LOSS_SHRINK,
+              what="node power loss, no spare, elastic → gang shrinks to N-1 nodes, same job",
               backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
     MatrixRow(fault=DrillFault.HANG, what="a rank stops making progress without exiting",
               backends=_BOTH, expect_cause="hang", recovery=Recovery.EITHER),

@@ -89,6 +89,7 @@ OUTSIDE = {DrillFault.CANCEL: frozenset({"local", "slurm"}), DrillFault.NODE_LOS
            frozenset({"slurm"}), DrillFault.NODE_LOSS_SPARE: frozenset({"slurm"}),
            DrillFault.NODE_LOSS_SUPERVISOR: frozenset({"slurm"}),
            DrillFault.NODE_LOSS_PARTNER: frozenset({"slurm"}),
+           DrillFault.NODE_LOSS_SHRINK: frozenset({"slurm"}),
            DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
 """Faults the drill does from outside the run, per backend."""
 
@@ -122,6 +123,10 @@ def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
     spec["config"] = {**dict(raw_spec.get("config") or {}), "ledger": True}
     if row.fault in _WITH_SPARE:
         spec["resources"] = {**res, "spare_nodes": max(1, int(res.get("spare_nodes", 0)))}
+    if row.fault == DrillFault.NODE_LOSS_SHRINK:
+        # no spare, an elastic gang one node smaller than asked: the loss shrinks it in place
+        spec["resources"] = {**res, "spare_nodes": 0}
+        spec["membership"] = {"mode": "elastic", "min_nodes": max(1, nodes - 1)}
     if row.fault == DrillFault.SDC:
         # Replica checks twice per checkpoint interval, the flip just after a check that makes
         # a commit known-good: the next check finds it and the run rolls back to that commit.
@@ -283,7 +288,8 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
 
     if row.fault == DrillFault.CANCEL:
         return cancel
-    if row.fault in (DrillFault.NODE_LOSS, *_WITH_SPARE) and backend == "slurm":
+    if row.fault in (DrillFault.NODE_LOSS, DrillFault.NODE_LOSS_SHRINK, *_WITH_SPARE) \
+            and backend == "slurm":
         return crash_node
     return None
 

@@ -24,6 +24,12 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from hpcrun.control.elastic import (
+    AGENT_COUNT_ENV,
+    is_elastic,
+    sbatch_nodes,
+    survives_node_loss,
+)
 from hpcrun.errors import ConfigError
 from hpcrun.launch.jobsetup import merge_sbatch_extra, render_container
 from hpcrun.launch.shipped import shipped_dir
@@ -51,35 +57,48 @@ def job_logs_dir(run_dir: Path) -> Path:
 class AgentStep:
     """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime.agent``."""
 
-    nodes: int
-    """Agents to start: one per node of the allocation (the gang's and the hot spares')."""
+    nodes: int | None
+    """Agents to start: one per node of the allocation (the gang's and the hot spares'); None
+    for an elastic run, whose allocation has however many nodes Slurm granted in its
+    ``--nodes=min-max`` range (srun then starts one task on each node of the allocation)."""
     cpus_per_agent: int
     """CPUs each agent's step task gets (its ranks run inside it)."""
     extra_flags: tuple[str, ...] = ()
     """Site ``srun_extra_flags``."""
     no_kill: bool = False
     """Keep the step running on the other nodes when one of its nodes fails (``--no-kill``):
-    runs with hot spares replace the node inside the allocation."""
+    runs with hot spares replace the node inside the allocation, elastic ones shrink."""
 
     def srun_args(self) -> list[str]:
         """The ``srun`` flags, without the command."""
-        return ["-n", str(self.nodes), "--ntasks-per-node=1",
+        count = ["-n", str(self.nodes)] if self.nodes is not None else []
+        return [*count, "--ntasks-per-node=1",
                 f"--cpus-per-task={self.cpus_per_agent}", "--kill-on-bad-exit=0",
                 *(["--no-kill"] if self.no_kill else []), *self.extra_flags]
+
+
+def agent_count_exports(spec: RunSpec) -> list[str]:
+    """Batch-shell lines that make ``srun`` without a task count start one agent per granted
+    node: an elastic job may run on fewer nodes than its first allocation, and a requeued job
+    keeps that allocation's ``SLURM_NTASKS`` (measured on the testbed: "More processors
+    requested than permitted"). Empty for any other run."""
+    if not is_elastic(spec):
+        return []
+    return [f'export {name}="$SLURM_JOB_NUM_NODES"' for name in AGENT_COUNT_ENV]
 
 
 def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
     """The agent step of ``spec`` on ``site``."""
     r = spec.resources
-    return AgentStep(nodes=r.nodes + r.spare_nodes,
+    return AgentStep(nodes=None if is_elastic(spec) else r.nodes + r.spare_nodes,
                      cpus_per_agent=r.tasks_per_node * r.cpus_per_task,
-                     extra_flags=site.srun_extra_flags, no_kill=r.spare_nodes > 0)
+                     extra_flags=site.srun_extra_flags, no_kill=survives_node_loss(spec))
 
 
 def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                 exclude: Sequence[str] = (), begin: str | None = None,
                 dependency: str | None = None,
-                array: str | None = None) -> list[tuple[str, str]]:
+                array: str | None = None, requeue: bool = False) -> list[tuple[str, str]]:
     """The allocation's flags as ``(long option without dashes, value)``; value ``""`` is bare.
 
     Args:
@@ -93,6 +112,8 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         begin: earliest start (``--begin``, e.g. ``now+60``) for a backed-off resubmission.
         dependency: ``--dependency`` value (``afterok:123``) of a run that waits for others.
         array: ``--array`` value (``0-5%2``) of a sweep's job array.
+        requeue: the job runs a run again (a resubmission): an elastic run then asks for
+            ``--nodes=min_nodes-nodes`` (:func:`~hpcrun.control.elastic.sbatch_nodes`).
 
     Raises:
         ConfigError: the spec asks for more GPUs per node than the site has, or its
@@ -101,7 +122,7 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     r = spec.resources
     args: list[tuple[str, str]] = [
         ("job-name", spec.name),
-        ("nodes", str(r.nodes + r.spare_nodes)),
+        ("nodes", sbatch_nodes(spec, requeue=requeue)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(r.tasks_per_node * r.cpus_per_task)),
     ]
@@ -111,8 +132,9 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     args.append(("time", str(r.time_limit_min)))
     args += _placement(spec, site, exclude, begin)
     args.append(("requeue", BARE) if site.requeue_allowed else ("no-requeue", BARE))
-    if r.spare_nodes > 0:
-        # a lost node must not end the allocation: a hot spare takes its place in this job
+    if survives_node_loss(spec):
+        # a lost node must not end the allocation: a hot spare takes its place in this job,
+        # or the elastic gang shrinks
         args.append(("no-kill", BARE))
     logs = job_logs_dir(run_dir)
     args += [
@@ -160,7 +182,8 @@ def format_flag(key: str, value: str) -> str:
 def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                   exclude: Sequence[str] = (), begin: str | None = None,
                   python: str | None = None, template: str = DEFAULT_TEMPLATE,
-                  dependency: str | None = None, array: str | None = None) -> str:
+                  dependency: str | None = None, array: str | None = None,
+                  requeue: bool = False) -> str:
     """The job script for ``spec`` on ``site`` (pure).
 
     Args:
@@ -171,7 +194,7 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     See :func:`sbatch_args` for the other arguments.
     """
     flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin,
-                        dependency=dependency, array=array)
+                        dependency=dependency, array=array, requeue=requeue)
     srun_args, interpreter = render_container(
         site.container, agent_step(spec, site).srun_args(),
         python or site.python or shlex.quote(sys.executable))
@@ -182,6 +205,7 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         "setup": list(site.setup),
         "run_dir": str(run_dir), "signal": site.signal_name(),
         "srun_args": srun_args, "python": interpreter,
+        "agent_count": agent_count_exports(spec),
     }
     return _environment().get_template(template).render(**context)
 

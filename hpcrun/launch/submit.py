@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import SchedulerError
 from hpcrun.launch.jobsetup import render_container
-from hpcrun.launch.sbatch import BARE, agent_step, job_logs_dir, sbatch_args
+from hpcrun.launch.sbatch import (
+    BARE,
+    agent_count_exports,
+    agent_step,
+    job_logs_dir,
+    sbatch_args,
+)
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.site import SiteConfig
 from hpcrun.runner import CommandRunner
@@ -53,7 +59,8 @@ _INT_NATIVE = frozenset({"nodes", "ntasks_per_node", "time"})
 _JOB_ID_RE = re.compile(r"^\s*(\d+)(?:;\S+)?\s*$")
 
 
-def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str) -> list[str]:
+def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str,
+                agents: Sequence[str] = ()) -> list[str]:
     """Lines submitit's batch shell runs before its ``srun``: modules, exports, traps.
 
     The traps keep that shell alive: submitit runs ``srun`` in the foreground, and bash runs a
@@ -68,6 +75,7 @@ def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str) -> list[str]:
     exports.update(sorted(site.env.items()))
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
     sig = site.signal_name()
+    lines += list(agents)  # an elastic job: one agent per granted node
     lines += ["trap 'echo \"hpcrun: batch shell got SIGTERM after the agents\" >&2' TERM",
               f"trap 'echo \"hpcrun: batch shell got SIG{sig}; the agents get it from Slurm\" "
               f">&2' {sig}"]
@@ -89,7 +97,8 @@ def submitit_parameters(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id
             additional[key] = True if value == BARE else value
     params.update(
         additional_parameters=additional,
-        setup=setup_lines(site, run_dir=run_dir, op_id=op_id),
+        setup=setup_lines(site, run_dir=run_dir, op_id=op_id,
+                          agents=agent_count_exports(spec)),
         srun_args=render_container(site.container, agent_step(spec, site).srun_args(), "")[0],
         signal_delay_s=site.preempt_lead_s,
     )

@@ -58,7 +58,7 @@ from hpcrun.runtime.incarnation import (
     Incarnation,
 )
 from hpcrun.runtime.logview import LogView, decoded, gang_faults
-from hpcrun.runtime.membership import LivenessBeat, initial_gang
+from hpcrun.runtime.membership import LivenessBeat, initial_gang, survives_node_loss
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 from hpcrun.runtime.upstream import cancel_if_upstream_broken
@@ -120,7 +120,7 @@ class Agent:
             if self.warm is not None:
                 stack.callback(self.warm.close)
             stack.callback(self._reap_drainer)
-            if self.spec.resources.spare_nodes > 0:
+            if survives_node_loss(self.spec):
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
                 stack.enter_context(LivenessBeat(self.run_dir, self.node.node))
@@ -231,11 +231,9 @@ class Agent:
 
     def _plan_gang(self) -> tuple[str, ...]:
         """The gang of this allocation's next incarnation: the membership the last decision in
-        this job start named (a spare swapped in), else its first ``resources.nodes`` usable
-        nodes (the supervisor's own always among them); the rest are hot spares."""
-        size = self.spec.resources.nodes
-        if len(self.node.nodes) <= size:
-            return tuple(self.node.nodes)
+        this job start named (a spare swapped in, an elastic gang shrunk), else its first
+        ``resources.nodes`` usable nodes (the supervisor's own always among them; the rest are
+        hot spares), else every node Slurm granted (an elastic job may get fewer)."""
         self.view.refresh()  # the decision that named the gang was published after the view
         prefix = self.node.job_start_key
         states = [e for e in self.view.valid
@@ -243,6 +241,9 @@ class Agent:
         for p in reversed(decoded(states, StatePayload)):
             if p.nodes:
                 return tuple(p.nodes)
+        size = self.spec.resources.nodes
+        if len(self.node.nodes) <= size:
+            return tuple(self.node.nodes)
         quarantined = {q.node for q in decoded(self.view.valid, QuarantinePayload)}
         return initial_gang(self.node.nodes, size, quarantined - {self.node.node})
 
@@ -636,18 +637,21 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     ensure_private_dir(run_dir, what="run directory", mode=0o750)
     (run_dir / "logs" / node.node).mkdir(parents=True, exist_ok=True)
     return Agent(run_dir=run_dir, node=node, spec=spec, site=site, log=RunLog(run_dir),
-                 requeuer=_requeuer(node), environ=environ)
+                 requeuer=_requeuer(node, spec), environ=environ)
 
 
-def _requeuer(node: NodeInfo) -> Requeuer:
+def _requeuer(node: NodeInfo, spec: RunSpec) -> Requeuer:
     from hpcrun.runtime.requeue import LocalRequeuer, SlurmRequeuer
 
     if node.backend == "local":
         return LocalRequeuer()
+    from hpcrun.control.elastic import requeue_resize
     from hpcrun.runner import SubprocessRunner
     from hpcrun.scheduler.slurm import SlurmClient
 
-    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id)
+    # an elastic run's requeued job starts once min_nodes are free
+    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id,
+                         resize=requeue_resize(spec))
 
 
 def agent_main(run_dir: str) -> int:

@@ -6,7 +6,8 @@ an incarnation:
 - a gang node whose agent vanished (liveness stale), or that never reported within the wait,
   is a lost node (``node_failure``), even before Slurm flags it; with a live hot spare for
   each lost node the gang restarts in the allocation with the spares in their places
-  (``SwapSpare``), else the run requeues;
+  (``SwapSpare``); without one an elastic gang with ``membership.min_nodes`` survivors goes
+  on without it in the same job (``Shrink``), else the run requeues;
 - a node whose ranks failed with no recorded cause (every failure an echo of a lost peer) is a
   ``process_crash`` of the gang;
 - a gang fault with no stop pending goes through the control plane's retry rules: restart in
@@ -44,6 +45,7 @@ from hpcrun.runtime.decisions import (
     Observations,
     Requeue,
     RestartInAllocation,
+    Shrink,
     Succeed,
     SwapSpare,
     retry_decision,
@@ -64,6 +66,7 @@ __all__ = [
     "Observations",
     "Requeue",
     "RestartInAllocation",
+    "Shrink",
     "SlurmRequeued",
     "Succeed",
     "SwapSpare",

@@ -3,7 +3,8 @@
 
 A :class:`Decision` is one of a closed set of frozen dataclasses; the supervising agent
 (:mod:`hpcrun.runtime.supervisor`) carries it out. A new way to end an incarnation (swap a spare
-node in, shrink the gang) is a new variant here, a branch in ``decide`` and a case in the shell.
+node in: :class:`SwapSpare`; shrink the gang: :class:`Shrink`) is a new variant here, a branch in
+``decide`` and a case in the shell.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hpcrun.control.budget import allocated_nodes
+from hpcrun.control.elastic import is_elastic, shrink_gang
 from hpcrun.control.entries import FaultPayload, SegmentNote
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
@@ -108,12 +110,16 @@ class DecisionPolicy:
     """The run's segment, wall-hour and node-hour budgets; None for no limits."""
     allocated_nodes: int = 1
     """Nodes an allocation holds (for node-hours)."""
+    min_nodes: int | None = None
+    """Fewest nodes an elastic gang continues on (``membership.min_nodes``); None for a fixed
+    gang, which never shrinks."""
 
     @classmethod
     def of(cls, spec: RunSpec) -> DecisionPolicy:
         return cls(retry=spec.retry, max_requeues=spec.budgets.max_requeues,
                    spare_nodes=spec.resources.spare_nodes, budgets=spec.budgets,
-                   allocated_nodes=allocated_nodes(spec))
+                   allocated_nodes=allocated_nodes(spec),
+                   min_nodes=spec.membership.min_nodes if is_elastic(spec) else None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -195,7 +201,27 @@ class SwapSpare:
     """The node failure (logged when the supervising agent's watch has not logged it yet)."""
 
 
-Decision = Succeed | RestartInAllocation | SwapSpare | Requeue | Fail | LeaveToSlurm
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Shrink:
+    """A gang node is lost, no hot spare is left and the run is elastic with nodes to spare:
+    quarantine the lost node and restart the gang in this allocation, under a new generation,
+    on the survivors (same job, no requeue). Node ranks are re-assigned densely, the world size
+    is the smaller gang's, and the restore reshards the state onto it."""
+
+    attempt: int
+    """The next in-allocation attempt."""
+    lost: tuple[str, ...]
+    """The lost nodes (quarantined)."""
+    gang: tuple[str, ...]
+    """The survivors, in their node-rank order: the next incarnation's nodes."""
+    reason: str
+    """Why (the retry rule that allowed it, the sizes)."""
+    fault: GangFault
+    """The node failure (logged when the supervising agent's watch has not logged it yet)."""
+
+
+Decision = (Succeed | RestartInAllocation | SwapSpare | Shrink | Requeue | Fail
+            | LeaveToSlurm)
 """Everything the supervisor can decide when an incarnation ends."""
 
 
@@ -223,14 +249,22 @@ def fault_record(obs: Observations, record: RunRecord, fault: GangFault,
                        signature=fault.signature, detail=fault.detail, ts=now)
 
 
+def can_shrink(obs: Observations, lost: tuple[str, ...], policy: DecisionPolicy) -> bool:
+    """Whether an elastic gang can go on without ``lost``: at least ``min_nodes`` survive."""
+    return (policy.min_nodes is not None and bool(lost)
+            and len(shrink_gang(obs.nodes, lost)) >= policy.min_nodes)
+
+
 def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
                    policy: DecisionPolicy, *, now: float, rng: random.Random | None,
-                   preempted: bool = False) -> Requeue | Fail | RestartInAllocation | SwapSpare:
+                   preempted: bool = False
+                   ) -> Requeue | Fail | RestartInAllocation | SwapSpare | Shrink:
     """The control plane's retry rules applied to ``fault`` (pure but for ``rng``'s state).
 
-    A lost node is replaced in the allocation only by a live hot spare (one per lost node:
-    :class:`SwapSpare`); without one the run requeues. A preempted gang is never restarted in
-    its allocation (the allocation is ending). Silent data corruption on a named node
+    A lost node is replaced in the allocation by a live hot spare (one per lost node:
+    :class:`SwapSpare`); without one an elastic gang with at least ``min_nodes`` survivors
+    continues on them (:class:`Shrink`); otherwise the run requeues. A preempted gang is never
+    restarted in its allocation (the allocation is ending). Silent data corruption on a named node
     quarantines it at once and requeues without it (a spare swap can carry the rollback later);
     without a named node the gang restarts in the allocation; either way it rolls back to the
     newest known-good checkpoint.
@@ -238,12 +272,19 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
     lost = lost_nodes(obs, fault)
     sdc = fault.fault == FaultClass.SDC
     faulty = fault.node if sdc and fault.node else None
-    spares = (fault.fault != FaultClass.NODE_FAILURE or (
-        bool(lost) and len(obs.spares) >= len(lost))) and not faulty
+    swap = bool(lost) and len(obs.spares) >= len(lost)
+    spares = (fault.fault != FaultClass.NODE_FAILURE or swap
+              or can_shrink(obs, lost, policy)) and not faulty
     rd = decide_retry(record, fault_record(obs, record, fault, now), policy.retry,
                       max_requeues=policy.max_requeues, spares_available=spares,
                       rng=rng if policy.retry.jitter else None, now=now)
     if rd.action == RetryAction.RESTART and not preempted:
+        if fault.fault == FaultClass.NODE_FAILURE and not swap:
+            gang = shrink_gang(obs.nodes, lost)
+            return Shrink(attempt=obs.attempt + 1, lost=lost, gang=gang, fault=fault,
+                          reason=f"{rd.reason}: {', '.join(lost)} lost, no spare left; the "
+                                 f"elastic gang shrinks from {len(obs.nodes)} to {len(gang)} "
+                                 f"nodes (membership.min_nodes {policy.min_nodes})")
         if fault.fault == FaultClass.NODE_FAILURE:
             gang = swap_in(obs.nodes, lost, obs.spares)
             return SwapSpare(attempt=obs.attempt + 1, lost=lost, gang=gang, fault=fault,

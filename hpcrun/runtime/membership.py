@@ -4,7 +4,9 @@ An allocation of ``resources.nodes + resources.spare_nodes`` nodes runs an agent
 the gang is ``resources.nodes`` of them (the *active* set, in node-rank order) and the rest idle
 warm as spares. When an active node is lost, a spare takes its place in the same position, so
 every rank keeps its rank id, the world size stays ``resources.nodes x tasks_per_node`` and the
-global sample order is unchanged.
+global sample order is unchanged. An elastic gang (``membership: elastic``) with no spare left
+goes on without the lost node instead (:func:`shrink_gang`: the survivors, node ranks dense).
+Whether a run survives a node loss at all is :func:`survives_node_loss` (spares or elastic).
 
 Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`) and the liveness
 bookkeeping the supervisor keeps (:class:`LivenessWatch`, skew-free: a node is stale when its
@@ -23,8 +25,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.elastic import shrink_gang, survives_node_loss
 from hpcrun.errors import MembershipError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+
+__all__ = [
+    "ALIVE_DIR",
+    "ALIVE_EVERY_S",
+    "NODE_STALE_S",
+    "LivenessBeat",
+    "LivenessWatch",
+    "alive_path",
+    "initial_gang",
+    "read_liveness",
+    "shrink_gang",
+    "survives_node_loss",
+    "swap_in",
+    "usable_spares",
+]
 
 ALIVE_DIR = "alive"
 """Subdirectory of the run directory holding one liveness file per node."""

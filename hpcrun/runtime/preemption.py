@@ -42,6 +42,7 @@ from hpcrun.runtime.decisions import (
     Observations,
     Requeue,
     RestartInAllocation,
+    Shrink,
     SwapSpare,
     retry_decision,
 )
@@ -193,7 +194,7 @@ def decide_after_stop(obs: Observations, record: RunRecord, policy: DecisionPoli
         return LeaveToSlurm()
     decision = retry_decision(obs, record, PREEMPTION_FAULT, policy, now=now, rng=rng,
                               preempted=True)
-    assert not isinstance(decision, RestartInAllocation | SwapSpare), \
+    assert not isinstance(decision, RestartInAllocation | SwapSpare | Shrink), \
         "a preempted gang never restarts"
     return decision
 

@@ -1,11 +1,12 @@
 """How the supervising agent puts its own job back in the queue, once.
 
 On Slurm the job requeues itself with ``scontrol requeuehold``, then ``scontrol update`` of
-``StartTime`` (backoff) and ``ExcNodeList`` (quarantine), then ``scontrol release``: the hold
-keeps the job from starting again before the updates land, so they cannot race the requeue. The
-hold also makes Slurm kill this job's processes, so the agent ignores SIGTERM for the few
-milliseconds the three commands take. When the job is no longer RUNNING, Slurm has already
-requeued it (``PreemptMode=REQUEUE``): hpcrun never requeues twice.
+``StartTime`` (backoff), ``ExcNodeList`` (quarantine) and, for an elastic run, ``NumNodes``
+(``min_nodes-nodes``: the requeued job starts once that many are free), then ``scontrol
+release``: the hold keeps the job from starting again before the updates land, so they cannot
+race the requeue. The hold also makes Slurm kill this job's processes, so the agent ignores
+SIGTERM for the few milliseconds the three commands take. When the job is no longer RUNNING,
+Slurm has already requeued it (``PreemptMode=REQUEUE``): hpcrun never requeues twice.
 
 On the local backend the launcher is the scheduler: the agent exits with EXIT_PREEMPTED and the
 launcher reads the requeue operation from the run log.
@@ -13,7 +14,7 @@ launcher reads the requeue operation from the run log.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
@@ -69,11 +70,16 @@ class LocalRequeuer:
 
 
 class SlurmRequeuer:
-    """requeuehold → update StartTime/ExcNodeList → release, on this job id."""
+    """requeuehold → update StartTime/ExcNodeList (and an elastic run's NumNodes=min-max) →
+    release, on this job id."""
 
-    def __init__(self, client: SlurmClient, job_id: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, client: SlurmClient, job_id: str, *, clock: Clock = SYSTEM_CLOCK,
+                 resize: Mapping[str, str] | None = None) -> None:
         self._client = client
         self._job_id = job_id
+        self._resize = dict(resize or {})
+        """Extra ``scontrol update`` fields of the requeued job (an elastic run's ``NumNodes``
+        range and ``NumTasks``); empty: its size is unchanged."""
         self._clock = clock
         self.slurm_requeues = False
         """Set when Slurm is preempting the job and requeues it itself."""
@@ -95,11 +101,14 @@ class SlurmRequeuer:
                 fields["StartTime"] = f"now+{max(1, round(delay_s))}"
             if exclude:
                 fields["ExcNodeList"] = ",".join(exclude)
+            fields.update(self._resize)
             if fields:
                 client.update_job(self._job_id, **fields)
             client.release(self._job_id)
         return (f"requeued job {self._job_id} (hold, begin +{delay_s:.0f} s, "
-                f"exclude {','.join(exclude) or '-'}, release)")
+                f"exclude {','.join(exclude) or '-'}"
+                + (f", nodes {self._resize['NumNodes']}" if "NumNodes" in self._resize else "")
+                + ", release)")
 
     def previous_run(self, *, tries: int = 5, wait_s: float = 1.0) -> PastRun | None:
         """The run before this one, from ``sacct --duplicates`` (None without accounting).

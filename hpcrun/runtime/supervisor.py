@@ -57,6 +57,7 @@ from hpcrun.runtime.decisions import (
     Observations,
     Requeue,
     RestartInAllocation,
+    Shrink,
     Succeed,
     SwapSpare,
 )
@@ -69,6 +70,7 @@ from hpcrun.runtime.membership import (
     NODE_STALE_S,
     LivenessWatch,
     read_liveness,
+    survives_node_loss,
     usable_spares,
 )
 from hpcrun.runtime.node import NodeInfo
@@ -122,15 +124,17 @@ class Supervisor:
         self.clock = clock
         self.rng = rng or random.Random()
         self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
+        self.survives_node_loss = survives_node_loss(spec)
         self.liveness: LivenessWatch | None = None
         self._liveness_read = float("-inf")
         self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
 
     # -- node liveness (runs with hot spares) --------------------------------------------------
     def watch_nodes(self) -> None:
-        """Watch the other agents' liveness (runs with hot spares only), once per allocation:
-        agents beat from their start, whatever their incarnation does."""
-        if self.policy.spare_nodes > 0 and self.liveness is None:
+        """Watch the other agents' liveness (runs that survive a node loss: hot spares or an
+        elastic gang), once per allocation: agents beat from their start, whatever their
+        incarnation does."""
+        if self.survives_node_loss and self.liveness is None:
             others = [n for n in self.node.nodes if n != self.node.node]
             self.liveness = LivenessWatch(others, clock=self.clock)
 
@@ -286,7 +290,8 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                 reason=decision.reason))
                 return AgentExit(next_attempt=decision.attempt)
-            case SwapSpare():
+            case SwapSpare() | Shrink():
+                # a spare in the lost node's place, or the survivors alone (node ranks dense)
                 self._log_fault_once(inc, decision.fault)
                 for node in decision.lost:
                     self._append(inc, QuarantinePayload(node=node, reason=decision.reason))

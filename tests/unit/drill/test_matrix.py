@@ -70,6 +70,18 @@ def test_losing_the_supervising_node_adds_a_spare_and_crashes_node_rank_0_from_o
     assert drillable(row, "local").startswith("needs slurm")
 
 
+def test_node_loss_shrink_makes_the_gang_elastic_without_spares_and_expects_no_requeue(
+        ) -> None:
+    row = row_for("node-loss-shrink")
+    plan = plan_drill({**SPEC, "resources": {"nodes": 3, "tasks_per_node": 2,
+                                             "spare_nodes": 1}}, row, at=5, backend="slurm")
+    assert plan.spec["resources"]["spare_nodes"] == 0
+    assert plan.spec["membership"] == {"mode": "elastic", "min_nodes": 2}
+    assert plan.inject == "" and drillable(row, "slurm") == ""
+    assert row.recovery == "restart" and row.expect_cause == "node_failure"
+    assert drillable(row, "local").startswith("needs slurm"), "local has no node to lose"
+
+
 def test_the_sdc_row_flips_a_bit_in_the_last_rank_and_expects_a_requeue() -> None:
     row = row_for("sdc")
     assert row.fault is DrillFault.SDC and row.expect_cause == "sdc"

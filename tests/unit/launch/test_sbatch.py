@@ -198,6 +198,43 @@ def test_without_spares_a_node_loss_still_ends_the_job_for_slurm_to_requeue() ->
     assert "--no-kill" not in agent_step(spec, site).srun_args()
 
 
+def elastic_spec(nodes: int = 3, min_nodes: int = 2, **resources: object) -> RunSpec:
+    raw = make_spec(nodes=nodes, **resources).to_dict()
+    raw["membership"] = {"mode": "elastic", "min_nodes": min_nodes}
+    return RunSpec.from_dict(raw)
+
+
+def test_golden_elastic_resubmission_asks_for_a_node_range_and_an_agent_per_granted_node(
+        ) -> None:
+    text = rendered(elastic_spec(), load_site("testbed"), requeue=True)
+    assert_golden("sbatch_testbed_elastic.sh", text)
+    assert "#SBATCH --nodes=2-3\n" in text and "#SBATCH --no-kill\n" in text
+    # no task count: srun starts one agent on each node Slurm granted (2 or 3), counted from
+    # the allocation, not from the first job's SLURM_NTASKS a requeued job keeps
+    assert "srun --ntasks-per-node=1 " in text and "srun -n" not in text
+    assert 'export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"\n' in text
+    assert "SLURM_NTASKS" not in rendered(make_spec(), load_site("testbed"))
+    # the first job asks for what the spec says (Slurm grants the low end of a range)
+    first = rendered(elastic_spec(), load_site("testbed"))
+    assert first == text.replace("#SBATCH --nodes=2-3\n", "#SBATCH --nodes=3\n")
+
+
+def test_an_elastic_job_survives_a_node_loss_and_its_spares_widen_the_range() -> None:
+    site = load_site("testbed")
+    srun = agent_step(elastic_spec(), site).srun_args()
+    assert "--no-kill" in srun and "-n" not in srun
+    flags = dict(sbatch_args(elastic_spec(spare_nodes=1), site, run_dir=RUN_DIR, op_id="o",
+                             requeue=True))
+    assert flags["nodes"] == "2-4" and flags["no-kill"] == ""
+
+
+def test_a_fixed_gang_or_an_elastic_one_at_its_floor_asks_for_exactly_its_nodes() -> None:
+    site = load_site("testbed")
+    for spec in (elastic_spec(nodes=2, min_nodes=2), make_spec(nodes=3)):
+        flags = dict(sbatch_args(spec, site, run_dir=RUN_DIR, op_id="o", requeue=True))
+        assert flags["nodes"] == str(spec.resources.nodes)
+
+
 # -------------------------------------------------- site setup, containers and sbatch_extra
 
 

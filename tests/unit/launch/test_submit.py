@@ -27,7 +27,7 @@ from hpcrun.launch.submit import (
 from hpcrun.runner import CommandResult
 from hpcrun.runtime.agent import agent_main
 from hpcrun.testing.fakes import FakeRunner
-from tests.unit.launch.test_sbatch import assert_golden, make_spec
+from tests.unit.launch.test_sbatch import assert_golden, elastic_spec, make_spec
 
 PYTHON = "/opt/hpcrun/venv/bin/python"
 
@@ -99,6 +99,24 @@ def test_submitit_failure_is_one_scheduler_error(fake_slurm: Path) -> None:
                                                 "exit 1\n")
     with pytest.raises(SchedulerError, match="submitit could not submit run 'tiny'"):
         submit_tiny(fake_slurm / "run")
+
+
+def test_submitit_starts_an_elastic_job_on_its_nodes_with_an_agent_per_granted_node(
+        fake_slurm: Path) -> None:
+    run_dir = fake_slurm / "run"
+    spec = elastic_spec()
+    submit_submitit(spec, load_site("testbed"), run_dir=run_dir, op_id="tiny.submit.0",
+                    entry=agent_main, python=PYTHON)
+    text = (fake_slurm / "submitted.sh").read_text()
+    lines = [ln.removeprefix("#SBATCH ") for ln in text.splitlines() if ln.startswith("#SBATCH")]
+    assert [ln for ln in lines if ln.startswith("--nodes")] == ["--nodes=3"]
+    expected = [format_flag(k, v) for k, v in sbatch_args(
+        spec, load_site("testbed"), run_dir=run_dir, op_id="tiny.submit.0")]
+    assert sorted(set(lines) - {"--wckey=submitit"}) == sorted(expected)
+    srun_line = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+    assert " -n " not in srun_line and "--ntasks-per-node=1" in srun_line
+    assert text.index('export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"') < text.index(srun_line)
+    assert "--no-kill" in srun_line
 
 
 # -- submitit's handler, switched off: checked in a real submitit task environment ------------

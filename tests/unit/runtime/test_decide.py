@@ -23,6 +23,7 @@ from hpcrun.runtime.decide import (
     Observations,
     Requeue,
     RestartInAllocation,
+    Shrink,
     Succeed,
     SwapSpare,
     account_for_requeue,
@@ -174,6 +175,74 @@ def test_a_stop_pending_with_a_lost_node_never_swaps() -> None:
     d = decide(stopped(lost=("n1",), spares=("n2",)), RECORD, replace(POLICY, spare_nodes=1),
                now=0.0)
     assert not isinstance(d, SwapSpare | RestartInAllocation)
+
+
+# -- elastic shrink: a lost node, no spare left, the survivors go on -------------------------
+ELASTIC = replace(POLICY, min_nodes=2)
+GANG3 = ("n0", "n1", "n2")
+
+
+def test_an_elastic_gang_without_a_spare_shrinks_onto_its_survivors_in_the_same_job() -> None:
+    seen = obs(nodes=GANG3, exits={"n0": Ending.FAILED, "n2": Ending.FAILED}, lost=("n1",))
+    d = decide(seen, RECORD, ELASTIC, now=FakeClock().now())
+    assert isinstance(d, Shrink)
+    # node ranks are dense: n2 moves from node rank 2 to 1
+    assert (d.attempt, d.lost, d.gang) == (1, ("n1",), ("n0", "n2"))
+    assert d.reason == ("node_failure: restart in allocation (1 of 2): n1 lost, no spare left; "
+                        "the elastic gang shrinks from 3 to 2 nodes (membership.min_nodes 2)")
+    assert d.fault.fault == "node_failure" and d.fault.node == "n1"
+
+
+def test_a_silent_node_of_an_elastic_gang_shrinks_it_too() -> None:
+    seen = obs(nodes=GANG3, exits={"n0": Ending.SUCCEEDED, "n1": Ending.FAILED}, timed_out=True)
+    d = decide(seen, RECORD, ELASTIC, now=0.0)
+    assert isinstance(d, Shrink) and d.lost == ("n2",) and d.gang == ("n0", "n1")
+
+
+def test_a_live_spare_is_preferred_to_a_shrink() -> None:
+    seen = obs(nodes=GANG3, lost=("n1",), spares=("n3",))
+    d = decide(seen, RECORD, replace(ELASTIC, spare_nodes=1), now=0.0)
+    assert isinstance(d, SwapSpare) and d.gang == ("n0", "n3", "n2")
+
+
+def test_an_elastic_gang_at_min_nodes_requeues_instead_of_shrinking() -> None:
+    seen = obs(nodes=("n0", "n1"), lost=("n1",))
+    d = decide(seen, RECORD, ELASTIC, now=0.0)
+    assert isinstance(d, Requeue) and d.reason.startswith("node_failure: requeue")
+
+
+def test_two_lost_nodes_shrink_only_when_enough_survive() -> None:
+    four = ("n0", "n1", "n2", "n3")
+    seen = obs(nodes=four, lost=("n1", "n3"))
+    d = decide(seen, RECORD, ELASTIC, now=0.0)
+    assert isinstance(d, Shrink) and (d.lost, d.gang) == (("n1", "n3"), ("n0", "n2"))
+    assert d.reason.endswith("n1, n3 lost, no spare left; the elastic gang shrinks from 4 to 2 "
+                             "nodes (membership.min_nodes 2)")
+    assert isinstance(decide(seen, RECORD, replace(POLICY, min_nodes=3), now=0.0), Requeue)
+
+
+def test_a_fixed_gang_never_shrinks() -> None:
+    seen = obs(nodes=GANG3, lost=("n1",))
+    assert isinstance(decide(seen, RECORD, POLICY, now=0.0), Requeue)
+
+
+def test_a_spent_in_allocation_budget_requeues_an_elastic_gang() -> None:
+    seen = obs(nodes=GANG3, lost=("n1",))
+    assert isinstance(decide(seen, replace(RECORD, restarts=2), ELASTIC, now=0.0), Requeue)
+
+
+def test_a_stop_pending_with_a_lost_node_never_shrinks() -> None:
+    seen = obs(nodes=GANG3, lost=("n1",), stop_requested=True, stop_signum=int(signal.SIGUSR1),
+               exits={"n0": Ending.PREEMPTED, "n2": Ending.PREEMPTED})
+    assert not isinstance(decide(seen, RECORD, ELASTIC, now=0.0), Shrink | RestartInAllocation)
+
+
+def test_the_policy_reads_min_nodes_from_an_elastic_spec_only() -> None:
+    base = {"name": "t", "entrypoint": "m:f", "resources": {"nodes": 3}}
+    fixed = RunSpec.from_dict(base)
+    elastic = RunSpec.from_dict({**base, "membership": {"mode": "elastic", "min_nodes": 2}})
+    assert DecisionPolicy.of(fixed).min_nodes is None
+    assert DecisionPolicy.of(elastic).min_nodes == 2
 
 
 def test_failed_nodes_with_only_peer_loss_echoes_are_a_gang_crash() -> None:

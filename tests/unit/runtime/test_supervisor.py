@@ -308,3 +308,52 @@ def test_a_node_that_keeps_beating_is_never_lost_even_after_a_lost_peer(
     for _ in range(int(4 * NODE_STALE_S / POLL_S)):
         sup.clock.sleep(POLL_S)  # n1 beats on every sleep: slow, not gone
         assert sup.vanished(inc) == ()
+
+
+ELASTIC_SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:main",
+                                  "resources": {"nodes": 3},
+                                  "membership": {"mode": "elastic", "min_nodes": 2},
+                                  "retry": {"jitter": False, "backoff_base_s": 10}})
+
+
+def _elastic_setup(tmp_path: Path, live: Sequence[str], gang: tuple[str, ...] = (
+        "n0", "n1", "n2")) -> tuple[Supervisor, Incarnation, RecordingRequeuer, RunLog]:
+    run_dir = create_run(tmp_path, ELASTIC_SPEC, run_id="r1")
+    log, requeuer = RunLog(run_dir), RecordingRequeuer()
+    node = NodeInfo(node="n0", node_rank=0, nodes=("n0", "n1", "n2"), job_id="7",
+                    restart_count=0, node_local_root=None, backend="slurm")
+    fence = log.claim("job7.r0.a0.x")
+    inc = Incarnation(run_dir=run_dir, run_id="r1", generation=fence.generation,
+                      holder=fence.holder, fence_slot=fence.slot, job_id="7", restart_count=0,
+                      attempt=0, node="n0", node_local_root=None, gang=gang)
+    sup = Supervisor(run_dir=run_dir, node=node, spec=ELASTIC_SPEC, log=log,
+                     view=LogView(log), requeuer=requeuer, stop=StopFlag(),
+                     preempt_signal=int(signal.SIGUSR1), clock=BeatingClock(run_dir, live))
+    sup.watch_nodes()
+    return sup, inc, requeuer, log
+
+
+def test_an_elastic_gang_watches_liveness_without_spares(tmp_path: Path) -> None:
+    sup, *_ = _elastic_setup(tmp_path, live=("n1", "n2"))
+    assert sup.liveness is not None, "an elastic run survives a node loss: agents beat"
+
+
+def test_a_vanished_node_of_an_elastic_gang_shrinks_it_in_the_same_job(tmp_path: Path) -> None:
+    sup, inc, requeuer, log = _elastic_setup(tmp_path, live=("n2",))  # n1's agent is gone
+    log.append(EntryKind.NOTE, generation=inc.generation, holder=inc.holder,
+               payload={"event": "node_exit", "node": "n0", "status": "failed", "attempt": 0})
+    assert sup.conclude(inc) == AgentExit(next_attempt=1)
+    rec = read_record(inc.run_dir)
+    assert rec.state == "RECOVERING" and requeuer.calls == [], "same job, no requeue"
+    assert rec.membership == ("n0", "n2"), "the survivors, node ranks dense"
+    assert rec.quarantined == ("n1",)
+    assert [f.fault for f in rec.faults] == ["node_failure"] and "n1" in rec.faults[0].detail
+    recovering = [e for e in log.read() if e.kind == EntryKind.STATE][-1]
+    assert recovering.payload["nodes"] == ["n0", "n2"]
+    assert "shrinks from 3 to 2 nodes" in str(recovering.payload["reason"])
+
+
+def test_an_elastic_gang_at_min_nodes_requeues_on_a_node_loss(tmp_path: Path) -> None:
+    sup, inc, requeuer, _ = _elastic_setup(tmp_path, live=(), gang=("n0", "n2"))
+    sup.conclude(inc)
+    assert read_record(inc.run_dir).state == "REQUEUED" and len(requeuer.calls) == 1

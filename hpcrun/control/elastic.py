@@ -1,0 +1,123 @@
+"""Elastic membership, pure: which gang sizes a run may continue on, and how the global batch
+is kept at each of them.
+
+A run with ``membership: {mode: elastic, min_nodes: m}`` and ``resources.nodes: N`` runs its
+gang on any node count ``n`` in ``m..N`` (a lost node with no spare left shrinks it by one in the
+same job; a requeued or resubmitted job asks Slurm for ``--nodes=m-N`` and forms the gang on
+what it granted).
+The world size is then ``n x tasks_per_node`` and node ranks are dense (``0..n-1``).
+
+The global batch and the global sample order stay the same at every size: the data plane's
+order is world-size independent and each rank takes ``global_batch / world_size`` rows of
+global batch ``k`` (a per-rank batch change, no gradient accumulation), so the resume contract
+holds across a shrink. That needs ``global_batch`` to be a multiple of every world size the run
+may take: :func:`unkept_world_sizes` names the ones that are not, and the spec refuses them at
+submit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hpcrun.errors import SpecError
+
+if TYPE_CHECKING:
+    from hpcrun.control.spec import RunSpec
+
+ELASTIC = "elastic"
+"""``membership.mode`` of a run whose gang may shrink (``MembershipMode.ELASTIC``'s value)."""
+
+
+def is_elastic(spec: RunSpec) -> bool:
+    """Whether the run's gang may continue on fewer nodes than ``resources.nodes``."""
+    return spec.membership.mode == ELASTIC
+
+
+def survives_node_loss(spec: RunSpec) -> bool:
+    """Whether a run outlives the loss of a node inside its allocation: it has hot spares to
+    swap in, or an elastic membership that lets the gang shrink.
+
+    Such a run's job step is ``--no-kill`` and its agents beat liveness; any other run's node
+    loss ends the allocation and requeues.
+    """
+    return spec.resources.spare_nodes > 0 or is_elastic(spec)
+
+
+def min_gang_nodes(spec: RunSpec) -> int:
+    """The fewest nodes the gang may run on: ``membership.min_nodes`` when elastic, else
+    ``resources.nodes``."""
+    m = spec.membership.min_nodes
+    return int(m) if is_elastic(spec) and m is not None else spec.resources.nodes
+
+
+def gang_node_counts(min_nodes: int, nodes: int) -> range:
+    """Every gang size between ``min_nodes`` and ``nodes``, both included."""
+    return range(min(min_nodes, nodes), nodes + 1)
+
+
+def sbatch_nodes(spec: RunSpec, *, requeue: bool = False) -> str:
+    """The ``--nodes`` value of the run's allocation: ``N+S`` (``S`` hot spares) for its first
+    job; for a requeued or resubmitted elastic run ``min-max``, so the job starts as soon as
+    ``min_nodes`` are free rather than waiting for all of them, and the gang forms on what
+    Slurm granted. (Slurm's consumable-resource selection grants the low end of a range when
+    it can, measured on the testbed, so a first job asks for exactly what the spec says.)"""
+    total = spec.resources.nodes + spec.resources.spare_nodes
+    low = min_gang_nodes(spec)
+    if requeue and is_elastic(spec) and low < total:
+        return f"{low}-{total}"
+    return str(total)
+
+
+def requeue_resize(spec: RunSpec) -> dict[str, str]:
+    """``scontrol update`` fields that make a requeued elastic job start on ``min-max`` nodes
+    (``NumNodes``, and ``NumTasks`` at the low end: one agent per node, and a task count left
+    at ``nodes`` would still need every node); empty for any other run."""
+    total = spec.resources.nodes + spec.resources.spare_nodes
+    low = min_gang_nodes(spec)
+    if not is_elastic(spec) or low >= total:
+        return {}
+    return {"NumNodes": f"{low}-{total}", "NumTasks": str(low)}
+
+
+AGENT_COUNT_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
+"""Variables ``srun`` takes its task count from when given none. A requeued job keeps the
+values ``sbatch`` computed for its first allocation, so an elastic job's batch shell sets them
+to the nodes it was granted (``$SLURM_JOB_NUM_NODES``) before it starts one agent per node."""
+
+
+def unkept_world_sizes(global_batch: int | None, tasks_per_node: int,
+                       node_counts: Sequence[int] | range) -> tuple[tuple[int, int], ...]:
+    """``(nodes, world_size)`` pairs at which ``global_batch`` rows cannot be split evenly over
+    the ranks (empty when every size keeps it, or when the spec sets no global batch)."""
+    if global_batch is None:
+        return ()
+    return tuple((n, n * tasks_per_node) for n in node_counts
+                 if global_batch % (n * tasks_per_node) != 0)
+
+
+def keepable_global_batch(tasks_per_node: int, node_counts: Sequence[int] | range) -> int:
+    """The smallest global batch every gang size keeps (the least common multiple of the world
+    sizes): what to suggest when a spec's is not."""
+    return math.lcm(*(n * tasks_per_node for n in node_counts))
+
+
+def rows_per_rank(global_batch: int, world_size: int) -> int:
+    """Rows of each global batch one rank takes at ``world_size``.
+
+    Raises:
+        SpecError: ``global_batch`` is not a multiple of ``world_size`` (the spec check refuses
+            such elastic runs at submit).
+    """
+    if world_size < 1 or global_batch % world_size:
+        raise SpecError(f"global batch {global_batch} does not split over {world_size} ranks; "
+                        f"expected a multiple of {world_size}; set data.global_batch to one")
+    return global_batch // world_size
+
+
+def shrink_gang(gang: Sequence[str], lost: Sequence[str]) -> tuple[str, ...]:
+    """The gang without its lost nodes, survivors in their order: node ranks are re-assigned
+    densely (a survivor's node rank is its position here)."""
+    gone = set(lost)
+    return tuple(n for n in gang if n not in gone)

@@ -1,0 +1,47 @@
+#!/bin/bash
+# hpcrun job script for run tiny on site testbed.
+# Spec <spec-id>; operation tiny.submit.0.
+# Submit with `sbatch <this file>`; it starts one hpcrun agent per node.
+#SBATCH --job-name=tiny
+#SBATCH --nodes=2-3
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --time=30
+#SBATCH --partition=batch
+#SBATCH --requeue
+#SBATCH --no-kill
+#SBATCH --signal=USR1@60
+#SBATCH --open-mode=append
+#SBATCH --comment=hpcrun:tiny.submit.0
+#SBATCH --output=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.out
+#SBATCH --error=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.err
+
+# No `set -e`: this shell must reach the wait loop below whatever happens before it.
+set -uo pipefail
+
+export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
+export HPCRUN_SITE=testbed
+export HPCRUN_OP_ID=tiny.submit.0
+export GLOO_SOCKET_IFNAME=lo
+export OMP_NUM_THREADS=1
+
+# Preemption: Slurm sends SIGUSR1 to the job steps (--signal without B:), so every agent
+# gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
+# SIGTERM (preemption grace, time limit) must not end this shell before the agents have
+# committed: it is logged and the shell keeps waiting.
+srun_pid=""
+forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/null; fi; }
+trap forward_preempt USR1
+trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
+
+export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"
+export SLURM_NPROCS="$SLURM_JOB_NUM_NODES"
+srun --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --no-kill \
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+srun_pid=$!
+while true; do
+    wait "$srun_pid"
+    rc=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+exit "$rc"
