@@ -95,6 +95,20 @@ def agent_step(spec: RunSpec, site: SiteConfig) -> AgentStep:
                      extra_flags=site.srun_extra_flags, no_kill=survives_node_loss(spec))
 
 
+def agent_output_flags(step: AgentStep, run_dir: Path) -> list[str]:
+    """Where the agents' own output goes when the step must outlive a node (``--no-kill``):
+    one file per node that each node's slurmstepd writes itself
+    (``<run_dir>/logs/agent-<job>-<node>.{out,err}``), so an agent's output never passes
+    through ``srun``, which runs on the job's first node and dies with it. Empty otherwise
+    (the output goes to the job's files, as before); submitit's own ``srun`` writes per-task
+    files already."""
+    if not step.no_kill:
+        return []
+    logs = job_logs_dir(run_dir)
+    return [shlex.quote(f"--{stream}={logs / f'agent-%j-%N.{ext}'}")
+            for stream, ext in (("output", "out"), ("error", "err"))] + ["--input=none"]
+
+
 def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
                 exclude: Sequence[str] = (), begin: str | None = None,
                 dependency: str | None = None,
@@ -195,8 +209,9 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     """
     flags = sbatch_args(spec, site, run_dir=run_dir, op_id=op_id, exclude=exclude, begin=begin,
                         dependency=dependency, array=array, requeue=requeue)
+    step = agent_step(spec, site)
     srun_args, interpreter = render_container(
-        site.container, agent_step(spec, site).srun_args(),
+        site.container, [*step.srun_args(), *agent_output_flags(step, run_dir)],
         python or site.python or shlex.quote(sys.executable))
     context = {
         "run_name": spec.name, "site_name": site.name, "spec_id": spec.spec_id, "op_id": op_id,

@@ -36,7 +36,7 @@ trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >
 
 export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"
 export SLURM_NPROCS="$SLURM_JOB_NUM_NODES"
-srun --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --no-kill \
+srun --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --no-kill --output=/shared/runs/tiny-20250101-000000-abcd/logs/agent-%j-%N.out --error=/shared/runs/tiny-20250101-000000-abcd/logs/agent-%j-%N.err --input=none \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
