@@ -256,7 +256,10 @@ def test_spent_retry_budget_fails_with_the_reason(testbed: Testbed, runs: RunFac
     spec = slurm_spec(testbed, tasks_per_node=1, steps=40, every_steps=10,
                       retry={"max_attempts": {"process_crash": 0}, "in_allocation_restarts": 0})
     run = runs.submit(spec, inject="crash@step=5,rank=1,every=1")
-    rec = run.wait({"FAILED"}, timeout=120)
+    run.wait({"FAILED"}, timeout=120)
+    # the result entry follows the FAILED state entry in the log
+    run.wait_for("the run's result", lambda: run.record().result is not None, timeout=30)
+    rec = run.record()
     reason = str((rec.result or {}).get("reason"))
     assert rec.result is not None and rec.result["state"] == "FAILED"
     assert "process_crash retry budget spent" in reason, reason
