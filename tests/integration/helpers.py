@@ -53,6 +53,11 @@ def _python() -> str:
     return sys.executable
 
 
+def paced(seconds: float, ranks: int) -> str:
+    """Every rank sleeps ``seconds`` per step in every incarnation (keeps the run observable)."""
+    return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in range(ranks))
+
+
 def slurm_spec(testbed: Testbed, **overrides: Any) -> dict[str, Any]:
     """A tiny 2 nodes x 2 ranks spec on site ``testbed`` (``tiny_spec`` keywords override)."""
     return tiny_spec(manifest=tiny_manifest(testbed), **{"site": "testbed", **overrides})

@@ -22,16 +22,12 @@ from hpcrun.drill.partner import hide_tier1, partner_ready
 from hpcrun.drill.rto import rto_splits
 from hpcrun.testbed import Testbed
 from hpcrun.vocab import Tier
-from tests.integration.helpers import RunFactory, TestbedRun, first_after, slurm_spec
+from tests.integration.helpers import RunFactory, TestbedRun, first_after, paced, slurm_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS = 200
 EVERY = 10
-
-
-def _pace(seconds: float, ranks: int) -> str:
-    return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in range(ranks))
 
 
 def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, tmp_path: Path, *,
@@ -43,7 +39,7 @@ def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, tmp_path: Pa
     hold = tmp_path / "tier1-held"
     spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       resources={"spare_nodes": 1}, config={"ledger": True})
-    run = runs.submit(spec, inject=f"{_pace(0.1, 4)};storage@mode=fail,while={hold}")
+    run = runs.submit(spec, inject=f"{paced(0.1, 4)};storage@mode=fail,while={hold}")
     run.wait_for("a gang and a checkpoint on tier 1", lambda: (rec := run.record()).membership
                  and any(c.tier == "shared" for c in rec.checkpoints), timeout=180)
     gang = run.record().membership

@@ -15,17 +15,13 @@ from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.rto import rto_splits
 from hpcrun.testbed import JobClient, Testbed
-from tests.integration.helpers import RunFactory, first_after, slurm_spec, wait_until
+from tests.integration.helpers import RunFactory, first_after, paced, slurm_spec, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS = 300
 EVERY = 10
 
-
-def _pace(seconds: float, ranks: int) -> str:
-    """Every rank sleeps ``seconds`` per step in every incarnation (keeps the run observable)."""
-    return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in range(ranks))
 
 
 def test_node_crash_without_a_spare_shrinks_the_elastic_gang_within_the_same_job(
@@ -34,7 +30,7 @@ def test_node_crash_without_a_spare_shrinks_the_elastic_gang_within_the_same_job
     spec = slurm_spec(testbed, nodes=3, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       membership={"mode": "elastic", "min_nodes": 2},
                       data={"global_batch": 12}, config={"ledger": True})
-    run = runs.submit(spec, inject=_pace(0.05, 6))
+    run = runs.submit(spec, inject=paced(0.05, 6))
     run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
         (rec := run.record()).step >= 3 * EVERY
         and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
@@ -91,7 +87,7 @@ def test_an_elastic_gang_at_min_nodes_requeues_asking_for_a_range_and_runs_on_wh
     spec = slurm_spec(testbed, nodes=3, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       membership={"mode": "elastic", "min_nodes": 2},
                       data={"global_batch": 12}, config={"ledger": True})
-    run = runs.submit(spec, inject=_pace(0.05, 6))
+    run = runs.submit(spec, inject=paced(0.05, 6))
     run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
         (rec := run.record()).step >= 3 * EVERY
         and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)

@@ -16,7 +16,7 @@ from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.rto import rto_splits
 from hpcrun.testbed import JobClient, Testbed
-from tests.integration.helpers import RunFactory, first_after, slurm_spec, wait_until
+from tests.integration.helpers import RunFactory, first_after, paced, slurm_spec, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -24,16 +24,12 @@ STEPS = 300
 EVERY = 10
 
 
-def _pace(seconds: float, ranks: int) -> str:
-    """Every rank sleeps ``seconds`` per step in every incarnation (keeps the run observable)."""
-    return ";".join(f"slow@step=1,rank={r},seconds={seconds},every=1" for r in range(ranks))
-
 
 def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
     spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       resources={"spare_nodes": 1}, config={"ledger": True})
-    run = runs.submit(spec, inject=_pace(0.05, 4))
+    run = runs.submit(spec, inject=paced(0.05, 4))
     run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
         (rec := run.record()).step >= 3 * EVERY
         and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
@@ -90,7 +86,7 @@ def test_losing_the_supervising_node_hands_supervision_to_a_survivor_in_the_same
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
     spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       resources={"spare_nodes": 1}, config={"ledger": True})
-    run = runs.submit(spec, inject=_pace(0.05, 4))
+    run = runs.submit(spec, inject=paced(0.05, 4))
     run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
         (rec := run.record()).step >= 3 * EVERY
         and any(c.tier == "shared" for c in rec.checkpoints)), timeout=180)
