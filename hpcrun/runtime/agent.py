@@ -358,7 +358,7 @@ class Agent:
                 return moved
             if hang():
                 return Watched.FAILED
-            if not gang.running:
+            if not gang.pending:
                 return Watched.DONE
             self.clock.sleep(POLL_S)
 

@@ -124,8 +124,10 @@ class Gang:
         return new
 
     @property
-    def running(self) -> list[int]:
-        return [r for r, p in self.procs.items() if p.poll() is None]
+    def pending(self) -> list[int]:
+        """Ranks whose end :meth:`poll` has not reported yet (running, or ended since the last
+        poll): a gang is done only once every end was seen, and a failure's cause recorded."""
+        return [r for r in self.procs if r not in self.exits]
 
     @property
     def live_ranks(self) -> list[int]:
@@ -147,7 +149,7 @@ class Gang:
         """SIGTERM each rank's process group, then SIGKILL what is left after ``grace_s``."""
         self._signal_groups(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while self.running and time.monotonic() < deadline:
+        while self.live_ranks and time.monotonic() < deadline:
             time.sleep(0.05)
         self._signal_groups(signal.SIGKILL)
         for proc in self.procs.values():
