@@ -21,8 +21,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hpcrun.errors import SpecError
-
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
 
@@ -63,8 +61,7 @@ def sbatch_nodes(spec: RunSpec, *, requeue: bool = False) -> str:
     ``min_nodes`` are free rather than waiting for all of them, and the gang forms on what
     Slurm granted. (Slurm's consumable-resource selection grants the low end of a range when
     it can, measured on the testbed, so a first job asks for exactly what the spec says.)"""
-    total = spec.resources.nodes + spec.resources.spare_nodes
-    low = min_gang_nodes(spec)
+    low, total = _node_range(spec)
     if requeue and is_elastic(spec) and low < total:
         return f"{low}-{total}"
     return str(total)
@@ -74,11 +71,15 @@ def requeue_resize(spec: RunSpec) -> dict[str, str]:
     """``scontrol update`` fields that make a requeued elastic job start on ``min-max`` nodes
     (``NumNodes``, and ``NumTasks`` at the low end: one agent per node, and a task count left
     at ``nodes`` would still need every node); empty for any other run."""
-    total = spec.resources.nodes + spec.resources.spare_nodes
-    low = min_gang_nodes(spec)
+    low, total = _node_range(spec)
     if not is_elastic(spec) or low >= total:
         return {}
     return {"NumNodes": f"{low}-{total}", "NumTasks": str(low)}
+
+
+def _node_range(spec: RunSpec) -> tuple[int, int]:
+    """The fewest nodes the gang may run on and the nodes of a whole allocation (N+S)."""
+    return min_gang_nodes(spec), spec.resources.nodes + spec.resources.spare_nodes
 
 
 AGENT_COUNT_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
@@ -101,19 +102,6 @@ def keepable_global_batch(tasks_per_node: int, node_counts: Sequence[int] | rang
     """The smallest global batch every gang size keeps (the least common multiple of the world
     sizes): what to suggest when a spec's is not."""
     return math.lcm(*(n * tasks_per_node for n in node_counts))
-
-
-def rows_per_rank(global_batch: int, world_size: int) -> int:
-    """Rows of each global batch one rank takes at ``world_size``.
-
-    Raises:
-        SpecError: ``global_batch`` is not a multiple of ``world_size`` (the spec check refuses
-            such elastic runs at submit).
-    """
-    if world_size < 1 or global_batch % world_size:
-        raise SpecError(f"global batch {global_batch} does not split over {world_size} ranks; "
-                        f"expected a multiple of {world_size}; set data.global_batch to one")
-    return global_batch // world_size
 
 
 def shrink_gang(gang: Sequence[str], lost: Sequence[str]) -> tuple[str, ...]:

@@ -128,11 +128,6 @@ def agree_at_boundary(flag: StopFlag, *, due: bool, tokens: int, suspect: bool =
     return stop > 0, save > 0, summed, odd > 0
 
 
-def agree_any(votes: Sequence[bool], *, group: Any = None) -> list[bool]:
-    """For each vote, whether any rank of ``group`` voted yes (:func:`agree_sum` of 0/1)."""
-    return [n > 0 for n in agree_sum([1 if v else 0 for v in votes], group=group)]
-
-
 def agree_sum(values: Sequence[int], *, group: Any = None) -> list[int]:
     """Each value summed over the ranks of ``group``: one all-reduce (SUM, int64) for all.
 

@@ -13,14 +13,14 @@ from hpcrun.control.elastic import (
     gang_node_counts,
     keepable_global_batch,
     requeue_resize,
-    rows_per_rank,
     sbatch_nodes,
     shrink_gang,
     survives_node_loss,
     unkept_world_sizes,
 )
 from hpcrun.control.spec import RunSpec
-from hpcrun.errors import SpecError
+from hpcrun.data.batches import replica_rows
+from hpcrun.errors import DataError, SpecError
 from hpcrun.runtime import membership
 
 BASE = {"name": "tiny", "entrypoint": "examples.tiny_lm.train:main"}
@@ -66,13 +66,13 @@ def test_a_requeued_elastic_job_is_resized_to_its_range_with_a_task_per_node() -
 def test_global_batch_arithmetic_per_rank_rows_at_each_size() -> None:
     assert list(gang_node_counts(2, 4)) == [2, 3, 4]
     # 24 rows over 3x2, 2x2 ranks: each rank takes 4, then 6, rows of the same global batch
-    assert (rows_per_rank(24, 6), rows_per_rank(24, 4)) == (4, 6)
+    assert (len(replica_rows(24, 0, 6)), len(replica_rows(24, 0, 4))) == (4, 6)
     assert unkept_world_sizes(24, 2, gang_node_counts(2, 3)) == ()
     assert unkept_world_sizes(8, 2, gang_node_counts(2, 3)) == ((3, 6),)
     assert unkept_world_sizes(None, 2, gang_node_counts(1, 3)) == ()
     assert keepable_global_batch(2, gang_node_counts(2, 3)) == 12
-    with pytest.raises(SpecError, match="does not split over 6 ranks"):
-        rows_per_rank(8, 6)
+    with pytest.raises(DataError, match="must be divisible by the number of replicas 6"):
+        replica_rows(8, 0, 6)
 
 
 @given(tasks=st.integers(1, 8), low=st.integers(1, 6), extra=st.integers(0, 4),
@@ -82,7 +82,7 @@ def test_the_suggested_global_batch_is_kept_at_every_size(tasks: int, low: int, 
     counts = gang_node_counts(low, low + extra)
     batch = factor * keepable_global_batch(tasks, counts)
     assert unkept_world_sizes(batch, tasks, counts) == ()
-    assert sum(rows_per_rank(batch, n * tasks) * n * tasks for n in counts) == batch * len(counts)
+    assert all(replica_rows(batch, n * tasks - 1, n * tasks).stop == batch for n in counts)
 
 
 def test_a_global_batch_that_cannot_be_kept_is_one_error_naming_the_sizes() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from hpcrun.errors import ConfigError
 from hpcrun.launch.signals import StopFlag, signal_number, stop_on
-from hpcrun.runtime.preemption import agree_any
+from hpcrun.runtime.preemption import agree_sum
 from tests.unit.launch.test_dist import gang, spawn
 
 
@@ -90,9 +90,9 @@ def test_stop_on_outside_the_main_thread_is_a_clear_error() -> None:
 
 def test_flag_set_by_hand_and_single_process_agreement() -> None:
     flag = StopFlag()
-    assert agree_any([flag.is_set]) == [False]
+    assert agree_sum([int(flag.is_set)]) == [0]
     flag.set(reason="injected preempt@12")
-    assert agree_any([flag.is_set]) == [True] and flag.reason == "injected preempt@12"
+    assert agree_sum([int(flag.is_set)]) == [1] and flag.reason == "injected preempt@12"
     assert flag.signum is None
 
 
@@ -101,7 +101,7 @@ AGREE = """
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.dist import init_process_group, destroy_process_group
     from hpcrun.launch.signals import StopFlag, stop_on
-    from hpcrun.runtime.preemption import agree_any
+    from hpcrun.runtime.preemption import agree_sum
     env = DistEnv.from_environ(dict(os.environ))
     init_process_group(env, timeout_s=60)
     flag = StopFlag()
@@ -109,7 +109,7 @@ AGREE = """
     with stop_on(["USR1"], flag):
         print("ready", flush=True)
         for step in range(600):
-            if agree_any([flag.is_set])[0]:
+            if agree_sum([int(flag.is_set)])[0]:
                 stopped_at = step
                 break
             time.sleep(0.02)  # the step's work; the signal lands somewhere in here
