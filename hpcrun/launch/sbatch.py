@@ -53,6 +53,34 @@ def job_logs_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "logs"
 
 
+def job_exit_path(run_dir: Path, job_id: str) -> Path:
+    """Where the supervisor writes the exit status the job should end with once the run has
+    ended (``<run_dir>/logs/job-<job>.exit``): the batch shell exits with it
+    (:func:`job_exit_lines`)."""
+    return job_logs_dir(run_dir) / f"job-{job_id}.exit"
+
+
+def job_exit_lines(run_dir: Path) -> list[str]:
+    """Batch-shell lines that make the job's exit status the run's outcome.
+
+    The agent step's ``srun`` exits with its worst task: after a node loss that a hot spare or
+    a shrink repaired, the lost node's task counts as killed (137) and the job would end FAILED
+    in ``sacct`` although the run SUCCEEDED. The supervisor writes the run's exit status to
+    :func:`job_exit_path` when the run ends; an EXIT trap replaces the shell's status with it.
+    Without that file (a requeue, a job Slurm ended) the shell's own status stands.
+    """
+    exit_file = shlex.quote(str(job_logs_dir(run_dir))) + '/job-"${SLURM_JOB_ID:-}".exit'
+    return [f"hpcrun_exit_file={exit_file}",
+            'rm -f "$hpcrun_exit_file"',
+            "hpcrun_job_exit() {",
+            "    local rc=$? ended",
+            '    ended=$(head -c 4 "$hpcrun_exit_file" 2>/dev/null)',
+            "    case \"$ended\" in ''|*[!0-9]*) ;; *) rc=$ended ;; esac",
+            '    exit "$rc"',
+            "}",
+            "trap hpcrun_job_exit EXIT"]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AgentStep:
     """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime.agent``."""
@@ -221,6 +249,7 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         "run_dir": str(run_dir), "signal": site.signal_name(),
         "srun_args": srun_args, "python": interpreter,
         "agent_count": agent_count_exports(spec),
+        "job_exit": job_exit_lines(run_dir),
     }
     return _environment().get_template(template).render(**context)
 

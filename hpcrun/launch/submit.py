@@ -39,6 +39,7 @@ from hpcrun.launch.sbatch import (
     BARE,
     agent_count_exports,
     agent_step,
+    job_exit_lines,
     job_logs_dir,
     sbatch_args,
 )
@@ -74,6 +75,7 @@ def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str,
     exports = {"HPCRUN_RUN_DIR": str(run_dir), "HPCRUN_SITE": site.name, "HPCRUN_OP_ID": op_id}
     exports.update(sorted(site.env.items()))
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
+    lines += job_exit_lines(run_dir)
     sig = site.signal_name()
     lines += list(agents)  # an elastic job: one agent per granted node
     lines += ["trap 'echo \"hpcrun: batch shell got SIGTERM after the agents\" >&2' TERM",

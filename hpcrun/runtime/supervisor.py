@@ -38,7 +38,8 @@ from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.record import read_record
 from hpcrun.control.states import RunState
-from hpcrun.errors import HpcrunError, StaleGenerationError
+from hpcrun.errors import HpcrunError, StaleGenerationError, StorageError
+from hpcrun.launch.sbatch import job_exit_path
 from hpcrun.launch.signals import StopFlag
 from hpcrun.observe.postrun import post_run_publisher
 from hpcrun.runtime import preemption
@@ -75,6 +76,7 @@ from hpcrun.runtime.membership import (
 )
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.takeover import claim_due, supervisor_of
+from hpcrun.storage import LocalStorage
 from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
@@ -278,7 +280,7 @@ class Supervisor:
                 self._publish(inc, StatePayload(state=RunState.SUCCEEDED,
                                                 reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.SUCCEEDED))
-                self._ended(inc)
+                self._ended(inc, EXIT_OK)
                 self._release_if_orphaned()
                 return AgentExit(status=EXIT_OK)
             case LeaveToSlurm():
@@ -304,7 +306,7 @@ class Supervisor:
                     self._record_preempted(inc)
                 self._publish(inc, StatePayload(state=RunState.FAILED, reason=decision.reason))
                 self._publish(inc, ResultPayload(state=RunState.FAILED, reason=decision.reason))
-                self._ended(inc)
+                self._ended(inc, EXIT_USER_ERROR)
                 self._release_if_orphaned()
                 return AgentExit(status=EXIT_USER_ERROR)
             case Requeue():
@@ -446,8 +448,16 @@ class Supervisor:
     def _publish(self, inc: Incarnation, payload: EntryPayload) -> None:
         self.log.publish_entry(payload, generation=inc.generation, holder=inc.holder)
 
-    def _ended(self, inc: Incarnation) -> None:
-        """The run's post-run manifest, published under ``inc``'s fence (best effort)."""
+    def _ended(self, inc: Incarnation, status: int) -> None:
+        """The run has ended: the job's exit ``status`` for its batch shell
+        (:func:`~hpcrun.launch.sbatch.job_exit_lines`), then the post-run manifest, published
+        under ``inc``'s fence (both best effort)."""
+        if self.node.backend == "slurm":
+            try:
+                LocalStorage().write_atomic(job_exit_path(self.run_dir, self.node.job_id),
+                                            f"{status}\n".encode())
+            except StorageError as exc:  # the job then ends with its step's own status
+                print(f"hpcrun agent {self.node.node}: {exc}", file=sys.stderr)
         publish_ending(self.on_end, self.log, generation=inc.generation, holder=inc.holder)
 
     def _append(self, inc: Incarnation, payload: EntryPayload) -> None:

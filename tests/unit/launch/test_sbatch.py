@@ -19,7 +19,13 @@ import pytest
 
 from hpcrun.control.spec import RunSpec
 from hpcrun.errors import ConfigError
-from hpcrun.launch.sbatch import agent_step, format_flag, render_sbatch, sbatch_args
+from hpcrun.launch.sbatch import (
+    agent_step,
+    format_flag,
+    job_exit_path,
+    render_sbatch,
+    sbatch_args,
+)
 from hpcrun.launch.site import SiteConfig, load_site
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -181,6 +187,34 @@ def test_batch_shell_forwards_the_signal_survives_sigterm_and_returns_srun_statu
     assert argv[5:] == ["/usr/bin/python3", "-m", "hpcrun.runtime.agent", "--run-dir",
                         str(tmp_path)]
     assert "got SIGTERM" in (shell.stderr.read() if shell.stderr else "")
+
+
+LOST_NODE_SRUN = """#!/bin/bash
+# Stands in for the agent step after a node loss repaired in the allocation: the supervisor
+# wrote the run's exit status ($RUN_STATUS, none when unset), the lost node's task was killed.
+if [ -n "${RUN_STATUS:-}" ]; then echo "$RUN_STATUS" > "$LOGS/job-$SLURM_JOB_ID.exit"; fi
+exit 137
+"""
+
+
+@pytest.mark.parametrize(("run_status", "job_rc"), [("0", 0), ("1", 1), ("", 137), ("x", 137)])
+def test_the_job_exits_with_the_runs_status_once_the_run_has_ended(
+        tmp_path: Path, run_status: str, job_rc: int) -> None:
+    bindir, logs = tmp_path / "bin", tmp_path / "logs"
+    bindir.mkdir()
+    logs.mkdir()
+    (bindir / "srun").write_text(LOST_NODE_SRUN)
+    (bindir / "srun").chmod(0o755)
+    (logs / "job-42.exit").write_text("0\n")  # an earlier run of this job id: removed at start
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(make_spec(nodes=2, spare_nodes=1), load_site("testbed"),
+                                    run_dir=tmp_path, op_id="o"))
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
+           "RUN_STATUS": run_status, "LOGS": str(logs)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == job_rc, done.stderr
+    assert job_exit_path(tmp_path, "42") == logs / "job-42.exit"
 
 
 def test_spare_nodes_start_an_agent_on_every_allocated_node_and_survive_a_node_loss() -> None:

@@ -35,6 +35,18 @@ export NCCL_DEBUG=WARN
 export OMP_NUM_THREADS=8
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 
+# The job's exit status is the run's outcome once the run has ended (a node lost and repaired
+# inside the allocation leaves a killed task behind in the step's own status).
+hpcrun_exit_file=/shared/runs/tiny-20250101-000000-abcd/logs/job-"${SLURM_JOB_ID:-}".exit
+rm -f "$hpcrun_exit_file"
+hpcrun_job_exit() {
+    local rc=$? ended
+    ended=$(head -c 4 "$hpcrun_exit_file" 2>/dev/null)
+    case "$ended" in ''|*[!0-9]*) ;; *) rc=$ended ;; esac
+    exit "$rc"
+}
+trap hpcrun_job_exit EXIT
+
 # Site setup, before the agents start; a failing line ends the job. Activation scripts (conda,
 # venv) read unset variables, so -u is off while they run.
 set +u

@@ -25,6 +25,18 @@ export HPCRUN_OP_ID=tiny.submit.0
 export GLOO_SOCKET_IFNAME=lo
 export OMP_NUM_THREADS=1
 
+# The job's exit status is the run's outcome once the run has ended (a node lost and repaired
+# inside the allocation leaves a killed task behind in the step's own status).
+hpcrun_exit_file=/shared/runs/tiny-20250101-000000-abcd/logs/job-"${SLURM_JOB_ID:-}".exit
+rm -f "$hpcrun_exit_file"
+hpcrun_job_exit() {
+    local rc=$? ended
+    ended=$(head -c 4 "$hpcrun_exit_file" 2>/dev/null)
+    case "$ended" in ''|*[!0-9]*) ;; *) rc=$ended ;; esac
+    exit "$rc"
+}
+trap hpcrun_job_exit EXIT
+
 # Preemption: Slurm sends SIGUSR1 to the job steps (--signal without B:), so every agent
 # gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
 # SIGTERM (preemption grace, time limit) must not end this shell before the agents have

@@ -22,6 +22,15 @@ export HPCRUN_SITE=testbed
 export HPCRUN_OP_ID=tiny.submit.0
 export GLOO_SOCKET_IFNAME=lo
 export OMP_NUM_THREADS=1
+hpcrun_exit_file=<tmp>/runs/tiny-1/logs/job-"${SLURM_JOB_ID:-}".exit
+rm -f "$hpcrun_exit_file"
+hpcrun_job_exit() {
+    local rc=$? ended
+    ended=$(head -c 4 "$hpcrun_exit_file" 2>/dev/null)
+    case "$ended" in ''|*[!0-9]*) ;; *) rc=$ended ;; esac
+    exit "$rc"
+}
+trap hpcrun_job_exit EXIT
 trap 'echo "hpcrun: batch shell got SIGTERM after the agents" >&2' TERM
 trap 'echo "hpcrun: batch shell got SIGUSR1; the agents get it from Slurm" >&2' USR1
 
