@@ -44,6 +44,11 @@ _ENV_KEYS = {
 """Incarnation field → environment variable."""
 
 
+def node_logs_dir(run_dir: Path, node: str) -> Path:
+    """``<run_dir>/logs/<node>``: the output files of a node's agent, ranks and drainer."""
+    return run_dir / "logs" / node
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Incarnation:
     """The fencing token and file locations shared by every process of one gang start."""
@@ -110,7 +115,7 @@ class Incarnation:
 
     def logs_dir(self) -> Path:
         """Where this node's rank stdout/stderr go."""
-        return self.run_dir / "logs" / self.node
+        return node_logs_dir(self.run_dir, self.node)
 
     def events_path(self, rank: int) -> Path:
         """This rank's event log (JSON Lines)."""
