@@ -61,7 +61,7 @@ from hpcrun.runtime.incarnation import (
 from hpcrun.runtime.logview import LogView, decoded, gang_faults
 from hpcrun.runtime.membership import LivenessBeat, initial_gang, survives_node_loss
 from hpcrun.runtime.node import NodeInfo
-from hpcrun.runtime.stepio import outlive_step_terminal
+from hpcrun.runtime.stepio import detach_stdio
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 from hpcrun.runtime.upstream import cancel_if_upstream_broken
 
@@ -124,8 +124,7 @@ class Agent:
             stack.callback(self._reap_drainer)
             if survives_node_loss(self.spec):
                 if self.node.backend == "slurm":
-                    outlive_step_terminal(node_logs_dir(self.run_dir, self.node.node),
-                                          self.node.node)
+                    detach_stdio(node_logs_dir(self.run_dir, self.node.node))
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
                 stack.enter_context(LivenessBeat(self.run_dir, self.node.node))

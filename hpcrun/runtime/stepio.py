@@ -1,38 +1,34 @@
-"""An agent that must outlive a lost node stops depending on the job step's ``srun``.
+"""An agent that must outlive a lost node stops depending on the job step's ``srun`` for its I/O.
 
-The agents' step is launched by one ``srun`` on the job's first node. submitit runs it with
-``--unbuffered``, so each agent's stdin, stdout and stderr are a terminal that ``slurmstepd``
-relays to that ``srun``. Measured on the testbed: when the first node is lost, ``srun`` dies
-with it, each surviving node's ``slurmstepd`` closes the terminal about 2 s later, and the
-kernel's hangup (SIGHUP, default action: terminate) ended every surviving agent, and with it
-its ranks, before any could take over supervision. In a run that survives node loss each agent
+The agents' step is launched by one ``srun`` on the job's first node, and each node's
+``slurmstepd`` relays the agents' stdin, stdout and stderr through its I/O handler. Measured on
+the testbed: when the job's first node is lost, ``srun`` dies with it and every surviving
+node's I/O handler exits at once (``IO handler exited`` in slurmd's log); an agent that then
+writes to its stdout or stderr writes into a pipe nobody reads (EPIPE) and its status line, its
+fault report or its traceback is lost or ends it. In a run that survives node loss each agent
 therefore, from its start:
 
-- ignores SIGHUP (and says so once, in its own log);
-- writes its stdout and stderr to ``<run_dir>/logs/<node>/agent.{out,err}`` instead of the
-  terminal, so no write fails once the terminal is gone;
+- writes its stdout and stderr to ``<run_dir>/logs/<node>/agent.{out,err}`` (appended);
 - reads nothing from stdin (``/dev/null``).
 
-Ranks, warm workers and the drainer start in sessions of their own (no controlling terminal)
-and write to their own files already.
+Ranks, warm workers and the drainer write to their own files already.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 AGENT_OUT = "agent.out"
 AGENT_ERR = "agent.err"
 
 
-def outlive_step_terminal(logs_dir: Path, node: str) -> None:
-    """Detach this agent's stdio from the step's terminal and ignore its hangup (see module).
+def detach_stdio(logs_dir: Path) -> None:
+    """Point this process's stdin at ``/dev/null`` and its stdout and stderr at
+    ``logs_dir/agent.{out,err}`` (see module).
 
-    Irreversible by design: the terminal may be gone by the time the agent exits.
+    Irreversible by design: the step's pipes may be gone by the time the agent exits.
     """
     logs_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
     sys.stdout.flush()
@@ -40,15 +36,6 @@ def outlive_step_terminal(logs_dir: Path, node: str) -> None:
     _redirect(0, os.devnull, os.O_RDONLY)
     for fd, name in ((1, AGENT_OUT), (2, AGENT_ERR)):
         _redirect(fd, str(logs_dir / name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    said: list[bool] = []
-
-    def hung_up(signum: int, frame: FrameType | None) -> None:
-        if not said:
-            said.append(True)
-            print(f"hpcrun agent {node}: the job step's terminal hung up (its srun is gone, "
-                  "with the job's first node); carrying on", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGHUP, hung_up)
 
 
 def _redirect(fd: int, path: str, flags: int) -> None:
@@ -59,4 +46,4 @@ def _redirect(fd: int, path: str, flags: int) -> None:
         os.close(target)
 
 
-__all__ = ["AGENT_ERR", "AGENT_OUT", "outlive_step_terminal"]
+__all__ = ["AGENT_ERR", "AGENT_OUT", "detach_stdio"]
