@@ -42,14 +42,41 @@ def write_text(path: Path, text: str, *, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def _stat_state(pid: int, proc: Path) -> str | None:
+def _stat_fields(pid: int, proc: Path) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); [] when
+    unreadable. "pid (comm) S ...": comm may hold spaces or parens, the state follows the last
+    ")"."""
     try:
         raw = (proc / str(pid) / "stat").read_text()
     except OSError:
-        return None
-    # "pid (comm) S ...": comm may hold spaces or parens, the state follows the last ")".
-    tail = raw.rpartition(")")[2].split()
-    return tail[0] if tail else None
+        return []
+    return raw.rpartition(")")[2].split()
+
+
+def _stat_state(pid: int, proc: Path) -> str | None:
+    fields = _stat_fields(pid, proc)
+    return fields[0] if fields else None
+
+
+def parent_pid(pid: int, proc: Path = PROC) -> int | None:
+    """``pid``'s parent from ``/proc/<pid>/stat`` (None when unreadable)."""
+    fields = _stat_fields(pid, proc)
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def leaves_first(pids: Iterable[int], proc: Path = PROC) -> list[int]:
+    """``pids`` ordered so that every process comes before its parent (deepest first)."""
+    wanted = set(pids)
+    parents = {pid: parent_pid(pid, proc) for pid in wanted}
+
+    def depth(pid: int) -> int:
+        seen, up = {pid}, parents.get(pid)
+        while up is not None and up in wanted and up not in seen:
+            seen.add(up)
+            up = parents.get(up)
+        return len(seen) - 1
+
+    return sorted(wanted, key=lambda pid: (-depth(pid), -pid))
 
 
 def process_name(pid: int, proc: Path = PROC) -> str | None:
@@ -126,13 +153,15 @@ def stop_pids(pids: list[int], *, clock: Clock, grace: float, proc: Path = PROC)
 
 def kill_namespace(namespace: str, *, clock: Clock, proc: Path = PROC) -> list[int]:
     """Power loss of a node: SIGSTOP every process of its UTS namespace, then SIGKILL them all,
-    again until none is left.
+    children before parents, again until none is left.
 
-    A real power loss stops every process of the node at once. Killed one after the other, the
-    job's ``srun`` on the job's first node could outlive that node's ``slurmstepd`` by a few
-    milliseconds, see the step's connection close and have Slurm SIGKILL the step on every
-    other node (measured on this testbed: 1 run in 3 of the supervising-node crash). Frozen
-    first, no process of the node acts on another's death.
+    A real power loss stops every process of the node at once, and none acts on another's
+    death. Killed one after the other, the job's ``srun`` on the job's first node could act:
+    measured on this testbed (1 run in 3 of the supervising-node crash), it printed
+    ``forcing job termination`` and had Slurm SIGKILL the agent step on every other node. Frozen
+    first, it could still be woken: a stopped process whose parent dies is in an orphaned
+    process group, and the kernel sends it SIGHUP and SIGCONT (``srun: got SIGCONT``). So the
+    kill goes children first: no stopped process outlives its parent.
 
     Returns the pids killed. Does nothing for a host namespace (see ``pids_in_namespace``).
     """
@@ -148,7 +177,7 @@ def kill_namespace(namespace: str, *, clock: Clock, proc: Path = PROC) -> list[i
         pids = pids_in_namespace(namespace, proc)
         if not pids:
             return killed
-        send_signal(pids, signal.SIGKILL)
+        send_signal(leaves_first(pids, proc), signal.SIGKILL)
         killed += pids
         clock.sleep(0.05)
     raise TestbedError(f"testbed: processes of namespace {namespace} keep appearing after "

@@ -112,3 +112,17 @@ def test_log_tail_is_one_line(tmp_path: Path) -> None:
     log.write_text("a\n\nb\nc\nfatal: bad\n")
     assert d.log_tail(log) == "b | c | fatal: bad"
     assert "no log" in d.log_tail(tmp_path / "none.log")
+
+
+def test_a_crash_kills_children_before_their_parents(tmp_path: Path) -> None:
+    """srun (under the batch shell, under slurmstepd) dies before its parent: a stopped process
+    whose parent dies first is woken by the kernel (SIGHUP, SIGCONT) and could act."""
+    b = _FAKE_PID_BASE
+    tree = {b + 1: 1, b + 2: b + 1, b + 3: b + 2, b + 9: b + 3, b + 4: b + 1}
+    for pid, ppid in tree.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (p {pid}) S {ppid} 1 1\n")
+    order = d.leaves_first(tree, tmp_path)
+    assert all(order.index(child) < order.index(parent) for child, parent in tree.items()
+               if parent in tree), order
+    assert order[0] == b + 9 and order[-1] == b + 1
