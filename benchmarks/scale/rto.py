@@ -66,10 +66,12 @@ SEED_BYTES_PER_NODE = 30e9
 SEED_READ_RATE = 2e9
 
 
-DETECT_EXTRA_S = 2.3
-"""The testbed's spare swap: detect 5.1 and 5.8 s in two runs as the RTO tools measure it (from
-the drill's crash mark, before the node's last beat); the larger, less the 3 s bound and the
-0.5 s read period."""
+DETECT_EXTRA_S = 0.0
+"""Detect beyond the staleness bound and the read period, as measured on the testbed: the
+largest detect of the final tree was 3.4 s (the supervising node's loss, the 3 s bound; the
+spare swaps, with the 1.5 s bound, 1.4-1.7 s), within bound + read period (3.5 s), so nothing
+is added. (Earlier figures of 5.1-5.8 s counted from the first step of a test's per-step
+pacing, not from the crash.)"""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcrun.runtime.faults import FaultKind
 from hpcrun.runtime.startup import start_parts
 
 PHASES = ("detect", "requeue_wait", "start", "restore", "first_step")
@@ -160,8 +161,14 @@ def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:
             if a in marks and b in marks}
 
 
+_NOT_INTERRUPTIONS = frozenset({FaultKind.SLOW.value})
+"""Injected faults that do not interrupt the gang: a straggler's pacing sleeps in every step
+(a test keeps a run observable with it), and its events are no evidence of a recovery."""
+
+
 def _interrupted(entries: Sequence[Any], events: Sequence[Any], decided: float) -> float:
-    times = [float(_field(ev, "ts")) for ev in events if _field(ev, "kind") == "fault_injected"]
+    times = [float(_field(ev, "ts")) for ev in events if _field(ev, "kind") == "fault_injected"
+             and _field(ev, "data", {}).get("fault") not in _NOT_INTERRUPTIONS]
     times += [float(_field(e, "ts")) for e in entries if _field(e, "kind") == "fault"
               or _payload(e).get("event") == "fault_injected"]
     times += [float(_field(ev, "data", {}).get("start_ts", _field(ev, "ts"))) for ev in events

@@ -43,6 +43,15 @@ def test_split_of_a_preemption_has_every_phase_in_order() -> None:
     assert s.steps_lost == 0 and s.restored_step == 20
 
 
+def test_a_straggler_pacing_every_step_is_not_the_interruption() -> None:
+    # tests pace runs with a `slow` injection in every step: the crash, not the first paced
+    # step, starts the recovery
+    entries, events = _preempted_run()
+    events.insert(0, _ev("fault_injected", 1, 101.0, step=1, fault="slow"))
+    (s,) = rto_splits(entries, events)
+    assert s.phases["detect"] == 2.0 and s.total_s == 11.0
+
+
 def test_node_failure_is_the_cause_even_when_echoes_were_logged_first() -> None:
     entries, events = _preempted_run()
     entries[4] = _e(4, "fault", 1, 112.1, fault="user_error")
