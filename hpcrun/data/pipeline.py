@@ -194,6 +194,12 @@ def _as_torch(batch: dict[str, Any]) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
+def _converted(batches: Iterator[dict[str, Any]], as_torch: bool
+               ) -> Iterator[dict[str, Any]]:
+    """``batches`` as tensors when asked (made on the thread that iterates this)."""
+    return (_as_torch(b) for b in batches) if as_torch else batches
+
+
 def _plan_tasks(order: GlobalOrder, lock: threading.Lock, rows: range, start: int,
                 submitted: dict[int, float], clock: Clock) -> Iterator[_BatchTask]:
     """Read tasks of batches ``start, start+1, ...`` until the stream ends."""
@@ -274,6 +280,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
                                   pad_id=pad_id, seed=seed, transform=transform,
                                   keep=prefetch_batches + 4, as_torch=as_torch)
         self.metrics = LoaderMetrics(clock)
+        self._batch_nbytes = len(self.rows) * seq_len * np.dtype(BATCH_ARRAYS[0][1]).itemsize
         self._delivered = 0
         self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
         self._transform, self._pad_id = transform, pad_id
@@ -313,18 +320,18 @@ class DataPipeline(Iterator[dict[str, Any]]):
 
     def __next__(self) -> dict[str, Any]:
         t0 = self.clock.monotonic()
-        source = self._ahead or self._reader or self._start()
+        source = self._ahead or self._start()
         depth = source.ready
         batch = next(source)
         now = self.clock.monotonic()
         self.metrics.retries = self._reader.retries if self._reader is not None else 0
         self.metrics.record(time_to_batch=now - self._submitted.pop(self._delivered, t0),
                             input_wait=now - t0, queue_depth=depth,
-                            nbytes=batch["tokens"].nbytes, samples=len(self.rows),
+                            nbytes=self._batch_nbytes, samples=len(self.rows),
                             tokens=batch.pop("tokens_read"))
         batch["batch"] = self._delivered
         self._delivered += 1
-        return self._convert(batch)
+        return batch
 
     def take_input_wait(self) -> float:
         """Seconds spent waiting in ``next()`` since the previous call (each wait counted once).
@@ -376,10 +383,16 @@ class DataPipeline(Iterator[dict[str, Any]]):
                              global_batch=self.global_batch, seq_len=self.seq_len,
                              packing=self.packing)
 
-    def _start(self) -> ReadAhead[dict[str, Any]] | ProcessBatches:
+    def _start(self) -> ReadAhead[dict[str, Any]]:
         if self.executor_kind == "process":
-            self._reader = self._start_processes()
-            return self._reader
+            # A background thread takes each batch's message, copies the slot out, hands the
+            # slot back and makes the tensors: the caller's next() is one queue get, as on
+            # the thread path (two system calls and the conversions cost more than the step's
+            # budget for input wait).
+            procs = self._reader = self._start_processes()
+            self._ahead = ReadAhead(_converted(procs, self.as_torch), depth=1,
+                                    name="hpcrun-batches")
+            return self._ahead
         # Planning, submitting reads and the reorder buffer run on one background thread;
         # the caller's next() only takes a finished batch off a queue.
         self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
@@ -417,11 +430,6 @@ class DataPipeline(Iterator[dict[str, Any]]):
         # dropped without close() is collected, and its __del__ stops the thread).
         return _plan_tasks(self._order, self._order_lock, self.rows, start, self._submitted,
                            self.clock)
-
-    def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if not self.as_torch or self._ahead is not None:  # reader threads made tensors
-            return batch
-        return _as_torch(batch)
 
     def __del__(self) -> None:
         # interpreter teardown: nothing left to release safely when this fails
