@@ -33,6 +33,10 @@ LEDGER_DTYPE = np.dtype([("row", np.int64), ("sample_id", np.int64), ("source", 
 """One segment of a global batch: ``length`` tokens of ``sample_id`` from token ``offset``."""
 
 _MEMO = 64
+_BLOCK = 512
+"""Draws resolved at once by :meth:`DocStream.docs` and kept for the next calls: the packer
+asks for overlapping runs of a few dozen draws per batch, and each call has a fixed cost of
+a few dozen numpy calls (mixture, permutation, fields)."""
 _TABLE_MAX = 1 << 15
 """Sources up to this many records keep each epoch's permutation as a table (at most 256 KiB,
 built with the permutation itself, so the values are the same): a lookup is one gather
@@ -83,9 +87,23 @@ class DocStream:
         self._perms: collections.OrderedDict[tuple[int, int],
                                              Callable[[np.ndarray], np.ndarray]] = \
             collections.OrderedDict()
+        self._block: tuple[int, np.ndarray, bool] = (0, np.zeros(0, dtype=DOC_DTYPE), False)
 
     def docs(self, start: int, count: int) -> np.ndarray:
         """The documents of draws ``[start, start+count)`` (fewer when the stream ends)."""
+        first, block, ends = self._block
+        lo = start - first
+        if lo >= 0 and (lo + count <= block.size or ends):
+            return block[lo:lo + count].copy()
+        want = max(count, _BLOCK)
+        try:
+            block = self._resolve(start, want)
+        except DataError:  # a 'fail' source runs out ahead: fail only where the caller asks
+            block, want = self._resolve(start, count), count
+        self._block = (start, block, block.size < want)  # short: the stream ends there
+        return block[:count].copy()
+
+    def _resolve(self, start: int, count: int) -> np.ndarray:
         src, pos = self.mixture.draws(start, count)
         out = np.zeros(src.size, dtype=DOC_DTYPE)
         out["draw"] = np.arange(start, start + src.size)
@@ -213,8 +231,9 @@ class GlobalOrder:
         """State before global batch ``k`` (``None`` when the stream ends before it)."""
         if k < 0:
             raise ArgumentError(f"global batch index must be >= 0, found {k}")
-        base = max(b for b in self._memo if b <= k)
-        state = self._memo[base]
+        state = self._memo.get(k)  # sequential planning remembers exactly this one
+        if state is None:
+            state = self._memo[max(b for b in self._memo if b <= k)]
         while state.batch < k:
             if self.plan(state.batch) is None:
                 return None

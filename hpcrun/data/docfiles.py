@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hpcrun.data.formats import npy_layout, parse_npy_header
+from hpcrun.data.formats import npy_layout, npy_token_span
 from hpcrun.errors import DataError
 
 __all__ = ["HEAD_BYTES", "DocumentFiles"]
@@ -112,10 +112,7 @@ class DocumentFiles:
         return cache
 
     def _open(self, fds: collections.OrderedDict[int, int], obj: int) -> int:
-        fd = fds.get(obj)
-        if fd is not None:
-            fds.move_to_end(obj)
-            return fd
+        """A new descriptor for ``obj``, kept in this thread's LRU (the oldest closed)."""
         fd = fds[obj] = os.open(self.paths[obj], os.O_RDONLY)
         if len(fds) > self.max_open:
             os.close(fds.popitem(last=False)[1])
@@ -124,20 +121,25 @@ class DocumentFiles:
     def _span(self, fds: collections.OrderedDict[int, int], obj: int, lo: int,
               hi: int) -> np.ndarray:
         """Tokens ``lo..hi`` of object ``obj`` (one ``pread``, or none past the first)."""
-        fd = self._open(fds, obj)
+        fd = fds.get(obj)
+        if fd is None:
+            fd = self._open(fds, obj)
+        else:
+            fds.move_to_end(obj)
         layout = self._layouts[obj]
+        head = b""
         if layout is None:
             head = os.pread(fd, self._head[obj], 0)
             layout = self._layouts[obj] = self._layout(head, obj)
-            offset, dtype, count = layout
-            self._check(count, obj, lo, hi)
-            start = offset + lo * dtype.itemsize
-            if start + (hi - lo) * dtype.itemsize <= len(head):
-                return np.frombuffer(head, dtype=dtype, count=hi - lo, offset=start)
         offset, dtype, count = layout
-        self._check(count, obj, lo, hi)
-        size = (hi - lo) * dtype.itemsize
-        raw = os.pread(fd, size, offset + lo * dtype.itemsize)
+        if lo < 0 or hi > count:
+            raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} end past the object's "
+                            f"{count} tokens; the object changed since the manifest was built, "
+                            "rebuild it")
+        start, size = offset + lo * dtype.itemsize, (hi - lo) * dtype.itemsize
+        if start + size <= len(head):  # the first touch read it with the header
+            return np.frombuffer(head, dtype=dtype, count=hi - lo, offset=start)
+        raw = os.pread(fd, size, start)
         if len(raw) != size:
             raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} are past the end of the "
                             f"file ({len(raw)} of {size} bytes read); the object changed since "
@@ -145,17 +147,14 @@ class DocumentFiles:
         return np.frombuffer(raw, dtype=dtype)
 
     def _layout(self, head: bytes, obj: int) -> tuple[int, np.dtype, int]:
-        found = parse_npy_header(head) or npy_layout(self.paths[obj])
+        fast = npy_token_span(head)
+        if fast is not None:
+            return fast
+        found = npy_layout(self.paths[obj])
         count = 1
         for dim in found.shape:
             count *= dim
         return found.offset, found.dtype, count
-
-    def _check(self, count: int, obj: int, lo: int, hi: int) -> None:
-        if lo < 0 or hi > count:
-            raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} end past the object's "
-                            f"{count} tokens; the object changed since the manifest was built, "
-                            "rebuild it")
 
 
 def _close_all(cache: collections.OrderedDict[int, int]) -> None:

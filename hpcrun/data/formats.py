@@ -190,15 +190,25 @@ class NpyLayout:
         return TokenMap(tokens=flat, per_record=self.shape[1] if len(self.shape) == 2 else 0)
 
 
+_POPULATE_MAX = 64 << 20
+"""Objects up to this size are mapped with their pages populated (``MAP_POPULATE``)."""
+
+
 def _map_tokens(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
     """``count`` items of ``dtype`` at byte ``offset`` of ``path``, mapped read-only.
 
     A plain array over :class:`mmap.mmap` (not ``np.memmap``, whose Python-level
     ``__getitem__`` costs more than the copy for a short document); the mapping lives as long
-    as the array and holds no file descriptor.
+    as the array and holds no file descriptor. An object up to :data:`_POPULATE_MAX` bytes is
+    mapped with its pages populated at once: touching a fresh mapping page by page costs a
+    fault per 4 KiB page (measured 10 µs each on a VM, 25 times the populated map's cost per
+    page), which capped the token-map path at about 1e8 tokens/s.
     """
     with open(path, "rb") as fh:
-        region = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        size = os.fstat(fh.fileno()).st_size
+        populate = getattr(mmap, "MAP_POPULATE", 0) if size <= _POPULATE_MAX else 0
+        region = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_SHARED | populate,
+                           prot=mmap.PROT_READ)
     try:
         return np.frombuffer(region, dtype=dtype, count=count, offset=offset)
     except ValueError as exc:
@@ -253,6 +263,27 @@ def npy_layout(path: str) -> NpyLayout:
     finally:
         os.close(fd)
     return parse_npy_header(head) or _npy_layout_slow(path)
+
+
+_NPY_HEADER_BYTES = re.compile(rb"\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "
+                               rb"'shape': \((\d+),?(?: (\d+))?\), \}\s*\Z")
+
+
+def npy_token_span(head: bytes) -> tuple[int, np.dtype, int] | None:
+    """``(data offset, dtype, token count)`` of a 1-D or 2-D ``.npy`` from its first bytes.
+
+    The same format as :func:`parse_npy_header` parses, matched on the bytes (no decode, no
+    layout object): it runs once per document of a one-file-per-document corpus.
+    """
+    if head[:8] != b"\x93NUMPY\x01\x00" or len(head) < 10:
+        return None
+    end = 10 + head[8] + (head[9] << 8)
+    match = _NPY_HEADER_BYTES.match(head, 10, end) if end <= len(head) else None
+    if match is None:
+        return None
+    descr, rows, cols = match.groups()
+    count = int(rows) * (1 if cols is None else int(cols))
+    return end, _dtype(descr.decode()), count
 
 
 def parse_npy_header(head: bytes) -> NpyLayout | None:
