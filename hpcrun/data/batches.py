@@ -95,7 +95,9 @@ class DocStream:
         lo = start - first
         if lo >= 0 and (lo + count <= block.size or ends):
             return block[lo:lo + count].copy()
-        want = max(count, _BLOCK)
+        if count > _BLOCK:  # a long run (a restore's check): not kept
+            return self._resolve(start, count)
+        want = _BLOCK
         try:
             block = self._resolve(start, want)
         except DataError:  # a 'fail' source runs out ahead: fail only where the caller asks
@@ -239,6 +241,33 @@ class GlobalOrder:
                 return None
             state = self._memo[state.batch + 1]
         return state
+
+    def mismatch(self, state: OrderState) -> str | None:
+        """Why ``state`` is not this order's state before batch ``state.batch``, or ``None``.
+
+        Checked without planning a batch: the mixture state is recomputed at the packer's draw,
+        and the packer's position must be where batch ``k`` starts (token ``k·G·L`` of the
+        concatenated stream, or draw ``k·G`` with packing ``none``), as the packer leaves it
+        (the offset inside its document, a document boundary right after a non-empty one).
+        """
+        draw, offset, k = state.pack.draw, state.pack.offset, state.batch
+        mix = self.stream.mixture.state_at(draw)
+        if mix != state.mix:
+            return (f"the mixture state after draw {draw} is {mix.to_dict()}, the cursor has "
+                    f"{state.mix.to_dict()}")
+        lengths = self.stream.docs(0, draw + 1)["length"]
+        if lengths.size < draw:
+            return f"the stream ends at draw {lengths.size}, before the cursor's draw {draw}"
+        if self.policy is PackingPolicy.NONE:
+            if (draw, offset) != (k * self.global_batch, 0):
+                return f"batch {k} starts at draw {k * self.global_batch}, offset 0"
+            return None
+        token, start = int(lengths[:draw].sum()) + offset, k * self.global_batch * self.seq_len
+        inside = offset < lengths[draw] if offset else draw == 0 or lengths[draw - 1] > 0
+        if token != start or offset < 0 or not inside:
+            return (f"batch {k} starts at token {start} of the packed stream, the cursor's "
+                    f"draw {draw} and offset {offset} are at token {token}")
+        return None
 
     def remember(self, state: OrderState) -> None:
         """Seed the memo with a restored state (mixture state included)."""

@@ -56,7 +56,9 @@ at 0.6x and 4 at 0.6x the tokens/s of one). Reads that block on a slow tier can 
 more: pass ``workers``."""
 
 _VERIFY_DRAWS = 1 << 16
-"""Restored positions up to this many draws are recomputed and compared (cheap integrity)."""
+"""Restored positions up to this many draws are checked against the order
+(:meth:`~hpcrun.data.batches.GlobalOrder.mismatch`: one vectorized pass over the draws'
+lengths and the mixture state, no batch planned)."""
 
 
 def sample_rng(seed: int, sample_id: int, epoch: int) -> np.random.Generator:
@@ -371,13 +373,10 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self._stop()
         self._order = self._new_order()
         pos = cursor.position
-        if pos.pack.draw <= _VERIFY_DRAWS:
-            expected = self._order.state_at(pos.batch)
-            if expected != pos:
-                raise DataError(f"cursor position {pos.to_dict()} does not match the order "
-                                f"recomputed for batch {pos.batch} "
-                                f"({expected.to_dict() if expected else 'end of stream'}); "
-                                "the cursor is corrupt or from other data")
+        why = self._order.mismatch(pos) if pos.pack.draw <= _VERIFY_DRAWS else None
+        if why is not None:
+            raise DataError(f"cursor position {pos.to_dict()} does not match this data's order: "
+                            f"{why}; the cursor is corrupt or from other data")
         self._order.remember(pos)
         self._delivered = pos.batch
 
