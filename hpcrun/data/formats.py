@@ -190,25 +190,15 @@ class NpyLayout:
         return TokenMap(tokens=flat, per_record=self.shape[1] if len(self.shape) == 2 else 0)
 
 
-_POPULATE_MAX = 64 << 20
-"""Objects up to this size are mapped with their pages populated (``MAP_POPULATE``)."""
-
-
 def _map_tokens(path: str, dtype: np.dtype, offset: int, count: int) -> np.ndarray:
     """``count`` items of ``dtype`` at byte ``offset`` of ``path``, mapped read-only.
 
     A plain array over :class:`mmap.mmap` (not ``np.memmap``, whose Python-level
     ``__getitem__`` costs more than the copy for a short document); the mapping lives as long
-    as the array and holds no file descriptor. An object up to :data:`_POPULATE_MAX` bytes is
-    mapped with its pages populated at once: touching a fresh mapping page by page costs a
-    fault per 4 KiB page (measured 10 µs each on a VM, 25 times the populated map's cost per
-    page), which capped the token-map path at about 1e8 tokens/s.
+    as the array and holds no file descriptor.
     """
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        populate = getattr(mmap, "MAP_POPULATE", 0) if size <= _POPULATE_MAX else 0
-        region = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_SHARED | populate,
-                           prot=mmap.PROT_READ)
+        region = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         return np.frombuffer(region, dtype=dtype, count=count, offset=offset)
     except ValueError as exc:
