@@ -69,6 +69,21 @@ def place_segments(table: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndar
     return dest, np.arange(table.size, dtype=np.int64) - first
 
 
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``arange(n)`` as a view of a shared read-only array: a batch-sized temporary costs a
+    page fault per 4 KiB page when the allocator hands it fresh pages (measured 150 µs for
+    32k positions against 10 µs for the view)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        grown = np.arange(max(n, 2 * _ARANGE.size), dtype=np.int64)
+        grown.flags.writeable = False
+        _ARANGE = grown
+    return _ARANGE[:n]
+
+
 def _ranks(counts: np.ndarray) -> np.ndarray:
     """``[0..c0-1, 0..c1-1, ...]`` for ``counts = [c0, c1, ...]``."""
     total = int(counts.sum())
@@ -106,8 +121,7 @@ def assemble(dataset: Dataset, table: np.ndarray, *, rows: int, seq_len: int, pa
     if filled == tokens.size and tiled:
         # Every row is full (concat packing): the segments tile the slice in order.
         doc[...] = np.repeat(docno.astype(np.int32), lengths)
-        np.add(np.arange(filled, dtype=np.int64), np.repeat(table["offset"] - dest, lengths),
-               out=pos)
+        np.add(_arange(filled), np.repeat(table["offset"] - dest, lengths), out=pos)
     else:
         tokens.fill(pad_id)
         doc.fill(-1)
