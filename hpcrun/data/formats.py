@@ -32,7 +32,7 @@ import xxhash
 from hpcrun.errors import DataError
 
 __all__ = ["NpyLayout", "ObjectFormat", "ObjectReader", "ObjectScan", "TokenMap", "detect_format",
-           "digest_file", "npy_layout", "parse_npy_header", "scan_object"]
+           "digest_file", "npy_layout", "npy_token_span", "parse_npy_header", "scan_object"]
 
 DIGEST_ALGO = "xxh3-128"
 _READ_BLOCK = 8 << 20

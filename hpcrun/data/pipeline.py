@@ -44,7 +44,7 @@ from hpcrun.data.packing import PackingPolicy
 from hpcrun.data.workers import Fill, ProcessBatches, SlotLayout, reader_workers
 from hpcrun.errors import ArgumentError, DataError, OutOfRangeError
 
-__all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
+__all__ = ["THREAD_READERS", "DataPipeline", "MixtureSpec", "sample_rng"]
 
 Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 """A stochastic, length-preserving transform of one document's tokens."""
@@ -254,9 +254,10 @@ class DataPipeline(Iterator[dict[str, Any]]):
             (its allowed CPUs minus one for the training loop, see
             :func:`~hpcrun.data.workers.reader_workers`).
         executor: ``thread`` or ``process`` (worker processes that plan and assemble whole
-            batches into shared memory; the training loop's GIL stays free).
+            batches into shared memory; a background thread of this process only copies
+            each batch out of its slot).
         prefetch_batches: Batches read ahead; the memory bound is this many of our slices
-            (plus one queued and one in hand on the thread path).
+            (plus one queued and one in hand on the background thread).
         transform: Stochastic, length-preserving per-document transform (picklable for
             processes); its randomness comes from :func:`sample_rng`.
         pad_id: Token used to pad rows in ``packing="none"``.
