@@ -146,11 +146,10 @@ def _put(out: np.ndarray, at: int, tokens: np.ndarray, seg: np.void) -> None:
 
 def _gather(dataset: Dataset, table: np.ndarray, dest: np.ndarray, out: np.ndarray,
             tiled: bool) -> None:
-    """Fill ``out`` with every segment's tokens: documents stored one per file with one
-    ``pread`` each, the rest from token maps (or record by record) as views of their tokens,
-    copied with one ``concatenate`` when the segments tile the slice in order."""
+    """Fill ``out`` with every segment's tokens, collected as views (documents stored one per
+    file: one ``pread`` each; token maps: slices of the map; other objects: record by record)
+    and copied with one ``concatenate`` when the segments tile the slice in order."""
     views: list[np.ndarray | None] = [None] * table.size
-    direct = False
     for source in np.unique(table["source"]).tolist():
         sel = np.flatnonzero(table["source"] == source)
         objects, physical = dataset.locate(source, table["record"][sel])
@@ -158,14 +157,18 @@ def _gather(dataset: Dataset, table: np.ndarray, dest: np.ndarray, out: np.ndarr
         if files is not None:
             single = files.single[objects]
             mine = sel[single]
-            files.read_into(objects[single], table["offset"][mine], table["length"][mine],
-                            out, dest[mine])
-            direct = direct or bool(mine.size)
+            got = files.read_segments(objects[single], table["offset"][mine],
+                                      table["length"][mine])
+            if mine.size == table.size:  # every segment, in order
+                views = list(got)
+            else:
+                for i, view in zip(mine.tolist(), got, strict=True):
+                    views[i] = view
             sel, objects, physical = sel[~single], objects[~single], physical[~single]
         for obj, group in _groups(objects):
             _object_views(dataset, source, obj, table, sel[group], physical[group], dest, out,
                           views)
-    _copy_views(views, table, dest, out, tiled and not direct)
+    _copy_views(views, table, dest, out, tiled)
 
 
 def _groups(objects: np.ndarray) -> list[tuple[int, np.ndarray]]:
