@@ -396,9 +396,10 @@ class DataPipeline(Iterator[dict[str, Any]]):
             # A background thread takes each batch's message, copies the slot out, hands the
             # slot back and makes the tensors: the caller's next() is one queue get, as on
             # the thread path (two system calls and the conversions cost more than the step's
-            # budget for input wait).
+            # budget for input wait). Two copied batches wait, so a background thread that
+            # loses the CPU for a step (the reader process is one more runnable) has one left.
             procs = self._reader = self._start_processes()
-            self._ahead = ReadAhead(_converted(procs, self.as_torch), depth=1,
+            self._ahead = ReadAhead(_converted(procs, self.as_torch), depth=2,
                                     name="hpcrun-batches")
             return self._ahead
         # Planning, submitting reads and the reorder buffer run on one background thread;
