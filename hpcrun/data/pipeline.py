@@ -51,8 +51,8 @@ Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 
 THREAD_READERS = 1
 """Reader threads when ``workers`` is not given: planning and assembly are Python under one
-GIL, so on data in the page cache a second thread only adds contention (measured: 2 threads
-at 0.6x and 4 at 0.6x the tokens/s of one). Reads that block on a slow tier can still use
+GIL, so on data in the page cache more threads only add contention (measured: 2 or 4 threads
+deliver 0.5-0.7x the tokens/s of one). Reads that block on a slow tier can still use
 more: pass ``workers``."""
 
 _VERIFY_DRAWS = 1 << 16
