@@ -3,17 +3,19 @@
 A corpus of one file per document pays a file-system bill per document: mapping each file
 (open, header read, ``mmap``, page faults, ``munmap`` when the map is evicted) costs several
 times the bytes it brings. :class:`DocumentFiles` reads a segment of such a document with one
-``pread`` into its place in the batch, the way a plain sequential read would:
+``pread``, the way a plain sequential read would:
 
 - the first touch of a file reads its header and, for files up to :data:`HEAD_BYTES`, the whole
   document in the same ``pread``; the parsed layout (data offset, dtype, token count) is kept,
   a few bytes per object, so later touches read exactly the segment's bytes;
+- the segments come back as views of the bytes read, in the batch's order, so the caller
+  copies a whole batch's documents into place with one ``concatenate``;
 - descriptors stay open in a bounded LRU per reader thread (``max_open`` each), so a document
   split across rows or batches, or read again in a later epoch while still open, costs no
   ``open``; each thread closes only its own descriptors, so no read ever races a ``close``
   (a thread that has ended leaves its descriptors to be closed when the next one starts).
 
-Nothing here decides order: it fills ``out[dest:dest+length]`` with the tokens the order named.
+Nothing here decides order: it returns the tokens the order named, in that order.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hpcrun.data.formats import npy_layout, parse_npy_header
+from hpcrun.data.formats import npy_layout, npy_token_span
 from hpcrun.errors import DataError
 
 __all__ = ["HEAD_BYTES", "DocumentFiles"]
@@ -40,7 +42,7 @@ else the rank opens)."""
 
 
 class DocumentFiles:
-    """Segments of single-record ``.npy`` objects, read with ``pread`` into a batch buffer.
+    """Segments of single-record ``.npy`` objects, read with ``pread``.
 
     Args:
         paths: Path of each object of the source (indexed by object number).
@@ -58,34 +60,34 @@ class DocumentFiles:
         self._caches: dict[threading.Thread, collections.OrderedDict[int, int]] = {}
         self._lock = threading.Lock()
 
-    def read_into(self, objects: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                  out: np.ndarray, dest: np.ndarray) -> None:
-        """``out[dest[i]:dest[i]+lengths[i]]`` = tokens ``offsets[i]..`` of ``objects[i]``.
+    def read_segments(self, objects: np.ndarray, offsets: np.ndarray,
+                      lengths: np.ndarray) -> list[np.ndarray]:
+        """Tokens ``offsets[i]..offsets[i]+lengths[i]`` of ``objects[i]``, in the given order
+        (views of the bytes read; the caller copies them into the batch).
 
-        The segments of one object (a document split across rows) are read with one ``pread``
-        of the span they cover.
+        Consecutive segments of one object (a document split across rows) are read with one
+        ``pread`` of the span they cover.
 
         Raises:
             DataError: a segment ends past its file's tokens (the object changed since the
                 manifest was built).
         """
-        if not objects.size:
-            return
-        order = np.argsort(objects, kind="stable")
-        objs, lo = objects[order], offsets[order]
-        hi = lo + lengths[order]
-        first = np.flatnonzero(np.concatenate([[True], objs[1:] != objs[:-1]]))
-        per = np.diff(np.append(first, objs.size))
-        span_lo = np.repeat(np.minimum.reduceat(lo, first), per)
-        span_hi = np.repeat(np.maximum.reduceat(hi, first), per)
-        fds = self._fds()
-        cur, toks = -1, out[:0]
-        for obj, a, b, at, s_lo, s_hi in zip(objs.tolist(), lo.tolist(), hi.tolist(),
-                                             dest[order].tolist(), span_lo.tolist(),
-                                             span_hi.tolist(), strict=True):
-            if obj != cur:
-                cur, toks = obj, self._span(fds, obj, s_lo, s_hi)
-            out[at:at + b - a] = toks[a - s_lo:b - s_lo]
+        fds, objs = self._fds(), objects.tolist()
+        lo, hi = offsets.tolist(), (offsets + lengths).tolist()
+        out: list[np.ndarray] = []
+        i, n = 0, len(objs)
+        while i < n:
+            obj, j = objs[i], i + 1
+            while j < n and objs[j] == obj:
+                j += 1
+            if j == i + 1:  # the common case: the span is the segment
+                out.append(self._span(fds, obj, lo[i], hi[i]))
+            else:
+                s_lo, s_hi = min(lo[i:j]), max(hi[i:j])
+                toks = self._span(fds, obj, s_lo, s_hi)
+                out.extend([toks[lo[t] - s_lo:hi[t] - s_lo] for t in range(i, j)])
+            i = j
+        return out
 
     def open_count(self) -> int:
         """Descriptors open now, over all reader threads."""
@@ -112,10 +114,7 @@ class DocumentFiles:
         return cache
 
     def _open(self, fds: collections.OrderedDict[int, int], obj: int) -> int:
-        fd = fds.get(obj)
-        if fd is not None:
-            fds.move_to_end(obj)
-            return fd
+        """A new descriptor for ``obj``, kept in this thread's LRU (the oldest closed)."""
         fd = fds[obj] = os.open(self.paths[obj], os.O_RDONLY)
         if len(fds) > self.max_open:
             os.close(fds.popitem(last=False)[1])
@@ -124,20 +123,25 @@ class DocumentFiles:
     def _span(self, fds: collections.OrderedDict[int, int], obj: int, lo: int,
               hi: int) -> np.ndarray:
         """Tokens ``lo..hi`` of object ``obj`` (one ``pread``, or none past the first)."""
-        fd = self._open(fds, obj)
+        fd = fds.get(obj)
+        if fd is None:
+            fd = self._open(fds, obj)
+        else:
+            fds.move_to_end(obj)
         layout = self._layouts[obj]
+        head = b""
         if layout is None:
             head = os.pread(fd, self._head[obj], 0)
             layout = self._layouts[obj] = self._layout(head, obj)
-            offset, dtype, count = layout
-            self._check(count, obj, lo, hi)
-            start = offset + lo * dtype.itemsize
-            if start + (hi - lo) * dtype.itemsize <= len(head):
-                return np.frombuffer(head, dtype=dtype, count=hi - lo, offset=start)
         offset, dtype, count = layout
-        self._check(count, obj, lo, hi)
-        size = (hi - lo) * dtype.itemsize
-        raw = os.pread(fd, size, offset + lo * dtype.itemsize)
+        if lo < 0 or hi > count:
+            raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} end past the object's "
+                            f"{count} tokens; the object changed since the manifest was built, "
+                            "rebuild it")
+        start, size = offset + lo * dtype.itemsize, (hi - lo) * dtype.itemsize
+        if start + size <= len(head):  # the first touch read it with the header
+            return np.frombuffer(head, dtype=dtype, count=hi - lo, offset=start)
+        raw = os.pread(fd, size, start)
         if len(raw) != size:
             raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} are past the end of the "
                             f"file ({len(raw)} of {size} bytes read); the object changed since "
@@ -145,17 +149,14 @@ class DocumentFiles:
         return np.frombuffer(raw, dtype=dtype)
 
     def _layout(self, head: bytes, obj: int) -> tuple[int, np.dtype, int]:
-        found = parse_npy_header(head) or npy_layout(self.paths[obj])
+        fast = npy_token_span(head)
+        if fast is not None:
+            return fast
+        found = npy_layout(self.paths[obj])
         count = 1
         for dim in found.shape:
             count *= dim
         return found.offset, found.dtype, count
-
-    def _check(self, count: int, obj: int, lo: int, hi: int) -> None:
-        if lo < 0 or hi > count:
-            raise DataError(f"{self.paths[obj]}: tokens {lo}..{hi} end past the object's "
-                            f"{count} tokens; the object changed since the manifest was built, "
-                            "rebuild it")
 
 
 def _close_all(cache: collections.OrderedDict[int, int]) -> None:

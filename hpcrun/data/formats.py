@@ -32,7 +32,7 @@ import xxhash
 from hpcrun.errors import DataError
 
 __all__ = ["NpyLayout", "ObjectFormat", "ObjectReader", "ObjectScan", "TokenMap", "detect_format",
-           "digest_file", "npy_layout", "parse_npy_header", "scan_object"]
+           "digest_file", "npy_layout", "npy_token_span", "parse_npy_header", "scan_object"]
 
 DIGEST_ALGO = "xxh3-128"
 _READ_BLOCK = 8 << 20
@@ -253,6 +253,27 @@ def npy_layout(path: str) -> NpyLayout:
     finally:
         os.close(fd)
     return parse_npy_header(head) or _npy_layout_slow(path)
+
+
+_NPY_HEADER_BYTES = re.compile(rb"\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "
+                               rb"'shape': \((\d+),?(?: (\d+))?\), \}\s*\Z")
+
+
+def npy_token_span(head: bytes) -> tuple[int, np.dtype, int] | None:
+    """``(data offset, dtype, token count)`` of a 1-D or 2-D ``.npy`` from its first bytes.
+
+    The same format as :func:`parse_npy_header` parses, matched on the bytes (no decode, no
+    layout object): it runs once per document of a one-file-per-document corpus.
+    """
+    if head[:8] != b"\x93NUMPY\x01\x00" or len(head) < 10:
+        return None
+    end = 10 + head[8] + (head[9] << 8)
+    match = _NPY_HEADER_BYTES.match(head, 10, end) if end <= len(head) else None
+    if match is None:
+        return None
+    descr, rows, cols = match.groups()
+    count = int(rows) * (1 if cols is None else int(cols))
+    return end, _dtype(descr.decode()), count
 
 
 def parse_npy_header(head: bytes) -> NpyLayout | None:

@@ -203,8 +203,9 @@ class Mixture:
 
     def state_at(self, draw: int) -> MixState:
         """The :class:`MixState` after ``draw`` draws (or at the stream's end if earlier)."""
-        base = max((d for d in self._memo if d <= draw), default=0)
-        state = self._memo[base]
+        state = self._memo.get(draw)
+        if state is None:
+            state = self._memo[max((d for d in self._memo if d <= draw), default=0)]
         if state.draw < draw and not state.ended:
             _, state = self._advance(state, draw - state.draw)
             self._remember(state)

@@ -137,26 +137,27 @@ def _fetch_tokens(fetch: Fetch, state: PackState, need: int) -> np.ndarray | Non
 
 def _split(docs: np.ndarray, state: PackState, rows: int,
            seq_len: int) -> tuple[np.ndarray, np.ndarray, PackState]:
-    """Cut the concatenated stream (first document minus its packed prefix) into rows."""
+    """Cut the concatenated stream (first document minus its packed prefix) into rows.
+
+    The segments are the intervals between the cut points: every row start and every
+    document end inside the batch (an empty document makes no segment).
+    """
     need = rows * seq_len
     eff = docs["length"].astype(np.int64)
     eff[0] -= state.offset
     end = np.cumsum(eff)
     used = int(np.searchsorted(end, need, side="left")) + 1
-    start = end[:used] - eff[:used]
-    stop = np.minimum(end[:used], need)
-    idx = np.flatnonzero(stop > start)
-    first, last = start[idx] // seq_len, (stop[idx] - 1) // seq_len
-    pieces = last - first + 1
-    doc = np.repeat(idx, pieces)
-    row = np.repeat(first, pieces) + _ranks(pieces)
-    lo = np.maximum(start[doc], row * seq_len)
-    hi = np.minimum(stop[doc], (row + 1) * seq_len)
-    seg = np.zeros(doc.size, dtype=SEGMENT_DTYPE)
-    seg["row"], seg["doc"], seg["length"] = row, doc, hi - lo
-    seg["offset"] = lo - start[doc] + np.where(doc == 0, state.offset, 0)
+    lo = np.union1d(end[:used - 1], np.arange(0, need, seq_len))
+    doc = np.searchsorted(end, lo, side="right")
+    seg = np.zeros(lo.size, dtype=SEGMENT_DTYPE)
+    seg["row"], seg["doc"] = lo // seq_len, doc
+    seg["length"] = np.diff(lo, append=need)
+    seg["offset"] = lo - (end[doc] - eff[doc])
+    if doc.size and doc[0] == 0:
+        seg["offset"][doc == 0] += state.offset
     tail = int(used - 1)
-    consumed = int(stop[tail] - start[tail]) + (state.offset if tail == 0 else 0)
+    consumed = int(min(end[tail], need) - (end[tail] - eff[tail])) + (state.offset if tail == 0
+                                                                     else 0)
     if consumed >= int(docs["length"][tail]):
         return seg, docs[:used], PackState(draw=state.draw + used, offset=0)
     return seg, docs[:used], PackState(draw=state.draw + tail, offset=consumed)

@@ -44,13 +44,21 @@ from hpcrun.data.packing import PackingPolicy
 from hpcrun.data.workers import Fill, ProcessBatches, SlotLayout, reader_workers
 from hpcrun.errors import ArgumentError, DataError, OutOfRangeError
 
-__all__ = ["DataPipeline", "MixtureSpec", "sample_rng"]
+__all__ = ["THREAD_READERS", "DataPipeline", "MixtureSpec", "sample_rng"]
 
 Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 """A stochastic, length-preserving transform of one document's tokens."""
 
+THREAD_READERS = 1
+"""Reader threads when ``workers`` is not given: planning and assembly are Python under one
+GIL, so on data in the page cache more threads only add contention (measured: 2 or 4 threads
+deliver 0.5-0.7x the tokens/s of one). Reads that block on a slow tier can still use
+more: pass ``workers``."""
+
 _VERIFY_DRAWS = 1 << 16
-"""Restored positions up to this many draws are recomputed and compared (cheap integrity)."""
+"""Restored positions up to this many draws are checked against the order
+(:meth:`~hpcrun.data.batches.GlobalOrder.mismatch`: one vectorized pass over the draws'
+lengths and the mixture state, no batch planned)."""
 
 
 def sample_rng(seed: int, sample_id: int, epoch: int) -> np.random.Generator:
@@ -194,6 +202,12 @@ def _as_torch(batch: dict[str, Any]) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
+def _converted(batches: Iterator[dict[str, Any]], as_torch: bool
+               ) -> Iterator[dict[str, Any]]:
+    """``batches`` as tensors when asked (made on the thread that iterates this)."""
+    return (_as_torch(b) for b in batches) if as_torch else batches
+
+
 def _plan_tasks(order: GlobalOrder, lock: threading.Lock, rows: range, start: int,
                 submitted: dict[int, float], clock: Clock) -> Iterator[_BatchTask]:
     """Read tasks of batches ``start, start+1, ...`` until the stream ends."""
@@ -235,13 +249,15 @@ class DataPipeline(Iterator[dict[str, Any]]):
         num_replicas: Data-parallel replicas (R).
         mixture: How sources are mixed (default: exact, proportional to size, repeat).
         packing: ``concat`` (concatenate-then-split) or ``none`` (one document per row).
-        workers: Reader threads or processes; ``None`` = what this rank's CPU share allows
+        workers: Reader threads or processes; ``None`` = :data:`THREAD_READERS` threads (more
+            only contend for the GIL) or as many processes as this rank's CPU share allows
             (its allowed CPUs minus one for the training loop, see
             :func:`~hpcrun.data.workers.reader_workers`).
         executor: ``thread`` or ``process`` (worker processes that plan and assemble whole
-            batches into shared memory; the training loop's GIL stays free).
+            batches into shared memory; a background thread of this process only copies
+            each batch out of its slot).
         prefetch_batches: Batches read ahead; the memory bound is this many of our slices
-            (plus one queued and one in hand on the thread path).
+            (plus one queued and one in hand on the background thread).
         transform: Stochastic, length-preserving per-document transform (picklable for
             processes); its randomness comes from :func:`sample_rng`.
         pad_id: Token used to pad rows in ``packing="none"``.
@@ -261,7 +277,8 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self.seed, self.global_batch, self.seq_len = seed, global_batch, seq_len
         self.packing = PackingPolicy(packing)
         self.mixture_spec = mixture or MixtureSpec()
-        workers = reader_workers() if workers is None else workers
+        if workers is None:
+            workers = THREAD_READERS if executor == "thread" else reader_workers()
         if executor not in ("thread", "process") or workers < 1 or prefetch_batches < 1:
             raise ArgumentError(f"need executor 'thread' or 'process', workers >= 1 and "
                                 f"prefetch_batches >= 1; found {executor!r}, {workers}, "
@@ -274,6 +291,7 @@ class DataPipeline(Iterator[dict[str, Any]]):
                                   pad_id=pad_id, seed=seed, transform=transform,
                                   keep=prefetch_batches + 4, as_torch=as_torch)
         self.metrics = LoaderMetrics(clock)
+        self._batch_nbytes = len(self.rows) * seq_len * np.dtype(BATCH_ARRAYS[0][1]).itemsize
         self._delivered = 0
         self._reader: OrderedReader[_BatchTask, dict[str, Any]] | ProcessBatches | None = None
         self._transform, self._pad_id = transform, pad_id
@@ -313,18 +331,18 @@ class DataPipeline(Iterator[dict[str, Any]]):
 
     def __next__(self) -> dict[str, Any]:
         t0 = self.clock.monotonic()
-        source = self._ahead or self._reader or self._start()
+        source = self._ahead or self._start()
         depth = source.ready
         batch = next(source)
         now = self.clock.monotonic()
         self.metrics.retries = self._reader.retries if self._reader is not None else 0
         self.metrics.record(time_to_batch=now - self._submitted.pop(self._delivered, t0),
                             input_wait=now - t0, queue_depth=depth,
-                            nbytes=batch["tokens"].nbytes, samples=len(self.rows),
+                            nbytes=self._batch_nbytes, samples=len(self.rows),
                             tokens=batch.pop("tokens_read"))
         batch["batch"] = self._delivered
         self._delivered += 1
-        return self._convert(batch)
+        return batch
 
     def take_input_wait(self) -> float:
         """Seconds spent waiting in ``next()`` since the previous call (each wait counted once).
@@ -356,13 +374,10 @@ class DataPipeline(Iterator[dict[str, Any]]):
         self._stop()
         self._order = self._new_order()
         pos = cursor.position
-        if pos.pack.draw <= _VERIFY_DRAWS:
-            expected = self._order.state_at(pos.batch)
-            if expected != pos:
-                raise DataError(f"cursor position {pos.to_dict()} does not match the order "
-                                f"recomputed for batch {pos.batch} "
-                                f"({expected.to_dict() if expected else 'end of stream'}); "
-                                "the cursor is corrupt or from other data")
+        why = self._order.mismatch(pos) if pos.pack.draw <= _VERIFY_DRAWS else None
+        if why is not None:
+            raise DataError(f"cursor position {pos.to_dict()} does not match this data's order: "
+                            f"{why}; the cursor is corrupt or from other data")
         self._order.remember(pos)
         self._delivered = pos.batch
 
@@ -376,10 +391,17 @@ class DataPipeline(Iterator[dict[str, Any]]):
                              global_batch=self.global_batch, seq_len=self.seq_len,
                              packing=self.packing)
 
-    def _start(self) -> ReadAhead[dict[str, Any]] | ProcessBatches:
+    def _start(self) -> ReadAhead[dict[str, Any]]:
         if self.executor_kind == "process":
-            self._reader = self._start_processes()
-            return self._reader
+            # A background thread takes each batch's message, copies the slot out, hands the
+            # slot back and makes the tensors: the caller's next() is one queue get, as on
+            # the thread path (two system calls and the conversions cost more than the step's
+            # budget for input wait). Two copied batches wait, so a background thread that
+            # loses the CPU for a step (the reader process is one more runnable) has one left.
+            procs = self._reader = self._start_processes()
+            self._ahead = ReadAhead(_converted(procs, self.as_torch), depth=2,
+                                    name="hpcrun-batches")
+            return self._ahead
         # Planning, submitting reads and the reorder buffer run on one background thread;
         # the caller's next() only takes a finished batch off a queue.
         self._reader = OrderedReader(self._read, self._batch_tasks(self._delivered),
@@ -417,11 +439,6 @@ class DataPipeline(Iterator[dict[str, Any]]):
         # dropped without close() is collected, and its __del__ stops the thread).
         return _plan_tasks(self._order, self._order_lock, self.rows, start, self._submitted,
                            self.clock)
-
-    def _convert(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if not self.as_torch or self._ahead is not None:  # reader threads made tensors
-            return batch
-        return _as_torch(batch)
 
     def __del__(self) -> None:
         # interpreter teardown: nothing left to release safely when this fails

@@ -151,7 +151,7 @@ class ProcessBatches(Iterator[dict[str, Any]]):
                                            self._fd)
         self._views = [[layout.views(memoryview(self._shm), (w * depth + slot) * layout.nbytes)
                         for slot in range(depth)] for w in range(workers)]
-        self._buffers = (BufferPool(layout.shape, layout.dtypes, keep=workers * depth + 2)
+        self._buffers = (BufferPool(layout.shape, layout.dtypes, keep=workers * depth + 5)
                          if layout.nbytes >= _POOL_MIN_BYTES else None)
         self._ended = False
         self._early = b""  # the next batch's message, read ahead by ``ready``

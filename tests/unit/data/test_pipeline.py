@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from hpcrun.data import DATA_ALGORITHM_VERSION, DataPipeline, Dataset, MixtureSpec
 from hpcrun.data.batches import DocStream
 from hpcrun.data.mixture import Mixture
+from hpcrun.data.packing import PackState
 from hpcrun.errors import DataError
 from hpcrun.protocols import CursorEnvelope, Stateful
 
@@ -148,6 +150,27 @@ def test_restore_refuses_other_data_version_or_layout(two_source_manifest: Path)
     with pytest.raises(DataError, match="does not match"):
         make(two_source_manifest).load_state_dict(bad)
     p.close()
+
+
+@pytest.mark.parametrize("packing", ["concat", "none"])
+def test_restore_check_accepts_every_true_position_and_no_neighbour(
+        two_source_manifest: Path, packing: str) -> None:
+    order = make(two_source_manifest, packing=packing)._order
+    mixture = order.stream.mixture
+    for k in range(60):
+        state = order.state_at(k)
+        assert state is not None and order.mismatch(state) is None
+        d, off = state.pack.draw, state.pack.offset
+        wrong = [replace(state, batch=k + 1),
+                 replace(state, pack=PackState(draw=d, offset=off + 1))]
+        if k:
+            wrong.append(replace(state, batch=k - 1))
+        for step in (-1, 1):
+            if d + step >= 0:  # another draw, with that draw's own mixture state
+                wrong.append(replace(state, pack=PackState(draw=d + step, offset=off),
+                                     mix=mixture.state_at(d + step)))
+        for w in wrong:
+            assert order.mismatch(w) is not None, (k, w)
 
 
 def test_each_epoch_covers_every_sample_exactly_once(two_source_manifest: Path) -> None:

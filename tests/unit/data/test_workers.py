@@ -16,6 +16,7 @@ import pytest
 
 from hpcrun.data import DataPipeline, MixtureSpec
 from hpcrun.data import workers as workers_mod
+from hpcrun.data.pipeline import THREAD_READERS
 from hpcrun.data.workers import reader_workers
 from hpcrun.errors import DataError
 
@@ -127,8 +128,11 @@ def test_worker_count_follows_the_rank_cpu_share(two_source_manifest: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers_mod.os, "sched_getaffinity", lambda pid: {4, 5, 6})
     assert reader_workers() == 2
-    p = make(two_source_manifest)  # no worker count given: the rank's share decides
+    p = make(two_source_manifest, executor="process")  # no count given: the share decides
     assert p.workers == 2
     p.close()
+    t = make(two_source_manifest)  # threads: one whatever the share (more contend for the GIL)
+    assert t.workers == THREAD_READERS == 1
+    t.close()
     monkeypatch.setattr(workers_mod.os, "sched_getaffinity", lambda pid: {0})
     assert reader_workers() == 1
