@@ -75,7 +75,7 @@ class Checkpointer:
                  log: RunLog, fence_slot: int = -1, keep_last: int = 2,
                  async_policy: str = "block", checksum: str = "xxh3",
                  group: ProcessGroup | None = None, clock: Clock = SYSTEM_CLOCK,
-                 fault_hook: Callable[[str], None] | None = None,
+                 fault_hook: Callable[[str, int], None] | None = None,
                  staging_limit: int | None = None, storage: Storage = LOCAL_STORAGE) -> None:
         """Args:
             identity: run, spec, dataset, contract and fencing token of every checkpoint.
@@ -89,7 +89,9 @@ class Checkpointer:
             group: host (CPU) process group of the gang (None: the default group, or a single
                 process), or a :class:`Collectives` to use as is.
             clock: time source.
-            fault_hook: called with each stage's name (fault injection for drills and tests).
+            fault_hook: called with each stage's name and the step of the save reaching it
+                (fault injection for drills and tests; an asynchronous save reaches its later
+                stages while training is steps further on).
             staging_limit: most bytes the staging buffer may hold (None: no limit).
             storage: filesystem seam.
         """
@@ -107,7 +109,7 @@ class Checkpointer:
         self.policy = AsyncPolicy(async_policy)
         self.layout = layout
         self._log, self._clock, self._storage = log, clock, storage
-        self._fault = fault_hook or (lambda stage: None)
+        self._fault_hook = fault_hook or (lambda stage, step: None)
         self._comm = group if isinstance(group, Collectives) else Collectives(
             group, layout.world_size, rank=layout.rank, node=layout.node)
         self._known_keys = ""  # key-table digest the coordinator holds (nodes elide it)
@@ -163,12 +165,16 @@ class Checkpointer:
         meta = {**flat.meta, RNG_FIELD: capture_rng()}
         pieces = plan_pieces(flat, rank=self.layout.rank, world_size=self.layout.world_size)
         staged = stage(flat, pieces, canonical_json(meta), self._buffer)
-        self._fault("staging")
+        self._fault_hook("staging", step)
         pause = self._clock.monotonic() - t0
         future = self._pool.submit(self._write, info, staged)
         self._inflight = _InFlight(info=info, pause_s=pause, future=future,
                                    staging_bytes=self._buffer.capacity)
         return self._finalize() if blocking else None
+
+    def _fault_at(self, step: int) -> Callable[[str], None]:
+        """The fault hook for the stages of the save of ``step``."""
+        return lambda stage: self._fault_hook(stage, step)
 
     def _info(self, step: int, extra: Mapping[str, Any] | None) -> protocol.CheckpointInfo:
         return protocol.CheckpointInfo(
@@ -201,7 +207,7 @@ class Checkpointer:
                                  world_size=self.layout.world_size, node=self.layout.node)
             path = self._ckpt_dir(info.ckpt_id) / shard_relpath(self.layout.node, rank)
             record = write_shard(path, header, self._buffer, staged, algorithm=info.checksum,
-                                 fault=self._fault, storage=self._storage)
+                                 fault=self._fault_at(info.step), storage=self._storage)
             return protocol.ShardReport(rank=rank, record=record,
                                         write_s=self._clock.monotonic() - t0)
         except StorageTimeoutError as exc:  # a hung tier: abandon this checkpoint, go on
@@ -277,7 +283,7 @@ class Checkpointer:
                              totals=self._key_tables[s.keys_digest][1])
                      for s, _ in gathered]
         outcome = hierarchy.commit_nodes(self.tiers.run_dir, self._log, info, summaries,
-                                         tier=self.write_tier, fault=self._fault,
+                                         tier=self.write_tier, fault=self._fault_at(info.step),
                                          storage=self._storage)
         keys = summaries[0].keys_digest if outcome.outcome is protocol.Outcome.COMMITTED else ""
         return outcome, max(w for _, w in gathered), keys

@@ -117,17 +117,20 @@ def due(injections: tuple[Injection, ...], *, rank: int, step: int, restart: int
     ]
 
 
-def checkpoint_hook(injections: tuple[Injection, ...], *, rank: int, restart: int, attempt: int,
-                    step: Callable[[], int]) -> Callable[[str], None]:
-    """The checkpoint plane's ``fault_hook`` for this rank: SIGKILL at a ``ckptcrash`` stage.
+def checkpoint_hook(injections: tuple[Injection, ...], *, rank: int, restart: int,
+                    attempt: int) -> Callable[[str, int], None]:
+    """The checkpoint plane's ``fault_hook`` for this rank: SIGKILL at a ``ckptcrash`` stage of
+    the first save taken from the injection's step on.
 
-    ``step`` reads the rank's current step (saves are taken at step boundaries).
+    The hook is given the step of the save reaching the stage, not the rank's current step: an
+    asynchronous save of an earlier step still writing when training passes the injection's
+    step is not the save the injection names.
     """
     mine = [i for i in injections if i.kind == FaultKind.CKPTCRASH and i.rank == rank
             and (i.every or (restart, attempt) == (i.restart, 0))]
 
-    def hook(stage: str) -> None:
-        if any(i.stage == stage and step() >= i.step for i in mine):
+    def hook(stage: str, step: int) -> None:
+        if any(i.stage == stage and step >= i.step for i in mine):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return hook

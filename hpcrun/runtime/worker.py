@@ -168,7 +168,6 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
                     local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
     policy = spec.checkpoint
     injections = faults.from_environ(environ)
-    built: list[Any] = []  # the context, once built: the checkpoint fault hook reads its step
     identity = CheckpointIdentity(
         run_id=inc.run_id, spec_id=spec.spec_id, dataset_id=spec.data.dataset_id or "",
         contract=str(spec.data.contract), generation=inc.generation, holder=inc.holder)
@@ -182,8 +181,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         # training on a manifest, rename or fsync.
         storage=DeadlineStorage(LOCAL_STORAGE, deadline_s=site_deadline_s(inc.run_dir)),
         fault_hook=faults.checkpoint_hook(
-            injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt,
-            step=lambda: built[0].step if built else 0),
+            injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt),
     )
     events = EventWriter(rank_events_path(inc, env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
@@ -200,7 +198,6 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         device=groups.device, group=groups.host_group, preempt_signal=preempt,
         injections=injections,
     )
-    built.append(ctx)
     if marks is not None:
         marks.mark("context")
         marks.bind(events)

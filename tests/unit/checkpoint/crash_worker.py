@@ -26,7 +26,7 @@ def main(run_dir: str, local_root: str, stage: str) -> None:
     holder = new_holder()
     fence = log.claim(holder)
 
-    def hook(at: str) -> None:
+    def hook(at: str, step: int) -> None:
         if at == stage and armed:
             os.kill(os.getpid(), signal.SIGKILL)
 

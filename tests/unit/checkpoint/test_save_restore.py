@@ -196,8 +196,20 @@ def test_uncommitted_manifest_is_never_restored(run_dir, log, incarnation) -> No
     assert incarnation().restore(_state(5)).step == 1  # ...but only committed ones count
 
 
+def test_every_stage_of_a_save_is_reported_with_that_saves_step(incarnation) -> None:
+    # an asynchronous save reaches its later stages while training is further on: a drill's
+    # "kill inside the save from step N" must see the save's step, not the trainer's
+    seen: list[tuple[str, int]] = []
+    ck = incarnation(fault_hook=lambda stage, step: seen.append((stage, step)))
+    ck.save(7, _state(1), blocking=False)
+    assert ck.wait() is not None
+    assert {stage for stage, _ in seen} >= {"staging", "shard_write", "before_manifest",
+                                            "before_commit"}
+    assert {step for _, step in seen} == {7}
+
+
 def _raise_at(stage: str):
-    def hook(s: str) -> None:
+    def hook(s: str, step: int) -> None:
         if s == stage:
             raise RuntimeError(f"injected at {s}")
     return hook

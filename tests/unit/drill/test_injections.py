@@ -42,15 +42,17 @@ def test_checkpoint_hook_kills_only_at_its_stage_from_its_step() -> None:
         "import sys\n"
         "from hpcrun.runtime.faults import checkpoint_hook, parse_injections\n"
         "inj = parse_injections('ckptcrash@step=5,rank=1,stage=shard_write')\n"
-        "hook = checkpoint_hook(inj, rank=1, restart=0, attempt=0, step=lambda: int(sys.argv[1]))\n"
-        "hook('staging'); print('alive', flush=True); hook('shard_write'); print('survived')\n")
+        "hook = checkpoint_hook(inj, rank=1, restart=0, attempt=0)\n"
+        "step = int(sys.argv[1])\n"
+        "hook('staging', step); print('alive', flush=True)\n"
+        "hook('shard_write', step); print('survived')\n")
     early = subprocess.run([sys.executable, "-c", code, "4"], capture_output=True, text=True)
     late = subprocess.run([sys.executable, "-c", code, "5"], capture_output=True, text=True)
     assert early.returncode == 0 and "survived" in early.stdout
     assert late.returncode == -signal.SIGKILL and late.stdout == "alive\n"
     quiet = checkpoint_hook(parse_injections("ckptcrash@step=1,rank=1,stage=staging"), rank=0,
-                            restart=0, attempt=0, step=lambda: 9)
-    quiet("staging")  # another rank's injection: nothing happens here
+                            restart=0, attempt=0)
+    quiet("staging", 9)  # another rank's injection: nothing happens here
 
 
 def test_node_crash_kills_the_agent_and_every_process_it_started() -> None:
