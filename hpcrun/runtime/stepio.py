@@ -3,10 +3,11 @@
 The agents' step is launched by one ``srun`` on the job's first node, and each node's
 ``slurmstepd`` relays the agents' stdin, stdout and stderr through its I/O handler. Measured on
 the testbed: when the job's first node is lost, ``srun`` dies with it and every surviving
-node's I/O handler exits at once (``IO handler exited`` in slurmd's log); an agent that then
-writes to its stdout or stderr writes into a pipe nobody reads (EPIPE) and its status line, its
-fault report or its traceback is lost or ends it. In a run that survives node loss each agent
-therefore, from its start:
+node's I/O handler exits at once (``IO handler exited`` in slurmd's log). Nothing reads the
+agents' stdout and stderr after that: a write fails (a closed pipe ends a Python process at its
+next print) or blocks once the pipe's buffer is full, and a status line, a fault report or a
+traceback is lost with it. In a run that survives node loss each agent therefore, from its
+start:
 
 - writes its stdout and stderr to ``<run_dir>/logs/<node>/agent.{out,err}`` (appended);
 - reads nothing from stdin (``/dev/null``).
