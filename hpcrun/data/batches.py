@@ -307,8 +307,9 @@ class GlobalOrder:
             return (f"the mixture state after draw {draw} is {mix.to_dict()}, the cursor has "
                     f"{state.mix.to_dict()}")
         lengths = self.stream.docs(0, draw + 1)["length"]
-        if lengths.size < draw:
-            return f"the stream ends at draw {lengths.size}, before the cursor's draw {draw}"
+        if lengths.size < draw or (offset and lengths.size == draw):
+            return (f"the stream ends at draw {lengths.size}, before the cursor's draw {draw} "
+                    f"(offset {offset})")
         if self.policy is PackingPolicy.NONE:
             if (draw, offset) != (k * self.global_batch, 0):
                 return f"batch {k} starts at draw {k * self.global_batch}, offset 0"
