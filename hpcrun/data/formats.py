@@ -240,8 +240,10 @@ def _h5_token_map(f: h5py.File, path: str) -> TokenMap | None:
     return TokenMap(tokens=flat, per_record=0, bounds=_h5_offsets(f, path))
 
 
-_NPY_HEADER = re.compile(r"^\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "
-                         r"'shape': \((\d+),?(?: (\d+))?\), \}\s*$")
+_NPY_HEADER = re.compile(rb"\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "
+                         rb"'shape': \((\d+),?(?: (\d+))?\), \}\s*\Z")
+"""The header numpy's writer emits for a C-ordered 1-D or 2-D array (format 1.0), matched on
+the bytes (no decode: it runs once per document of a one-file-per-document corpus)."""
 
 
 def npy_layout(path: str) -> NpyLayout:
@@ -255,25 +257,26 @@ def npy_layout(path: str) -> NpyLayout:
     return parse_npy_header(head) or _npy_layout_slow(path)
 
 
-_NPY_HEADER_BYTES = re.compile(rb"\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, "
-                               rb"'shape': \((\d+),?(?: (\d+))?\), \}\s*\Z")
-
-
-def npy_token_span(head: bytes) -> tuple[int, np.dtype, int] | None:
-    """``(data offset, dtype, token count)`` of a 1-D or 2-D ``.npy`` from its first bytes.
-
-    The same format as :func:`parse_npy_header` parses, matched on the bytes (no decode, no
-    layout object): it runs once per document of a one-file-per-document corpus.
-    """
+def _npy_header(head: bytes) -> tuple[int, str, int, int | None] | None:
+    """``(data offset, descr, rows, cols or None)`` from a ``.npy``'s first bytes, or None."""
     if head[:8] != b"\x93NUMPY\x01\x00" or len(head) < 10:
         return None
     end = 10 + head[8] + (head[9] << 8)
-    match = _NPY_HEADER_BYTES.match(head, 10, end) if end <= len(head) else None
+    match = _NPY_HEADER.match(head, 10, end) if end <= len(head) else None
     if match is None:
         return None
     descr, rows, cols = match.groups()
-    count = int(rows) * (1 if cols is None else int(cols))
-    return end, _dtype(descr.decode()), count
+    return end, descr.decode(), int(rows), None if cols is None else int(cols)
+
+
+def npy_token_span(head: bytes) -> tuple[int, np.dtype, int] | None:
+    """``(data offset, dtype, token count)`` of a 1-D or 2-D ``.npy`` from its first bytes
+    (no layout object: a document file's reader needs only these)."""
+    found = _npy_header(head)
+    if found is None:
+        return None
+    end, descr, rows, cols = found
+    return end, _dtype(descr), rows * (1 if cols is None else cols)
 
 
 def parse_npy_header(head: bytes) -> NpyLayout | None:
@@ -282,17 +285,12 @@ def parse_npy_header(head: bytes) -> NpyLayout | None:
     Handles the header numpy's writer emits (format 1.0); ``None`` for anything else (the
     caller falls back to ``numpy.load``).
     """
-    if head[:8] != b"\x93NUMPY\x01\x00" or len(head) < 10:
+    found = _npy_header(head)
+    if found is None:
         return None
-    size = int.from_bytes(head[8:10], "little")
-    if 10 + size > len(head):
-        return None
-    match = _NPY_HEADER.match(head[10:10 + size].decode("latin-1"))
-    if match is None:
-        return None
-    descr, rows, cols = match.groups()
-    shape = (int(rows),) if cols is None else (int(rows), int(cols))
-    return NpyLayout(offset=10 + size, dtype=_dtype(descr), shape=shape)
+    end, descr, rows, cols = found
+    shape = (rows,) if cols is None else (rows, cols)
+    return NpyLayout(offset=end, dtype=_dtype(descr), shape=shape)
 
 
 @functools.lru_cache(maxsize=64)

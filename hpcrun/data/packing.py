@@ -156,8 +156,9 @@ def _split(docs: np.ndarray, state: PackState, rows: int,
     if doc.size and doc[0] == 0:
         seg["offset"][doc == 0] += state.offset
     tail = int(used - 1)
-    consumed = int(min(end[tail], need) - (end[tail] - eff[tail])) + (state.offset if tail == 0
-                                                                     else 0)
+    consumed = int(min(end[tail], need) - (end[tail] - eff[tail]))
+    if tail == 0:
+        consumed += state.offset
     if consumed >= int(docs["length"][tail]):
         return seg, docs[:used], PackState(draw=state.draw + used, offset=0)
     return seg, docs[:used], PackState(draw=state.draw + tail, offset=consumed)

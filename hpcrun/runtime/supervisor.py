@@ -76,7 +76,7 @@ from hpcrun.runtime.membership import (
 )
 from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.takeover import claim_due, supervisor_of
-from hpcrun.storage import LocalStorage
+from hpcrun.storage import LOCAL_STORAGE
 from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
@@ -454,7 +454,7 @@ class Supervisor:
         under ``inc``'s fence (both best effort)."""
         if self.node.backend == "slurm":
             try:
-                LocalStorage().write_atomic(job_exit_path(self.run_dir, self.node.job_id),
+                LOCAL_STORAGE.write_atomic(job_exit_path(self.run_dir, self.node.job_id),
                                             f"{status}\n".encode())
             except StorageError as exc:  # the job then ends with its step's own status
                 print(f"hpcrun agent {self.node.node}: {exc}", file=sys.stderr)
