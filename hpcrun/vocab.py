@@ -57,6 +57,9 @@ class Tier(StrEnum):
 
     NODE_LOCAL = "node_local"
     SHARED = "shared"
+    PEER = "peer"
+    """Read only, by a restore: another gang node's tier-0 copy (its own shards, or those it holds
+    for its ring partner), reached through that node's partner server. No save writes it."""
 
 
 class ResumeContract(StrEnum):

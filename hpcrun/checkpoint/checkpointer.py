@@ -24,7 +24,7 @@ from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import canonical_json
 from hpcrun.checkpoint.readplan import need_of
-from hpcrun.checkpoint.restorer import Loaded, RestoreShell
+from hpcrun.checkpoint.restorer import Loaded, PeerSource, RestoreShell
 from hpcrun.checkpoint.retention import collect_run, restorable
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
 from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
@@ -76,7 +76,8 @@ class Checkpointer:
                  async_policy: str = "block", checksum: str = "xxh3",
                  group: ProcessGroup | None = None, clock: Clock = SYSTEM_CLOCK,
                  fault_hook: Callable[[str, int], None] | None = None,
-                 staging_limit: int | None = None, storage: Storage = LOCAL_STORAGE) -> None:
+                 staging_limit: int | None = None, storage: Storage = LOCAL_STORAGE,
+                 peers: PeerSource | None = None) -> None:
         """Args:
             identity: run, spec, dataset, contract and fencing token of every checkpoint.
             tiers: where this node's tiers are.
@@ -94,6 +95,8 @@ class Checkpointer:
                 stages while training is steps further on).
             staging_limit: most bytes the staging buffer may hold (None: no limit).
             storage: filesystem seam.
+            peers: the restore's peer tier (a shard's copies on the gang's other nodes), or
+                None to read only this node's tier 0 and tier 1.
         """
         if keep_last < 2:
             raise ConfigError(f"keep_last is {keep_last}; keep at least 2 committed checkpoints "
@@ -116,7 +119,8 @@ class Checkpointer:
         self._key_tables: dict[str, tuple[tuple[str, ...], Any]] = {}  # rank 0: by digest
         self._buffer = StagingBuffer(max_bytes=staging_limit)
         self._restorer = RestoreShell(identity=identity, tiers=tiers, layout=layout, log=log,
-                                      comm=self._comm, storage=storage, buffer=self._buffer)
+                                      comm=self._comm, storage=storage, buffer=self._buffer,
+                                      peers=peers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-ckpt")
         self._inflight: _InFlight | None = None
         self._parent: str | None = None
@@ -353,7 +357,7 @@ class Checkpointer:
                                                        skipped=tuple(skipped)),
                                    generation=self.id.generation, holder=self.id.holder)
         return RestoreResult(ckpt_id=loaded.ckpt_id, step=loaded.step,
-                             tier=str(Tier.SHARED if loaded.shared else Tier.NODE_LOCAL),
+                             tier=str(_slowest_tier(loaded)),
                              extra=dict(loaded.extra), skipped=tuple(skipped),
                              bytes_read=loaded.bytes_read, files_read=loaded.files_read)
 
@@ -368,3 +372,11 @@ class Checkpointer:
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True)
+
+
+def _slowest_tier(loaded: Loaded) -> Tier:
+    """The slowest tier a restore touched: tier 1 (on any rank), else a peer (on this rank),
+    else this node's tier 0."""
+    if loaded.shared:
+        return Tier.SHARED
+    return Tier.PEER if str(Tier.PEER) in loaded.tiers else Tier.NODE_LOCAL

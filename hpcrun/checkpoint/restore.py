@@ -33,7 +33,7 @@ from hpcrun.checkpoint.device import HostLanding
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
 from hpcrun.checkpoint.readplan import RankPlan, Target
-from hpcrun.checkpoint.shards import read_datasets, read_shard
+from hpcrun.checkpoint.shards import ShardSource, read_datasets, read_shard
 from hpcrun.checkpoint.stage import torch_dtype
 from hpcrun.checkpoint.state import META_KEY, TensorLeaf
 from hpcrun.errors import CorruptCheckpointError, ReshardError
@@ -67,8 +67,8 @@ def plan_gather(m: Manifest, world_size: int) -> GatherPlan:
     return GatherPlan(files=files, sizes=sizes, where=where)
 
 
-PathChoice = Callable[[int], Sequence[tuple[str, Path]]]
-"""Old shard rank → candidate ``(tier, path)`` pairs, preferred first."""
+PathChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
+"""Old shard rank → candidate ``(tier, file or peer copy)`` pairs, preferred first."""
 
 
 def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: PathChoice,

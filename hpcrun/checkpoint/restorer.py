@@ -9,16 +9,18 @@
 4. replicated pieces are exchanged inside the node; each rank copies its pieces into its
    state's tensors in place.
 
-When some rank cannot reach a shard it needs (a tier-0 copy on another node that was not
-drained yet) or the manifest predates per-node planning, the gang restores that checkpoint
-through the exchange path instead (:func:`~.restore.plan_gather`: each old shard read once, the
-ranks all-gather the pieces).
+A shard on neither this node's tier 0 nor tier 1 (another node's tier-0 copy not drained yet,
+or a lost node's shards held by its ring partner) is read from the gang node that has it, by
+byte range through that node's partner server: the peer tier (``peers``). When some rank
+cannot reach a shard it needs even so, or the manifest predates per-node planning, the gang
+restores that checkpoint through the exchange path instead (:func:`~.restore.plan_gather`: each
+old shard read once, the ranks all-gather the pieces).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from hpcrun.checkpoint.restore import (
     read_assigned,
     read_planned,
 )
+from hpcrun.checkpoint.shards import ShardSource
 from hpcrun.checkpoint.stage import StagingBuffer
 from hpcrun.checkpoint.state import Layout, Placement, TensorLeaf
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier
@@ -56,6 +59,11 @@ from hpcrun.storage import Storage
 from hpcrun.vocab import FaultClass
 
 _log = logging.getLogger(__name__)
+
+PeerSource = Callable[[str, ShardRecord], Sequence[tuple[str, ShardSource]]]
+"""``(checkpoint id, shard record)`` → that shard's copies on the gang's other nodes, nearest
+first: the restore's peer tier, for a shard neither this node's tier 0 nor tier 1 has (the
+runtime provides it: :class:`hpcrun.runtime.peerread.PeerShards`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,6 +108,8 @@ class RestoreShell:
     """Filesystem seam (manifests)."""
     buffer: StagingBuffer
     """The Checkpointer's reused, pre-touched staging buffer (restore reads into it)."""
+    peers: PeerSource | None = None
+    """The peer tier: copies of a shard on the gang's other nodes (None: no peer reads)."""
 
     def load(self, ckpt: CommittedCheckpoint, need: Need,
              leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
@@ -196,13 +206,19 @@ class RestoreShell:
                       bytes_read=count, files_read=len(plan.files),
                       tiers=frozenset(tiers))
 
-    def _candidates(self, ckpt: CommittedCheckpoint, shard: ShardRecord) -> list[tuple[str, Path]]:
+    def _candidates(self, ckpt: CommittedCheckpoint,
+                    shard: ShardRecord) -> list[tuple[str, Path | ShardSource]]:
+        """Where this rank may read ``shard``, preferred first: this node's tier 0, tier 1 (when
+        the checkpoint is committed there), then the peer tier (another gang node's copy)."""
         paths = self.tiers.paths(ckpt.ckpt_id, run_id=self.identity.run_id)
-        out = []
-        if paths.node_local is not None and (paths.node_local / shard.path).exists():
-            out.append((str(Tier.NODE_LOCAL), paths.node_local / shard.path))
-        if Tier.SHARED in ckpt.tiers or paths.node_local is None:
+        local = paths.node_local / shard.path if paths.node_local is not None else None
+        out: list[tuple[str, Path | ShardSource]] = []
+        if local is not None and local.exists():
+            out.append((str(Tier.NODE_LOCAL), local))
+        if Tier.SHARED in ckpt.tiers or local is None:
             out.append((str(Tier.SHARED), paths.shared / shard.path))
+        if self.peers is not None and local is not None and not local.exists():
+            out.extend(self.peers(ckpt.ckpt_id, shard))
         return out
 
     # -- exchange path ---------------------------------------------------------------------

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -163,12 +163,60 @@ def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
                          row_stop=p.row_stop, offset=offset, nbytes=p.nbytes, checksum=digest)
 
 
-def _corrupt(path: Path, what: str) -> CorruptCheckpointError:
+def _corrupt(path: Path | str, what: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"shard {path} is corrupt: {what}; it will not be loaded "
                                   "(restore falls back to an older committed checkpoint)")
 
 
-def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: Path) -> None:
+class ShardSource(Protocol):
+    """Where a restore reads one shard file's bytes: a file on this node, or a peer's copy."""
+
+    @property
+    def name(self) -> str:
+        """The copy, as error messages name it."""
+        ...
+
+    def size(self) -> int:
+        """The copy's size in bytes (CorruptCheckpointError when it is missing)."""
+        ...
+
+    def open_h5(self) -> h5py.File:
+        """The copy opened read-only with h5py (for its header and small datasets)."""
+        ...
+
+    def read_into(self, extents: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Fill each ``(file offset, uint8 buffer)`` from the copy (StorageError on failure)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LocalShard:
+    """A shard file on this node (tier 0, tier 1, or a copy held for a partner)."""
+
+    path: Path
+    """The file."""
+
+    @property
+    def name(self) -> str:
+        """The file's path."""
+        return str(self.path)
+
+    def size(self) -> int:
+        """Its size; CorruptCheckpointError when it is missing."""
+        if not self.path.exists():
+            raise _corrupt(self.path, "the file is missing")
+        return os.path.getsize(self.path)
+
+    def open_h5(self) -> h5py.File:
+        """Opened with HDF5 file locking off (parallel filesystems do not support it)."""
+        return h5py.File(self.path, "r", locking=False)
+
+    def read_into(self, extents: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Read past the page cache straight into the buffers."""
+        read_extents(self.path, [Extent(file_offset=off, buffer=buf.data) for off, buf in extents])
+
+
+def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: str) -> None:
     ds = f.get(d.h5path)
     shape = (d.row_stop - d.row_start, *d.global_shape[1:]) if d.global_shape else ()
     storage = storage_dtype(torch_dtype(d.dtype))
@@ -185,8 +233,8 @@ def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: Path)
                              f"manifest says {d.offset}")
 
 
-def read_shard(path: Path, rec: ShardRecord, dest: Sequence[np.ndarray], *, ckpt_id: str,
-               algorithm: str) -> None:
+def read_shard(path: Path | ShardSource, rec: ShardRecord, dest: Sequence[np.ndarray], *,
+               ckpt_id: str, algorithm: str) -> None:
     """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset).
 
     Raises:
@@ -195,34 +243,38 @@ def read_shard(path: Path, rec: ShardRecord, dest: Sequence[np.ndarray], *, ckpt
     read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm)
 
 
-def read_datasets(path: Path, rec: ShardRecord, wanted: Sequence[tuple[int, np.ndarray]], *,
-                  ckpt_id: str, algorithm: str) -> None:
+def read_datasets(path: Path | ShardSource, rec: ShardRecord,
+                  wanted: Sequence[tuple[int, np.ndarray]], *, ckpt_id: str,
+                  algorithm: str) -> None:
     """Read and verify some datasets of a shard: ``(index in rec.datasets, uint8 destination)``.
 
-    Bulk bytes are read past the page cache straight into the destinations. Nothing is
-    returned unverified: each dataset's checksum is checked after its bytes arrive.
+    ``path`` is a local file or any :class:`ShardSource` (a peer's copy). Bulk bytes are read
+    straight into the destinations (past the page cache, for a file). Nothing is returned
+    unverified: each dataset's checksum is checked after its bytes arrive.
 
     Raises:
-        CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
+        CorruptCheckpointError: missing, truncated, unreachable, mismatched or failing its
+        checksums.
     """
-    if not path.exists():
-        raise _corrupt(path, "the file is missing")
-    if (size := os.path.getsize(path)) != rec.bytes:
-        raise _corrupt(path, f"it is {size} bytes, the manifest says {rec.bytes} (truncated?)")
+    src = LocalShard(Path(path)) if isinstance(path, (str, os.PathLike)) else path
     pairs = [(rec.datasets[i], buf) for i, buf in wanted]
     try:
-        with h5py.File(path, "r", locking=False) as f:
+        if (size := src.size()) != rec.bytes:
+            raise _corrupt(src.name, f"it is {size} bytes, the manifest says {rec.bytes} "
+                                     "(truncated?)")
+        with src.open_h5() as f:
             if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
                     SHARD_FORMAT, ckpt_id, rec.rank):
-                raise _corrupt(path, "its header names another checkpoint or rank")
+                raise _corrupt(src.name, "its header names another checkpoint or rank")
             for d, buf in pairs:
-                _check_dataset(f, d, buf, path)
-        read_extents(path, [Extent(file_offset=d.offset, buffer=buf.data)
-                            for d, buf in pairs if d.offset >= 0])
+                _check_dataset(f, d, buf, src.name)
+        src.read_into([(d.offset, buf) for d, buf in pairs if d.offset >= 0])
     except CorruptCheckpointError:
         raise
+    except StorageError as exc:
+        raise _corrupt(src.name, str(exc)) from exc
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
-        raise _corrupt(path, f"HDF5 could not read it ({exc})") from exc
+        raise _corrupt(src.name, f"HDF5 could not read it ({exc})") from exc
     for d, buf in pairs:
         if checksum(algorithm, buf) != d.checksum:
-            raise _corrupt(path, f"dataset {d.key!r} fails its {algorithm} checksum")
+            raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum")

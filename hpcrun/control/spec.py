@@ -50,8 +50,8 @@ ADDITIVE = types.MappingProxyType({"additive": True})
 """Field metadata of a field added within a spec schema version: left out of the canonical
 form while it holds its default, so specs that do not use it keep their digest (and run
 directories written before it keep verifying)."""
-TIERS: tuple[str, ...] = tuple(t.value for t in Tier)
-"""Tier names a spec may list, fastest first."""
+TIERS: tuple[str, ...] = (Tier.NODE_LOCAL.value, Tier.SHARED.value)
+"""Tier names a spec may list (the tiers a save writes), fastest first."""
 
 
 class MembershipMode(StrEnum):

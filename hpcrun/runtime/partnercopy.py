@@ -56,6 +56,7 @@ from hpcrun.errors import CheckpointError, HpcrunError, StaleGenerationError, St
 from hpcrun.runtime.partnerserver import (
     AUTH_HEADER,
     CHUNK,
+    SIZE_HEADER,
     TIMEOUT_S,
     TS_HEADER,
     peer_address,
@@ -113,9 +114,10 @@ class PeerClient:
                                f"{body[:300].decode(errors='replace')}")
         return size
 
-    def get_into(self, rel: str, off: int, view: np.ndarray) -> None:
-        """Bytes ``off`` .. ``off + len(view)`` of the copy the partner holds as ``rel``, into
-        ``view`` (unverified: check them before use).
+    def get_into(self, rel: str, off: int, view: np.ndarray) -> int:
+        """Bytes ``off`` .. ``off + len(view)`` of the copy the partner holds as ``rel`` (or of
+        its own tier-0 shard), into ``view`` (unverified: check them before use); the whole
+        file's size.
 
         Raises:
             StorageError: unreachable, missing there, or a length other than asked.
@@ -131,7 +133,8 @@ class PeerClient:
                 raise StorageError(f"{self.node} sends {view.size} bytes of {rel} at {off} as "
                                    f"{resp.headers.get('Content-Length')} bytes")
             read_exactly(resp, view)
-        except OSError as exc:
+            return int(resp.headers.get(SIZE_HEADER) or -1)
+        except (OSError, ValueError) as exc:
             raise StorageError(f"fetching {rel} from {self.node} failed: {exc}") from exc
         finally:
             conn.close()

@@ -6,9 +6,11 @@ carries an HMAC-SHA256 of its method, path, length and time under the run's secr
 (``<run_dir>/partner/secret``, mode 0600, created by the first agent); anything else is
 refused. ``PUT /v1/copy/<ckpt_id>/<owner>/rank-NNNNN.h5`` keeps a pushed shard on this node's
 tier 0 once it matches the committed manifest (size, checksums), and retires the owner's older
-copies; ``GET`` of the same path (optionally ``?off=A&len=B``) sends a held copy with
-``sendfile``. Paths are validated (:func:`~hpcrun.checkpoint.partner.check_relpath`), sizes
-must equal the manifest's. The clients are in :mod:`hpcrun.runtime.partnercopy`.
+copies; ``GET`` of the same path (optionally ``?off=A&len=B``) sends with ``sendfile`` a held
+copy, or, when ``<owner>`` is this node, its own tier-0 shard (the restore's peer tier,
+:mod:`hpcrun.runtime.peerread`); the file's size comes back in ``X-Hpcrun-Size``. Paths are
+validated (:func:`~hpcrun.checkpoint.partner.check_relpath`), sizes must equal the manifest's.
+The clients are in :mod:`hpcrun.runtime.partnercopy` and :mod:`hpcrun.runtime.peerread`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from hpcrun.checkpoint.manifest import Manifest, ShardRecord
 from hpcrun.checkpoint.partner import check_relpath, partner_root, retired_copies
 from hpcrun.checkpoint.rawio import Extent, aligned_buffer, write_extents
 from hpcrun.checkpoint.tiers import fold_checkpoints
+from hpcrun.checkpoint.tiers import node_local_root as node_local_root_of
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError, HpcrunError, StorageError
 
@@ -54,6 +57,8 @@ CHUNK = 8 << 20
 """Bytes per read or send (the drain's request size)."""
 TIMEOUT_S = 60.0
 """Socket timeout of one request."""
+SIZE_HEADER = "X-Hpcrun-Size"
+"""A GET's answer: the size of the whole file it reads from."""
 
 
 # -- secret and addresses ----------------------------------------------------------------------
@@ -205,9 +210,16 @@ class HolderStore:
     """``<node_local_root>/<run_id>/partner``."""
     manifests: ManifestCache
     """Committed manifests (what every received byte is checked against)."""
+    node: str = ""
+    """This node: a GET of its own shards is served from ``tier0``."""
+    tier0: Path | None = None
+    """This node's tier 0 of the run (``<node_local_root>/<run_id>/ckpt``)."""
 
     def path_of(self, rel: str) -> Path:
+        """Where ``rel`` is on this node: a held copy, or this node's own tier-0 shard."""
         ckpt_id, owner, name = check_relpath(rel)
+        if owner == self.node and self.tier0 is not None:
+            return self.tier0 / ckpt_id / owner / name
         return self.root / ckpt_id / owner / name
 
     def receive(self, rel: str, data: np.ndarray) -> None:
@@ -275,6 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.send_response(200)
         self.send_header("Content-Length", str(length))
+        self.send_header(SIZE_HEADER, str(size))
         self.end_headers()
         self.wfile.flush()
         with open(path, "rb") as f:
@@ -326,7 +339,8 @@ class PartnerServer:
                  log: RunLog) -> None:
         self.run_dir, self.node = Path(run_dir), node
         store = HolderStore(root=partner_root(node_local_root, self.run_dir.name),
-                            manifests=ManifestCache(self.run_dir, log))
+                            manifests=ManifestCache(self.run_dir, log), node=node,
+                            tier0=node_local_root_of(node_local_root, self.run_dir.name))
         store.root.mkdir(parents=True, exist_ok=True)
         self._server = _Server((host, 0), run_secret(self.run_dir), store)
         self._thread = threading.Thread(target=self._server.serve_forever,

@@ -31,8 +31,11 @@ from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Inca
 from hpcrun.runtime.startup import StartMarks
 
 if TYPE_CHECKING:
+    from hpcrun.control.log import RunLog
+    from hpcrun.control.spec import RunSpec
     from hpcrun.launch.signals import StopFlag
     from hpcrun.runtime.context import Context
+    from hpcrun.runtime.peerread import PeerShards
 
 _FAULT_OF = (
     (StaleGenerationError, "stale"),
@@ -182,6 +185,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         storage=DeadlineStorage(LOCAL_STORAGE, deadline_s=site_deadline_s(inc.run_dir)),
         fault_hook=faults.checkpoint_hook(
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt),
+        peers=_peers(inc, spec, env.nodes, log),
     )
     events = EventWriter(rank_events_path(inc, env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
@@ -202,6 +206,18 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         marks.mark("context")
         marks.bind(events)
     return ctx
+
+
+def _peers(inc: Incarnation, spec: RunSpec, gang: tuple[str, ...],
+           log: RunLog) -> PeerShards | None:
+    """The restore's peer tier, in a run whose agents serve their tier 0 (hot spares)."""
+    from hpcrun.runtime.partnercopy import wanted
+    from hpcrun.runtime.peerread import PeerShards
+
+    if inc.node_local_root is None or not wanted(spec.resources.spare_nodes, inc.node_local_root):
+        return None
+    return PeerShards(run_dir=inc.run_dir, node=inc.node, gang=gang,
+                      node_local_root=inc.node_local_root, log=log)
 
 
 def bind_cpus(cpus: tuple[int, ...]) -> str | None:
