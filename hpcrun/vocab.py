@@ -62,6 +62,10 @@ class Tier(StrEnum):
     for its ring partner), reached through that node's partner server. No save writes it."""
 
 
+WRITTEN_TIERS = (Tier.NODE_LOCAL, Tier.SHARED)
+"""The tiers a save writes and a commit names (the peer tier is only read)."""
+
+
 class ResumeContract(StrEnum):
     """What a resume promises (the spec's ``data.contract``); strongest first.
 

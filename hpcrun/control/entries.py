@@ -58,7 +58,7 @@ from hpcrun.control.payload import (
     listed,
     present,
 )
-from hpcrun.vocab import FaultClass, RunState, Tier
+from hpcrun.vocab import WRITTEN_TIERS, FaultClass, RunState, Tier
 
 __all__ = [
     "LOG_SCHEMA_VERSION",
@@ -392,7 +392,7 @@ class CommitPayload(EntryPayload):
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"ckpt_id": f.text("ckpt_id"), "tier": f.choice("tier", Tier),
+        return {"ckpt_id": f.text("ckpt_id"), "tier": f.choice("tier", Tier, only=WRITTEN_TIERS),
                 "step": f.integer("step"), "manifest": f.text("manifest"),
                 "digest": f.text("digest", ""), "bytes": f.integer("bytes", 0),
                 "nodes": f.texts("nodes", ()), "run_id": f.text("run_id", None),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
@@ -102,9 +102,11 @@ class FieldReader:
     def mapping(self, key: str, default: Any = REQUIRED) -> Any:
         return self._take(key, lambda v: isinstance(v, dict), "a JSON object", default)
 
-    def choice(self, key: str, enum: type[StrEnum], default: Any = REQUIRED) -> Any:
-        names = ", ".join(m.value for m in enum)
-        value = self._take(key, lambda v: isinstance(v, str) and v in enum._value2member_map_,
+    def choice(self, key: str, enum: type[StrEnum], default: Any = REQUIRED, *,
+               only: Collection[StrEnum] | None = None) -> Any:
+        members = {m.value for m in (enum if only is None else only)}
+        names = ", ".join(m.value for m in enum if m.value in members)
+        value = self._take(key, lambda v: isinstance(v, str) and v in members,
                            f"one of {names}", default)
         return enum(value) if isinstance(value, str) else value
 

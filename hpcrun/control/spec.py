@@ -31,6 +31,7 @@ import yaml
 from hpcrun.control.elastic import gang_node_counts, keepable_global_batch, unkept_world_sizes
 from hpcrun.errors import SpecError
 from hpcrun.vocab import (
+    WRITTEN_TIERS,
     AsyncPolicy,
     CadenceKind,
     ChecksumAlgorithm,
@@ -38,7 +39,6 @@ from hpcrun.vocab import (
     FaultClass,
     ResumeContract,
     SdcAction,
-    Tier,
 )
 
 SPEC_SCHEMA_VERSION = 1
@@ -50,7 +50,7 @@ ADDITIVE = types.MappingProxyType({"additive": True})
 """Field metadata of a field added within a spec schema version: left out of the canonical
 form while it holds its default, so specs that do not use it keep their digest (and run
 directories written before it keep verifying)."""
-TIERS: tuple[str, ...] = (Tier.NODE_LOCAL.value, Tier.SHARED.value)
+TIERS: tuple[str, ...] = tuple(t.value for t in WRITTEN_TIERS)
 """Tier names a spec may list (the tiers a save writes), fastest first."""
 
 
