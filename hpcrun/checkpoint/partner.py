@@ -1,17 +1,16 @@
 """Partner copies of node-local checkpoints: who holds whose shards, and what to do next (pure).
 
 After a tier-0 commit each gang node's agent copies its node's shards to its *partner*, the
-next node of the active gang (a ring: node i -> node i+1, the last to the first). A
-replacement node (a hot spare in a lost node's position) fetches the lost node's shards from
-the node holding a complete, verified copy, into its own tier 0, before its ranks restore.
+next node of the active gang (a ring: node i -> node i+1, the last to the first). When a node
+is lost, the restore reads its shards from the node holding a complete, verified copy (the peer
+tier, :mod:`hpcrun.runtime.peerread`), before falling back to tier 1.
 
 The run log says which copies exist: a ``partner_copy`` note per copy (checkpoint, whose shards,
 held by which node, bytes, complete or not), counted only under generation fencing. A copy is
 used only when its newest note says complete; directories on disk prove nothing.
 
 On a holder's tier 0 the copies live under ``<node_local_root>/<run_id>/partner/<ckpt_id>/
-<owner>/rank-00003.h5``; a fetched copy lands where the restore looks for tier 0,
-``<node_local_root>/<run_id>/ckpt/<ckpt_id>/<owner>/rank-00003.h5``.
+<owner>/rank-00003.h5``, beside its own shards under ``<node_local_root>/<run_id>/ckpt/``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, check_id
@@ -129,32 +127,3 @@ def retired_copies(held: Iterable[str], *, keep: int = KEEP_PARTNER_COPIES) -> l
     """Checkpoint directories a holder deletes for one partner: all but the newest ``keep``
     (checkpoint ids order by generation, then step)."""
     return sorted(held)[:-keep] if keep > 0 else sorted(held)
-
-
-class FetchStep(StrEnum):
-    """What a replacement node does about one checkpoint, newest first."""
-
-    FETCH = "fetch"  # a complete partner copy exists: fetch it, restore it from tier 0
-    STOP = "stop"    # nothing to fetch: the restore reads it from here or from tier 1
-    SKIP = "skip"    # not restorable on this node: look at the next older checkpoint
-
-
-def fetch_step(ckpt: CommittedCheckpoint, *, owners: Collection[str], node: str,
-               local_complete: bool, copy: PartnerCopy | None,
-               shared_complete: bool = True) -> FetchStep:
-    """Decide for one checkpoint, given who wrote the shards of this node's ranks (pure).
-
-    Args:
-        owners: Nodes that wrote the shards this node's ranks restore (from the manifest).
-        local_complete: Every one of those shards is already on this node's tier 0.
-        copy: A complete partner copy of them, if the log names one.
-        shared_complete: Every one of those shards is present on tier 1 (when the checkpoint
-            is committed there); without them tier 1 cannot serve this checkpoint either.
-    """
-    if local_complete or set(owners) <= {node}:
-        return FetchStep.STOP
-    if copy is not None and set(owners) == {copy.owner}:
-        return FetchStep.FETCH
-    if Tier.SHARED in ckpt.tiers and shared_complete:
-        return FetchStep.STOP
-    return FetchStep.SKIP

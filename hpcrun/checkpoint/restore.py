@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from hpcrun.checkpoint.device import HostLanding
-from hpcrun.checkpoint.manifest import DatasetRecord, Manifest
+from hpcrun.checkpoint.manifest import DatasetRecord, Manifest, ShardRecord
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
 from hpcrun.checkpoint.readplan import RankPlan, Target
-from hpcrun.checkpoint.shards import ShardSource, read_datasets, read_shard
+from hpcrun.checkpoint.shards import ShardSource, read_datasets
 from hpcrun.checkpoint.stage import torch_dtype
 from hpcrun.checkpoint.state import META_KEY, TensorLeaf
 from hpcrun.errors import CorruptCheckpointError, ReshardError
@@ -72,38 +72,47 @@ PathChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
 
 
 def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: PathChoice,
-                  ) -> tuple[np.ndarray, set[str]]:
+                  ) -> tuple[np.ndarray, dict[str, int]]:
     """Read and verify this rank's assigned shards into its exchange buffer.
 
     Each shard is tried on its candidate tiers in order; a copy that fails verification is
     never used, the next tier is tried.
 
     Returns:
-        The buffer and the tiers actually read from.
+        The buffer and the data bytes read from each tier.
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
     buf = aligned_buffer(plan.sizes[rank], touch=False)
-    used: set[str] = set()
+    counts: dict[str, int] = {}
     for j in plan.files[rank]:
         shard = m.shards[j]
         dest = [buf[off:off + d.nbytes] for d, off in
                 ((d, plan.where[(j, i)][1]) for i, d in enumerate(shard.datasets))]
-        used.add(_read_first_good(m, j, dest, candidates))
-    return buf, used
+        tier = read_first_good(m.ckpt_id, m.checksum, j, shard, list(enumerate(dest)),
+                               candidates)
+        counts[tier] = counts.get(tier, 0) + sum(d.nbytes for d in shard.datasets)
+    return buf, counts
 
 
-def _read_first_good(m: Manifest, j: int, dest: list[np.ndarray], candidates: PathChoice) -> str:
+def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
+                    wanted: Sequence[tuple[int, np.ndarray]], candidates: PathChoice) -> str:
+    """Read ``wanted`` datasets of old rank ``j``'s shard from its first copy that verifies;
+    the tier it came from.
+
+    Raises:
+        CorruptCheckpointError: no copy verified (each copy's reason in the message).
+    """
     errors = []
-    for tier, path in candidates(j):
+    for tier, src in candidates(j):
         try:
-            read_shard(path, m.shards[j], dest, ckpt_id=m.ckpt_id, algorithm=m.checksum)
+            read_datasets(src, rec, wanted, ckpt_id=ckpt_id, algorithm=algorithm)
             return tier
         except CorruptCheckpointError as exc:
             errors.append(f"{tier}: {exc}")
     raise CorruptCheckpointError(
-        f"shard of rank {j} of checkpoint {m.ckpt_id} verified on no tier: "
+        f"shard of rank {j} of checkpoint {ckpt_id} verified on no tier: "
         f"{' | '.join(errors) or 'no tier holds it'}")
 
 
@@ -205,38 +214,24 @@ def _old_start(m: Manifest, rank: int, key: str) -> int:
     return -1
 
 
-def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice,
-                 ) -> tuple[set[str], int]:
+def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice) -> dict[str, int]:
     """Read and verify the datasets of ``plan`` into ``buf``, shard by shard.
 
     Returns:
-        The tiers read from and the data bytes read (counted as the reads land).
+        The data bytes read from each tier (counted as the reads land).
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
-    used: set[str] = set()
-    count = 0
+    counts: dict[str, int] = {}
     by_shard: dict[int, list[tuple[int, np.ndarray]]] = {}
     for r in plan.reads:
         d = plan.files[r.shard].datasets[r.index]
         by_shard.setdefault(r.shard, []).append((r.index, buf[r.offset:r.offset + d.nbytes]))
     for j, wanted in by_shard.items():
-        rec = plan.files[j]
-        errors = []
-        for tier, path in candidates(j):
-            try:
-                read_datasets(path, rec, wanted, ckpt_id=plan.ckpt_id, algorithm=plan.checksum)
-                used.add(tier)
-                count += sum(int(dest.size) for _, dest in wanted)
-                break
-            except CorruptCheckpointError as exc:
-                errors.append(f"{tier}: {exc}")
-        else:
-            raise CorruptCheckpointError(
-                f"shard of rank {j} of checkpoint {plan.ckpt_id} verified on no tier: "
-                f"{' | '.join(errors) or 'no tier holds it'}")
-    return used, count
+        tier = read_first_good(plan.ckpt_id, plan.checksum, j, plan.files[j], wanted, candidates)
+        counts[tier] = counts.get(tier, 0) + sum(int(dest.size) for _, dest in wanted)
+    return counts
 
 
 def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:

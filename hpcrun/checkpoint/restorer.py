@@ -82,12 +82,15 @@ class Loaded:
     """This rank's meta tree."""
     shared: bool
     """Whether some rank read from the shared tier."""
-    bytes_read: int = 0
-    """Data bytes this rank read from shard files."""
     files_read: int = 0
     """Shard files this rank opened."""
-    tiers: frozenset[str] = field(default_factory=frozenset)
-    """Tiers this rank read from."""
+    by_tier: Mapping[str, int] = field(default_factory=dict)
+    """Data bytes this rank read from each tier (``peer``: from other nodes)."""
+
+    @property
+    def bytes_read(self) -> int:
+        """Data bytes this rank read from shard files."""
+        return sum(self.by_tier.values())
 
 
 @dataclass(kw_only=True, slots=True)
@@ -187,10 +190,9 @@ class RestoreShell:
             buf = self.buffer.view(0, plan.size)
         except CheckpointError:  # above the staging limit: this restore gets its own buffer
             buf = aligned_buffer(plan.size, touch=False)
-        tiers: set[str] = set()
-        count = 0
+        counts: dict[str, int] = {}
         try:
-            tiers, count = read_planned(plan, buf, lambda j: self._candidates(ckpt, plan.files[j]))
+            counts = read_planned(plan, buf, lambda j: self._candidates(ckpt, plan.files[j]))
             ok = True
         except (HpcrunError, OSError) as exc:
             self.incident(ckpt, str(exc))
@@ -202,9 +204,8 @@ class RestoreShell:
         tensors, meta = build_tensors(plan, buf, shared, leaves)
         return Loaded(ckpt_id=ckpt.ckpt_id, step=int(top["step"]), extra=dict(top["extra"]),
                       tensors=tensors, meta=meta,
-                      shared=self.comm.any_true(str(Tier.SHARED) in tiers),
-                      bytes_read=count, files_read=len(plan.files),
-                      tiers=frozenset(tiers))
+                      shared=self.comm.any_true(str(Tier.SHARED) in counts),
+                      files_read=len(plan.files), by_tier=counts)
 
     def _candidates(self, ckpt: CommittedCheckpoint,
                     shard: ShardRecord) -> list[tuple[str, Path | ShardSource]]:
@@ -232,12 +233,12 @@ class RestoreShell:
             except (HpcrunError, OSError) as exc:
                 self.incident(ckpt, str(exc))
         m = self.comm.broadcast_object(m)
-        buf, tiers, ok = None, set[str](), False
+        buf, counts, ok = None, dict[str, int](), False
         plan = plan_gather(m, self.layout.world_size) if m is not None else None
         if m is not None and plan is not None:
             try:
-                buf, tiers = read_assigned(m, plan, self.layout.rank,
-                                           lambda j: self._candidates(ckpt, m.shards[j]))
+                buf, counts = read_assigned(m, plan, self.layout.rank,
+                                            lambda j: self._candidates(ckpt, m.shards[j]))
                 ok = True
             except (HpcrunError, OSError) as exc:
                 self.incident(ckpt, str(exc))
@@ -247,11 +248,9 @@ class RestoreShell:
         rows = {k: leaf for k, leaf in leaves.items() if leaf.placement is Placement.ROW}
         tensors, meta = assemble(m, plan, gathered, rank=self.layout.rank,
                                  world_size=self.layout.world_size, rows=rows)
-        mine = plan.files[self.layout.rank]
         return Loaded(ckpt_id=m.ckpt_id, step=m.step, extra=dict(m.extra), tensors=tensors,
-                      meta=meta, shared=self.comm.any_true(str(Tier.SHARED) in tiers),
-                      bytes_read=sum(d.nbytes for j in mine for d in m.shards[j].datasets),
-                      files_read=len(mine), tiers=frozenset(tiers))
+                      meta=meta, shared=self.comm.any_true(str(Tier.SHARED) in counts),
+                      files_read=len(plan.files[self.layout.rank]), by_tier=counts)
 
     def incident(self, ckpt: CommittedCheckpoint, detail: str) -> None:
         """A checkpoint this rank could not use: FAULT ``storage_error`` (background)."""

@@ -322,7 +322,8 @@ class RestoreResult:
     step: int
     """Its step."""
     tier: str
-    """``node_local`` when every rank read tier 0, else ``shared``."""
+    """``shared`` when some rank read tier 1, else ``peer`` when this rank read from another
+    node (the peer tier), else ``node_local`` (this node's disk only)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """The ``extra`` mapping given to the save."""
     skipped: tuple[str, ...] = ()
@@ -331,3 +332,5 @@ class RestoreResult:
     """Data bytes this rank read from shard files (measured by the reads it made)."""
     files_read: int = 0
     """Shard files this rank opened."""
+    peer_bytes: int = 0
+    """Of ``bytes_read``, the bytes read from other nodes (the peer tier)."""

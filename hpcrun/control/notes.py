@@ -29,7 +29,6 @@ __all__ = [
     "NoteEvent",
     "NotePayload",
     "PartnerCopyNote",
-    "PartnerFetchNote",
     "PeerLostNote",
     "RequeueLeftToSlurmNote",
     "RequeueSentNote",
@@ -58,7 +57,6 @@ class NoteEvent(StrEnum):
     KNOWN_GOOD = "known_good"                        # a replica check passed after a commit
     BATCH_SKIPPED = "batch_skipped"                  # a suspect step's update was dropped
     PARTNER_COPY = "partner_copy"                    # a node's tier-0 shards copied to its partner
-    PARTNER_FETCH = "partner_fetch"                  # a replacement fetched them from the partner
 
 
 class DebrisKind(StrEnum):
@@ -422,36 +420,6 @@ class PartnerCopyNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PartnerFetchNote(NotePayload):
-    """A replacement node fetched a lost node's shards from the partner holding them, into its
-    own tier 0, before its ranks restored."""
-
-    EVENT: ClassVar[NoteEvent] = NoteEvent.PARTNER_FETCH
-    ckpt_id: str
-    """The checkpoint."""
-    owner: str
-    """Node that wrote the shards (the lost one)."""
-    held_by: str
-    """Node they were fetched from."""
-    node: str
-    """Node that fetched them."""
-    bytes: int
-    """Shard bytes fetched and verified."""
-    seconds: float
-    """Wall time of the fetch."""
-
-    def fields(self) -> dict[str, Any]:
-        return {"ckpt_id": self.ckpt_id, "owner": self.owner, "held_by": self.held_by,
-                "node": self.node, "bytes": self.bytes, "seconds": self.seconds}
-
-    @classmethod
-    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"ckpt_id": f.text("ckpt_id"), "owner": f.text("owner"),
-                "held_by": f.text("held_by"), "node": f.text("node"),
-                "bytes": f.integer("bytes"), "seconds": f.number("seconds")}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownNote(NotePayload):
     """A note of an event this version does not know; ``extra`` holds the rest of it."""
 
@@ -476,8 +444,7 @@ class UnknownNote(NotePayload):
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
     DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
-    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote, PartnerCopyNote,
-    PartnerFetchNote)}
+    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote, PartnerCopyNote)}
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

@@ -290,7 +290,6 @@ class Agent:
         gang = self._gang(inc)
         short = self.gpus.shortfall(self.node.node)
         if short is None:
-            self._fetch_from_partner(inc, gang)
             gang.start()
         drainer = self._start_drainer(inc)
         # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
@@ -554,19 +553,6 @@ class Agent:
         return drain_target(self.run_dir, place, inc,
                             injection=self.environ.get("HPCRUN_INJECT", ""),
                             partner=partner or "")
-
-    def _fetch_from_partner(self, inc: Incarnation, gang: Gang) -> None:
-        """A node in a lost node's position: its shards onto this tier 0 from the partner
-        holding a complete copy, before the ranks restore (nothing otherwise)."""
-        if not self._partner_copies:
-            return
-        from hpcrun.runtime.partnercopy import FetchTarget, fetch_for_restore
-
-        assert self.node.node_local_root is not None
-        fetch_for_restore(FetchTarget(
-            run_dir=self.run_dir, node=self.node.node, ranks=tuple(gang.ranks),
-            gang=self._place(inc).nodes, node_local_root=self.node.node_local_root,
-            fence_slot=inc.fence_slot, generation=inc.generation, holder=inc.holder), self.log)
 
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
         self._reap_drainer()  # never two drains of this node at once

@@ -136,7 +136,8 @@ class Context:
             self._p.tokens = int((result.extra or {}).get("tokens", 0))
             self._p.restored_tier = str(result.tier)
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier,
-                              bytes_read=result.bytes_read, files_read=result.files_read)
+                              bytes_read=result.bytes_read, files_read=result.files_read,
+                              peer_bytes=result.peer_bytes)
         self._cadence = self._new_cadence(self._p.step)
         self._sdc.start(self._state)
         return self._p.step

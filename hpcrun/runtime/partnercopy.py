@@ -1,4 +1,4 @@
-"""Partner copies over the network between agents: push and fetch.
+"""Partner copies over the network between agents: the push, and the client both sides use.
 
 Node-local disks are private to their node, so a copy travels between agents: each agent of a
 run with hot spares runs a partner server (:mod:`hpcrun.runtime.partnerserver`), and these are
@@ -11,46 +11,34 @@ its clients, signing every request with the run's secret.
   against the manifest's checksums before it keeps it (and keeps the newest
   :data:`~hpcrun.checkpoint.partner.KEEP_PARTNER_COPIES` per owner), then the pusher publishes
   a ``partner_copy`` note under its fence (complete, or not and why).
-- **fetch** (:func:`fetch_for_restore`, called by a gang node's agent before its ranks start):
-  when this node took a lost node's position, the lost node's shards of the newest checkpoint
-  are fetched from the node holding a complete copy into this node's tier 0, where the restore
-  reads them at node-local speed; a ``partner_fetch`` note records it. Without a complete copy
-  nothing is fetched and the restore uses tier 1 as before.
+- **read** (:class:`PeerClient`'s ``get_into``, used by the restore's peer tier,
+  :mod:`hpcrun.runtime.peerread`): byte ranges of a copy a node holds, or of its own tier-0
+  shards, read straight into a restoring rank's buffer, which checks them against the manifest.
 
 Paths in requests are validated (:func:`~hpcrun.checkpoint.partner.check_relpath`), sizes
-must equal the manifest's, and every byte received (pushed or fetched) is checked against the
-manifest before it is renamed into place.
+must equal the manifest's, and every byte pushed is checked against the manifest before it is
+renamed into place.
 """
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import logging
-import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hpcrun.checkpoint.commit import read_manifest
-from hpcrun.checkpoint.drain import check_shard_image
-from hpcrun.checkpoint.manifest import ShardRecord
 from hpcrun.checkpoint.pacing import active_pacer
 from hpcrun.checkpoint.partner import (
-    FetchStep,
-    complete_copy,
-    fetch_step,
     fold_partner_copies,
     pending_push,
 )
-from hpcrun.checkpoint.rawio import Extent, aligned_buffer, write_extents
-from hpcrun.checkpoint.retention import restorable
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, fold_checkpoints, tier_paths
-from hpcrun.control.entries import PartnerCopyNote, PartnerFetchNote
+from hpcrun.control.entries import PartnerCopyNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError, HpcrunError, StaleGenerationError, StorageError
 from hpcrun.runtime.partnerserver import (
@@ -68,7 +56,8 @@ from hpcrun.runtime.partnerserver import (
 _log = logging.getLogger(__name__)
 
 FETCH_STREAMS = 8
-"""Parallel streams of one fetch (the node-local restore reads with as many threads)."""
+"""Parallel streams of one read from a peer (the node-local restore reads with as many
+threads)."""
 
 
 def wanted(spare_nodes: int, node_local_root: Path | None) -> bool:
@@ -142,7 +131,7 @@ class PeerClient:
 
 def fetch_ranges(size: int, *, streams: int = FETCH_STREAMS,
                  least: int = 64 << 20) -> list[tuple[int, int]]:
-    """``(offset, length)`` pieces of a ``size``-byte shard fetched over parallel streams:
+    """``(offset, length)`` pieces of ``size`` bytes read from a peer over parallel streams:
     at most ``streams``, none under ``least`` bytes but the last, 4 KiB aligned (pure)."""
     n = max(1, min(streams, size // least))
     step = (-(-size // n) + 4095) // 4096 * 4096 if n > 1 else size
@@ -232,164 +221,3 @@ def _note(log: RunLog, target: PushTarget, ckpt_id: str, sent: int, *, complete:
                                       held_by=target.partner, bytes=sent, complete=complete,
                                       detail=detail),
                       generation=target.generation, holder=target.holder)
-
-
-# -- fetch (a replacement node's agent, before its ranks start) --------------------------------
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FetchTarget:
-    """A gang node about to start its ranks: where they restore from."""
-
-    run_dir: Path
-    """Run directory."""
-    node: str
-    """This node."""
-    ranks: tuple[int, ...]
-    """The ranks this node runs in the new gang."""
-    gang: tuple[str, ...]
-    """The new gang (nodes that may hold a copy and are alive)."""
-    node_local_root: Path
-    """This node's tier-0 directory."""
-    fence_slot: int
-    """The incarnation's restore point: only checkpoints committed before it count."""
-    generation: int
-    """Fencing token: generation."""
-    holder: str
-    """Fencing token: holder."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ShardSet:
-    """The shards some ranks restore from one checkpoint, as its manifest records them."""
-
-    ckpt_id: str
-    """Checkpoint."""
-    run_id: str
-    """Run it belongs to (names its tier-0 directory)."""
-    checksum: str
-    """Checksum algorithm of its datasets."""
-    shards: tuple[ShardRecord, ...]
-    """The shard records."""
-
-
-def shards_for(run_dir: Path, ckpt: CommittedCheckpoint, ranks: tuple[int, ...], *, node: str,
-               gang: tuple[str, ...]) -> ShardSet | None:
-    """The shards of ``ranks`` in ``ckpt``, from the fewest sub-manifests: this node's own
-    first, then those of nodes no longer in the gang (the lost ones). None when they do not
-    cover ``ranks`` (another layout: the restore plans that one itself).
-
-    Raises:
-        CorruptCheckpointError: a manifest is missing or fails its digest.
-    """
-    from hpcrun.checkpoint.hierarchy import read_node_shards, read_top_manifest
-
-    top = read_top_manifest(run_dir, ckpt)
-    if not top.get("node_manifests"):  # a manifest from before node sub-manifests
-        m = read_manifest(run_dir, ckpt)
-        found = [s for s in m.shards if s.rank in ranks]
-    else:
-        listed = [str(n) for n in top.get("nodes") or ()]
-        found = []
-        for old in [n for n in listed if n == node] + [n for n in listed if n not in gang]:
-            found += [s for s in read_node_shards(run_dir, ckpt.ckpt_id, top, old)
-                      if s.rank in ranks]
-            if {s.rank for s in found} >= set(ranks):
-                break
-    if {s.rank for s in found} != set(ranks):
-        return None
-    return ShardSet(ckpt_id=ckpt.ckpt_id, run_id=str(top.get("run_id") or run_dir.name),
-                    checksum=str(top.get("checksum")), shards=tuple(found))
-
-
-def fetch_for_restore(target: FetchTarget, log: RunLog) -> PartnerFetchNote | None:
-    """Fetch the shards this node's ranks restore, when another node wrote them and a partner
-    holds a complete copy (newest checkpoint first; see
-    :func:`~hpcrun.checkpoint.partner.fetch_step`). Returns what was fetched (also published
-    as a ``partner_fetch`` note), or None when the restore needs nothing from a partner.
-    """
-    entries = [e for e in log.read() if e.slot < target.fence_slot]
-    copies = fold_partner_copies(entries)
-    for ckpt in reversed(restorable(entries)):
-        try:
-            found = shards_for(target.run_dir, ckpt, target.ranks, node=target.node,
-                               gang=target.gang)
-        except (HpcrunError, OSError):
-            continue  # the restore will find this one unusable too
-        if found is None:
-            return None
-        shards, owners = list(found.shards), {s.node for s in found.shards}
-        paths = tier_paths(target.run_dir, ckpt.ckpt_id, local_root=target.node_local_root,
-                           run_id=found.run_id)
-        local = paths.node_local
-        assert local is not None
-        have = bool(shards) and all((local / s.path).exists() for s in shards)
-        shared = all((paths.shared / s.path).exists() for s in shards)
-        copy = complete_copy(copies, ckpt.ckpt_id, next(iter(owners), ""),
-                             holders=[n for n in target.gang if n != target.node])
-        step = fetch_step(ckpt, owners=owners, node=target.node, local_complete=have, copy=copy,
-                          shared_complete=shared)
-        if step is FetchStep.FETCH and copy is not None:
-            note = _fetch(target, found, local, copy.held_by, log)
-            if note is not None:
-                return note
-            step = fetch_step(ckpt, owners=owners, node=target.node, local_complete=False,
-                              copy=None, shared_complete=shared)
-        if step is FetchStep.STOP:
-            return None
-    return None
-
-
-def _fetch(target: FetchTarget, found: ShardSet, local: Path, held_by: str,
-           log: RunLog) -> PartnerFetchNote | None:
-    started = time.monotonic()
-    try:
-        total = fetch_shards(PeerClient(target.run_dir, held_by), found, local)
-    except (HpcrunError, OSError) as exc:
-        _log.warning("fetching %s from %s failed, the restore falls back: %s", found.ckpt_id,
-                     held_by, exc)
-        for s in found.shards:  # never leave part of a copy where the restore looks
-            with contextlib.suppress(FileNotFoundError):
-                (local / s.path).unlink()
-        return None
-    note = PartnerFetchNote(ckpt_id=found.ckpt_id, owner=found.shards[0].node, held_by=held_by,
-                            node=target.node, bytes=total,
-                            seconds=round(time.monotonic() - started, 4))
-    log.publish_entry(note, generation=target.generation, holder=target.holder)
-    return note
-
-
-def fetch_shards(client: PeerClient, found: ShardSet, local: Path, *,
-                 least: int = 64 << 20) -> int:
-    """Fetch ``found``'s shards from ``client``'s node over parallel streams into ``local``;
-    the bytes fetched. Each stream writes its piece (O_DIRECT where possible) as it arrives;
-    each shard is then checked against the manifest and only then renamed into place.
-
-    Raises:
-        StorageError: a stream or a write failed. CorruptCheckpointError: a shard fails its
-        checks (nothing of it is left in place).
-    """
-    shards = found.shards
-    bufs = {s.path: aligned_buffer(s.bytes, touch=False) for s in shards}
-    tmps = {s.path: (local / s.path).with_name(f".{Path(s.path).name}.partner") for s in shards}
-    try:
-        for tmp in tmps.values():
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(b"")
-
-        def one(piece: tuple[ShardRecord, int, int]) -> None:
-            s, off, n = piece
-            view = bufs[s.path][off:off + n]
-            client.get_into(f"{found.ckpt_id}/{s.path}", off, view)
-            write_extents(tmps[s.path], [Extent(file_offset=off, buffer=view.data)], threads=1)
-
-        pieces = [(s, off, n) for s in shards for off, n in fetch_ranges(s.bytes, least=least)]
-        with ThreadPoolExecutor(max_workers=max(1, min(FETCH_STREAMS, len(pieces)))) as pool:
-            list(pool.map(one, pieces))
-        for s in shards:
-            check_shard_image(bufs[s.path], s, found.checksum, tmps[s.path], found.ckpt_id)
-            os.replace(tmps[s.path], local / s.path)
-    finally:
-        for tmp in tmps.values():
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    return sum(s.bytes for s in shards)

@@ -31,7 +31,12 @@ import h5py
 import numpy as np
 
 from hpcrun.checkpoint.manifest import ShardRecord
-from hpcrun.checkpoint.partner import PartnerCopy, fold_partner_copies, partner_root
+from hpcrun.checkpoint.partner import (
+    PartnerCopy,
+    complete_copy,
+    fold_partner_copies,
+    partner_root,
+)
 from hpcrun.checkpoint.shards import LocalShard, ShardSource
 from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError
@@ -99,8 +104,8 @@ class RemoteShard:
     """A shard on another gang node (its own tier 0 or a copy it holds), read over the network
     (a :class:`~hpcrun.checkpoint.shards.ShardSource`)."""
 
-    def __init__(self, client: PeerClient, rel: str) -> None:
-        self.client, self.rel = client, rel
+    def __init__(self, client: PeerClient, rel: str, *, least: int = LEAST_STREAM) -> None:
+        self.client, self.rel, self.least = client, rel, least
         self._size: int | None = None
 
     @property
@@ -121,7 +126,7 @@ class RemoteShard:
     def read_into(self, extents: Sequence[tuple[int, np.ndarray]]) -> None:
         """Each ``(offset, buffer)`` filled over parallel ranged streams."""
         pieces = [(off + o, buf[o:o + n]) for off, buf in extents
-                  for o, n in fetch_ranges(buf.size, least=LEAST_STREAM) if n]
+                  for o, n in fetch_ranges(buf.size, least=self.least) if n]
         if not pieces:
             return
         with ThreadPoolExecutor(max_workers=min(FETCH_STREAMS, len(pieces))) as pool:
@@ -149,8 +154,8 @@ class PeerShards:
 
     def __call__(self, ckpt_id: str, shard: ShardRecord) -> list[tuple[str, ShardSource]]:
         owner = shard.node
-        holders = [h for (c, o, h), copy in self._partner_copies(ckpt_id).items()
-                   if c == ckpt_id and o == owner and copy.complete and h in self.gang]
+        copy = complete_copy(self._partner_copies(ckpt_id), ckpt_id, owner, holders=self.gang)
+        holders = [copy.held_by] if copy is not None else []
         out: list[tuple[str, ShardSource]] = []
         if self.node in holders:
             held = partner_root(self.node_local_root, self.run_dir.name) / ckpt_id / shard.path

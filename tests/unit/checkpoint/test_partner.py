@@ -1,16 +1,14 @@
 """Partner copies, the pure parts: ring choice, path checks, which copies exist and are whole,
-what to push, what to retire, and what a replacement node fetches."""
+what to push and what to retire."""
 
 from __future__ import annotations
 
 import pytest
 
 from hpcrun.checkpoint.partner import (
-    FetchStep,
     PartnerCopy,
     check_relpath,
     complete_copy,
-    fetch_step,
     fold_partner_copies,
     pending_push,
     retired_copies,
@@ -104,24 +102,3 @@ def test_a_holder_keeps_the_newest_copies_per_partner() -> None:
     held = ["g000002-s0000000010-x", "g000001-s0000000090-x", "g000002-s0000000020-x"]
     assert retired_copies(held, keep=2) == ["g000001-s0000000090-x"]
     assert retired_copies(held[:2], keep=2) == []
-
-
-def test_a_replacement_fetches_only_a_complete_copy_of_the_lost_nodes_shards() -> None:
-    tier0, both = _ckpt(20, tiers={Tier.NODE_LOCAL}), _ckpt(10, tiers={Tier.NODE_LOCAL,
-                                                                         Tier.SHARED})
-    copy = PartnerCopy(ckpt_id=tier0.ckpt_id, owner="n2", held_by="n1", bytes=1, complete=True,
-                       slot=1)
-    kw = {"node": "n3", "local_complete": False}
-    assert fetch_step(tier0, owners={"n2"}, copy=copy, **kw) is FetchStep.FETCH
-    # no complete copy: a tier-0-only checkpoint is skipped, a tier-1 one restored from there
-    assert fetch_step(tier0, owners={"n2"}, copy=None, **kw) is FetchStep.SKIP
-    assert fetch_step(both, owners={"n2"}, copy=None, **kw) is FetchStep.STOP
-    # ... unless its tier-1 copy is gone too: look further back for a partner copy
-    assert fetch_step(both, owners={"n2"}, copy=None, shared_complete=False,
-                      **kw) is FetchStep.SKIP
-    # its own shards, or shards already here: nothing to fetch
-    assert fetch_step(tier0, owners={"n3"}, copy=None, **kw) is FetchStep.STOP
-    assert fetch_step(tier0, owners={"n2"}, copy=copy, node="n3",
-                      local_complete=True) is FetchStep.STOP
-    # ranks whose shards several nodes wrote (another layout): one copy cannot cover them
-    assert fetch_step(tier0, owners={"n2", "n4"}, copy=copy, **kw) is FetchStep.SKIP

@@ -37,7 +37,6 @@ from hpcrun.control.entries import (
     OpPayload,
     OpPhase,
     PartnerCopyNote,
-    PartnerFetchNote,
     PayloadError,
     PeerLostNote,
     ProgressPayload,
@@ -124,9 +123,6 @@ PAYLOADS: dict[str, EntryPayload] = {
                                                 "for 5 s"),
     "note_partner_copy": PartnerCopyNote(ckpt_id="g000003-s0000000100-a", owner="n2",
                                          held_by="n3", bytes=1048576, complete=True),
-    "note_partner_fetch": PartnerFetchNote(ckpt_id="g000003-s0000000100-a", owner="n2",
-                                           held_by="n3", node="n4", bytes=1048576,
-                                           seconds=0.25),
     "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,
                               signature="sdc:n2", detail="silent data corruption on n2"),
 }

@@ -1,5 +1,5 @@
 """Partner copies between agents over loopback: a node's tier-0 shards pushed to its partner,
-verified there, fetched by a replacement node and restored from its own tier 0, with no tier 1.
+verified there, and restored on a replacement node from the partner's copy, with no tier 1.
 """
 
 from __future__ import annotations
@@ -12,25 +12,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.checkpoint.commit import read_manifest
 from hpcrun.checkpoint.tiers import fold_checkpoints
-from hpcrun.control.entries import PartnerCopyNote, PartnerFetchNote, decode
+from hpcrun.control.entries import PartnerCopyNote, decode
 from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import RunLog, new_holder
 from hpcrun.errors import StaleGenerationError
-from hpcrun.runtime.partnercopy import (
-    FetchTarget,
-    PeerClient,
-    PushTarget,
-    fetch_for_restore,
-    fetch_ranges,
-    fetch_shards,
-    push_round,
-    shards_for,
-)
+from hpcrun.runtime.partnercopy import PeerClient, PushTarget, fetch_ranges, push_round
 from hpcrun.runtime.partnerserver import (
     AUTH_HEADER,
     TS_HEADER,
@@ -39,6 +31,7 @@ from hpcrun.runtime.partnerserver import (
     run_secret,
     sign,
 )
+from hpcrun.runtime.peerread import PeerShards, RemoteShard
 from hpcrun.vocab import Tier
 
 from ..checkpoint.conftest import same_state, trained
@@ -64,14 +57,19 @@ def incarnation(run_dir: Path, log: RunLog) -> Iterator[Callable[..., Checkpoint
     """Claim a new generation; a single-rank Checkpointer of it on the given node's tier 0."""
     made: list[Checkpointer] = []
 
-    def make(*, node_local_root: Path, layout: Layout) -> Checkpointer:
+    def make(*, node_local_root: Path, layout: Layout,
+             gang: tuple[str, ...] | None = None) -> Checkpointer:
         holder = new_holder()
         fence = log.claim(holder)
         ident = CheckpointIdentity(run_id="run1", spec_id="spec1", dataset_id="ds1",
                                    generation=fence.generation, holder=holder)
+        peers = None if gang is None else PeerShards(
+            run_dir=run_dir, node=layout.node, gang=gang, node_local_root=node_local_root,
+            log=log)
         made.append(Checkpointer(identity=ident, layout=layout, log=log, fence_slot=fence.slot,
                                  tiers=TierLayout(run_dir=run_dir,
-                                                  node_local_root=node_local_root)))
+                                                  node_local_root=node_local_root),
+                                 peers=peers))
         return made[-1]
 
     yield make
@@ -104,12 +102,6 @@ def _push(run_dir: Path, log: RunLog, ck, nvme: Path) -> str | None:
                                  holder=ck.id.holder), log)
 
 
-def _fetch(run_dir: Path, log: RunLog, ck, nvme: Path) -> PartnerFetchNote | None:
-    return fetch_for_restore(FetchTarget(
-        run_dir=run_dir, node="node2", ranks=(0,), gang=("node2", "node1"), node_local_root=nvme,
-        fence_slot=ck.fence_slot, generation=ck.id.generation, holder=ck.id.holder), log)
-
-
 def test_a_lost_nodes_shards_come_back_from_its_partner_without_tier1(
         run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
     nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
@@ -128,39 +120,18 @@ def test_a_lost_nodes_shards_come_back_from_its_partner_without_tier1(
     assert note.bytes == src.stat().st_size and kept.read_bytes() == src.read_bytes()
     assert all(Tier.SHARED not in c.tiers for c in fold_checkpoints(log.read()))
 
-    # node0 is lost with its tier 0; node2 takes its place and its ranks
-    spare = incarnation(node_local_root=nvme2, layout=SPARE)
-    fetched = _fetch(run_dir, log, spare, nvme2)
-    assert fetched is not None and (fetched.ckpt_id, fetched.held_by, fetched.bytes) == (
-        newest, "node1", note.bytes)
-    assert _notes(log, PartnerFetchNote) == [fetched]
-    landed = nvme2 / "run1" / "ckpt" / newest / "node0" / "rank-00000.h5"
-    assert landed.read_bytes() == src.read_bytes()
+    # node0 is lost with its tier 0; node2 takes its place and its ranks, and reads node0's
+    # shards from node1's copy (nothing lands on node2's disk)
     model, opt = trained(9)
-    result = incarnation(node_local_root=nvme2, layout=SPARE).restore(
+    result = incarnation(node_local_root=nvme2, layout=SPARE, gang=("node2", "node1")).restore(
         {"model": model, "optim": opt})
-    assert result is not None and (result.ckpt_id, result.tier) == (newest, "node_local")
+    assert result is not None and (result.ckpt_id, result.tier) == (newest, "peer")
+    assert result.peer_bytes == result.bytes_read > 0
     assert same_state(model.state_dict(), trained(2)[0].state_dict())
-    assert first != newest
+    assert first != newest and not list(nvme2.rglob("*.h5"))
 
 
-def test_a_copy_that_fails_its_checksums_is_never_landed(
-        run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
-    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
-    _, ckpt = _saved(incarnation, nvme0, 1)
-    ck = incarnation(node_local_root=nvme0, layout=LOST)
-    assert _push(run_dir, log, ck, nvme0) == ckpt
-    kept = tmp_path / "nvme1" / "run" / "partner" / ckpt / "node0" / "rank-00000.h5"
-    data = bytearray(kept.read_bytes())
-    data[len(data) * 2 // 3] ^= 0xFF  # the holder's disk flipped a bit
-    kept.write_bytes(bytes(data))
-    spare = incarnation(node_local_root=nvme2, layout=SPARE)
-    assert _fetch(run_dir, log, spare, nvme2) is None
-    assert not list(nvme2.rglob("*.h5"))  # nothing where the restore would look
-    assert _notes(log, PartnerFetchNote) == []
-
-
-def test_an_incomplete_copy_is_recorded_and_never_fetched(
+def test_an_incomplete_copy_is_recorded_and_never_read(
         run_dir: Path, log: RunLog, tmp_path: Path, incarnation) -> None:
     nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
     _, ckpt = _saved(incarnation, nvme0, 1)
@@ -168,8 +139,9 @@ def test_an_incomplete_copy_is_recorded_and_never_fetched(
     assert _push(run_dir, log, ck, nvme0) is None  # node1 serves nothing: no address
     [note] = _notes(log, PartnerCopyNote)
     assert (note.ckpt_id, note.complete) == (ckpt, False) and "node1" in note.detail
-    spare = incarnation(node_local_root=nvme2, layout=SPARE)
-    assert _fetch(run_dir, log, spare, nvme2) is None
+    model, opt = trained(9)
+    spare = incarnation(node_local_root=nvme2, layout=SPARE, gang=("node2", "node1"))
+    assert spare.restore({"model": model, "optim": opt}) is None
 
 
 def _request(run_dir: Path, method: str, path: str, headers: dict[str, str]) -> int:
@@ -210,18 +182,17 @@ def test_fetch_ranges_cover_the_shard_once_in_aligned_pieces(size: int) -> None:
     assert all(off % 4096 == 0 for off, _ in pieces) and len(pieces) <= 8
 
 
-def test_a_shard_fetched_over_parallel_streams_is_byte_identical(
+def test_a_shard_read_from_a_peer_over_parallel_streams_is_byte_identical(
         run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
-    nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
+    nvme0 = tmp_path / "nvme0"
     _, ckpt = _saved(incarnation, nvme0, 3)
     ck = incarnation(node_local_root=nvme0, layout=LOST)
     assert _push(run_dir, log, ck, nvme0) == ckpt
     committed = {c.ckpt_id: c for c in fold_checkpoints(log.read())}
-    found = shards_for(run_dir, committed[ckpt], (0,), node="node2", gang=("node2", "node1"))
-    m = read_manifest(run_dir, committed[ckpt])
-    assert found is not None and found.shards == m.shards  # the lost node's, from its own file
-    assert len(fetch_ranges(m.shards[0].bytes, least=4096)) > 1
-    got = fetch_shards(PeerClient(run_dir, "node1"), found, nvme2 / "x", least=4096)
-    src = nvme0 / "run1" / "ckpt" / ckpt / m.shards[0].path
-    assert got == src.stat().st_size
-    assert (nvme2 / "x" / m.shards[0].path).read_bytes() == src.read_bytes()
+    shard = read_manifest(run_dir, committed[ckpt]).shards[0]
+    assert len(fetch_ranges(shard.bytes, least=4096)) > 1
+    remote = RemoteShard(PeerClient(run_dir, "node1"), f"{ckpt}/{shard.path}", least=4096)
+    src = nvme0 / "run1" / "ckpt" / ckpt / shard.path
+    got = np.zeros(shard.bytes, dtype=np.uint8)
+    remote.read_into([(0, got[:100]), (100, got[100:])])
+    assert remote.size() == src.stat().st_size and got.tobytes() == src.read_bytes()

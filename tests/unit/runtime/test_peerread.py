@@ -90,6 +90,7 @@ def test_a_shard_on_the_owners_tier0_is_restored_on_another_node_through_the_pee
     assert _restore(checkpointer("node2"))[0] is None  # no peer tier: nothing readable
     result, state = _restore(checkpointer("node2", gang=("node2", "node0")))
     assert result is not None and (result.ckpt_id, result.tier) == (ckpt, "peer")
+    assert result.peer_bytes == result.bytes_read > 0
     assert same_state(state, trained(3)[0].state_dict())
 
 
@@ -108,6 +109,7 @@ def test_a_lost_nodes_shards_are_read_from_the_copy_its_partner_holds(
     # the holder itself reads the copy from its own disk
     result, state = _restore(checkpointer("node1", gang=("node1", "node2")))
     assert result is not None and (result.ckpt_id, result.tier) == (ckpt, "node_local")
+    assert result.peer_bytes == 0 and result.bytes_read > 0
     assert same_state(state, trained(4)[0].state_dict())
 
     # a bit flipped on the holder's disk: the copy fails its checksum and is never used
