@@ -1,7 +1,7 @@
 """Node loss with a hot spare on the real Slurm testbed, restored from the partner copy: the
-lost node's tier-0 shards come back from the node that held them, newer than anything on
-tier 1, also when tier 1 is unreadable (``docs/recovery.md``, node-loss row). Run with ``-s``
-to see the RTO split and the fetch.
+spare's ranks read the lost node's tier-0 shards from the node that held them (the peer tier),
+newer than anything on tier 1, also when tier 1 is unreadable (``docs/recovery.md``, node-loss
+row). Run with ``-s`` to see the RTO split and the bytes read from peers.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from hpcrun.checkpoint.partner import fold_partner_copies
 from hpcrun.checkpoint.tiers import fold_checkpoints
-from hpcrun.control.entries import FaultInjectedNote, PartnerFetchNote, decode
+from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
 from hpcrun.drill.contracts import check_contracts
@@ -35,7 +35,7 @@ def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, tmp_path: Pa
     """Submit 2 nodes x 2 ranks + 1 spare; once tier 1 holds a checkpoint, hold tier-1 drains
     back (the shared tier is slower than the partner copy, as at scale) until the last gang
     node's shards are held by its partner newer than tier 1; (hide tier 1,) crash that node;
-    let tier 1 go on once the spare has fetched; wait for the end."""
+    let tier 1 go on once the new gang restored; wait for the end."""
     hold = tmp_path / "tier1-held"
     spec = slurm_spec(testbed, nodes=2, tasks_per_node=2, steps=STEPS, every_steps=EVERY,
                       resources={"spare_nodes": 1}, config={"ledger": True})
@@ -54,21 +54,20 @@ def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, tmp_path: Pa
             # tier 1 any more (drains are held back, so none comes back before the crash)
             assert not (run.run_dir / "ckpt" / held / victim).exists()
         try:
+            generation = run.record().generation
             testbed.crash(victim)
             RunLog(run.run_dir).append_entry(FaultInjectedNote(
                 fault="node-loss-partner" if hide else "node-loss-spare", node=victim,
                 step=run.record().step), generation=UNFENCED, holder="")
-            run.wait_for("the spare's fetch", lambda: _fetches(run), timeout=120)
+            run.wait_for("the new gang's restore", lambda: len(
+                [e for e in run.rank_events("restored") if e["generation"] > generation]) == 4,
+                timeout=120)
         finally:
             hold.unlink()
         run.wait({"SUCCEEDED"}, timeout=300)
     finally:
         testbed.boot(victim)
     return run, victim, gang[0], held
-
-
-def _fetches(run: TestbedRun) -> list[PartnerFetchNote]:
-    return [p for e in run.valid("note") if isinstance(p := decode(e), PartnerFetchNote)]
 
 
 def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str,
@@ -80,23 +79,18 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
     swapped = first_after(run.states(), "RECOVERING")
     restarted = first_after(run.states(), "STARTING", swapped.slot)
     before = [e for e in run.valid() if e.slot < restarted.slot]
-    # the spare fetched the lost node's shards from the node that held them
-    [fetched] = _fetches(run)
-    assert (fetched.owner, fetched.held_by, fetched.node) == (victim, partner, spare)
-    assert fetched.bytes > 0
+    # the newest checkpoint the partner held of the lost node's shards, at least as new as
+    # the one seen before the crash, newer than anything on tier 1 when the node was lost
     copies = fold_partner_copies(before)
-    assert copies[(fetched.ckpt_id, victim, partner)].complete
-    # ... of the newest checkpoint it held, at least as new as the one seen before the crash,
-    # newer than anything on tier 1 when the node was lost
     committed = {c.ckpt_id: c for c in fold_checkpoints(before)}
-    newest_held = max((c.ckpt_id for c in copies.values() if c.owner == victim and c.complete),
-                      key=lambda ck: committed[ck].step)
-    assert fetched.ckpt_id == newest_held and committed[held].step <= committed[
-        fetched.ckpt_id].step
+    newest_held = max((c.ckpt_id for c in copies.values() if c.owner == victim and c.complete
+                       and c.held_by == partner), key=lambda ck: committed[ck].step)
+    assert committed[held].step <= committed[newest_held].step
     at_crash = fold_checkpoints([e for e in run.valid() if e.slot < swapped.slot])
     tier1 = max((c.step for c in at_crash if Tier.SHARED in c.tiers), default=-1)
-    assert committed[fetched.ckpt_id].step > tier1
-    # every rank of the new gang restored that checkpoint, the spare's ranks from its tier 0
+    assert committed[newest_held].step > tier1
+    # every rank of the new gang restored that checkpoint, the spare's ranks reading the lost
+    # node's shards from the partner (nothing of them was on the spare's disk or on tier 1)
     restored = [e for e in run.rank_events("restored")
                 if e["generation"] == restarted.generation]
     assert {e["rank"] for e in restored} == {0, 1, 2, 3}, (
@@ -105,10 +99,13 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
         [(e.kind, e.generation, {k: e.payload.get(k) for k in ("fault", "event", "detail",
                                                                "skipped", "restored")})
          for e in run.valid() if e.kind == "fault" or e.payload.get("event") in (
-             "restore_fell_back", "partner_fetch")])
-    assert {e["data"]["ckpt_id"] for e in restored} == {fetched.ckpt_id}
+             "restore_fell_back",)])
+    assert {e["data"]["ckpt_id"] for e in restored} == {newest_held}
+    on_spare = [e for e in restored if e["node"] == spare]
+    assert len(on_spare) == 2 and all(e["data"]["tier"] == "peer" and e["data"]["peer_bytes"] > 0
+                                      for e in on_spare), on_spare
     tiers = {e["data"]["tier"] for e in restored}
-    if Tier.SHARED not in committed[fetched.ckpt_id].tiers:
+    if Tier.SHARED not in committed[newest_held].tiers:
         # nothing of it on tier 1: each node read its own and its held shards from its disk,
         # the other nodes' pieces of replicated tensors from them (the peer tier)
         assert tiers <= {"node_local", "peer"}, tiers
@@ -118,10 +115,10 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
               if r.ok is False]
     assert not broken, broken
     splits = [s for s in rto_splits(ev.entries, ev.events) if s.cause == "node_failure"]
-    assert len(splits) == 1 and splits[0].restored_step == committed[fetched.ckpt_id].step
-    print(f"\n{fault}: {victim} crashed, {spare} fetched {fetched.bytes} B of "
-          f"{fetched.ckpt_id} from {partner} in {fetched.seconds:.3f} s, restored from "
-          f"{sorted(tiers)}; RTO "
+    assert len(splits) == 1 and splits[0].restored_step == committed[newest_held].step
+    peer = sum(e["data"]["peer_bytes"] for e in on_spare)
+    print(f"\n{fault}: {victim} crashed, {spare}'s ranks read {peer} B of {newest_held} from "
+          f"peers ({partner} held the lost shards), restored from {sorted(tiers)}; RTO "
           f"{splits[0].total_s:.1f} s: " + ", ".join(
               f"{k} {v:.1f} s" for k, v in splits[0].phases.items()))
 
