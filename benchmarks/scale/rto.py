@@ -23,7 +23,9 @@ and extrapolated:
   (NCCL's: R - 1 hops of one small message) at the measured hop latency of this host's TCP;
 - **restore**: restore planning at 16,384 ranks (the scale benchmark's figure, which this
   module does not rerun) plus the bytes each node reads at the tier's rate (the seed's 30 GB at
-  2 GB/s: the bytes per node do not grow with N, each node reads its own shards);
+  2 GB/s: the bytes per node do not grow with N; survivors read their own shards, the spare the
+  lost node's from its partner's copy through the peer tier, measured at 0.96-1.3x a
+  node-local restore by ``benchmarks/suite_partner.py``);
 - **first step**: the measured first step plus one all-reduce across R ranks (a tree: 2 log2 R
   hops at the hop latency).
 
