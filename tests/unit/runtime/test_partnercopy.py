@@ -41,13 +41,6 @@ SPARE = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, nod
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "run"
-    (d / "log").mkdir(parents=True)
-    return d
-
-
-@pytest.fixture
 def log(run_dir: Path) -> RunLog:
     return RunLog(run_dir)
 

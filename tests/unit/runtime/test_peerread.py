@@ -28,13 +28,6 @@ def _layout(node: str) -> Layout:
 
 
 @pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "run"
-    (d / "log").mkdir(parents=True)
-    return d
-
-
-@pytest.fixture
 def servers(run_dir: Path, tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """Start a node's partner server over its own tier-0 directory; that directory."""
     with ExitStack() as stack:
