@@ -137,7 +137,7 @@ class Agent:
     def _partner_copies(self) -> bool:
         from hpcrun.runtime.partnercopy import wanted
 
-        return wanted(self.spec.resources.spare_nodes, self.node.node_local_root)
+        return wanted(self.spec, self.node.node_local_root)
 
     def _partner_server(self) -> contextlib.AbstractContextManager[object]:
         """This node's partner server (holds its partner's copies, serves a replacement);

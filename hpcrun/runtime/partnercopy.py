@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from hpcrun.checkpoint.partner import (
     pending_push,
 )
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, fold_checkpoints, tier_paths
+from hpcrun.control.elastic import survives_node_loss
 from hpcrun.control.entries import PartnerCopyNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError, HpcrunError, StaleGenerationError, StorageError
@@ -53,6 +55,9 @@ from hpcrun.runtime.partnerserver import (
     sign,
 )
 
+if TYPE_CHECKING:
+    from hpcrun.control.spec import RunSpec
+
 _log = logging.getLogger(__name__)
 
 FETCH_STREAMS = 8
@@ -60,9 +65,11 @@ FETCH_STREAMS = 8
 threads)."""
 
 
-def wanted(spare_nodes: int, node_local_root: Path | None) -> bool:
-    """Whether a run keeps partner copies: it has a tier 0 and a spare to restore onto."""
-    return spare_nodes > 0 and node_local_root is not None
+def wanted(spec: RunSpec, node_local_root: Path | None) -> bool:
+    """Whether a run keeps partner copies (and its restores read through the peer tier): it has
+    a tier 0 and outlives a node loss in its allocation (a spare takes the lost node's place,
+    or the elastic gang goes on without it)."""
+    return survives_node_loss(spec) and node_local_root is not None
 
 
 # -- clients -----------------------------------------------------------------------------------
