@@ -9,9 +9,10 @@
 4. replicated pieces are exchanged inside the node; each rank copies its pieces into its
    state's tensors in place.
 
-A shard on neither this node's tier 0 nor tier 1 (another node's tier-0 copy not drained yet,
-or a lost node's shards held by its ring partner) is read from the gang node that has it, by
-byte range through that node's partner server: the peer tier (``peers``). When some rank
+A shard not on this node's tier 0 (another node's, not drained yet or wanted without a trip to
+the shared filesystem; a lost node's, held by its ring partner) is read from the gang node that
+has it, by byte range through that node's partner server: the peer tier (``peers``), before
+tier 1. When some rank
 cannot reach a shard it needs even so, or the manifest predates per-node planning, the gang
 restores that checkpoint through the exchange path instead (:func:`~.restore.plan_gather`: each
 old shard read once, the ranks all-gather the pieces).
@@ -61,9 +62,9 @@ from hpcrun.vocab import FaultClass
 _log = logging.getLogger(__name__)
 
 PeerSource = Callable[[str, ShardRecord], Sequence[tuple[str, ShardSource]]]
-"""``(checkpoint id, shard record)`` → that shard's copies on the gang's other nodes, nearest
-first: the restore's peer tier, for a shard neither this node's tier 0 nor tier 1 has (the
-runtime provides it: :class:`hpcrun.runtime.peerread.PeerShards`)."""
+"""``(checkpoint id, shard record)`` → that shard's copies on the gang's nodes, nearest first:
+the restore's peer tier, for a shard this node's tier 0 lacks (the runtime provides it:
+:class:`hpcrun.runtime.peerread.PeerShards`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -209,17 +210,19 @@ class RestoreShell:
 
     def _candidates(self, ckpt: CommittedCheckpoint,
                     shard: ShardRecord) -> list[tuple[str, Path | ShardSource]]:
-        """Where this rank may read ``shard``, preferred first: this node's tier 0, tier 1 (when
-        the checkpoint is committed there), then the peer tier (another gang node's copy)."""
+        """Where this rank may read ``shard``, preferred first: this node's tier 0, else the
+        peer tier (a copy on this node's disk or another gang node's, the owner's tier 0 or
+        its partner's copy: node-to-node, sparing the shared filesystem), then tier 1 when
+        the checkpoint is committed there."""
         paths = self.tiers.paths(ckpt.ckpt_id, run_id=self.identity.run_id)
         local = paths.node_local / shard.path if paths.node_local is not None else None
         out: list[tuple[str, Path | ShardSource]] = []
         if local is not None and local.exists():
             out.append((str(Tier.NODE_LOCAL), local))
+        elif local is not None and self.peers is not None:
+            out.extend(self.peers(ckpt.ckpt_id, shard))
         if Tier.SHARED in ckpt.tiers or local is None:
             out.append((str(Tier.SHARED), paths.shared / shard.path))
-        if self.peers is not None and local is not None and not local.exists():
-            out.extend(self.peers(ckpt.ckpt_id, shard))
         return out
 
     # -- exchange path ---------------------------------------------------------------------

@@ -129,9 +129,15 @@ class Agent:
                 # supervisor tells a vanished node from a busy one
                 stack.enter_context(LivenessBeat(self.run_dir, self.node.node))
                 self.supervisor.watch_nodes()
-            if self._partner_copies:
+            if self._serves_peers:
                 stack.enter_context(self._partner_server())
             return self._run_incarnations()
+
+    @property
+    def _serves_peers(self) -> bool:
+        from hpcrun.runtime.partnercopy import serves_peers
+
+        return serves_peers(self.spec, self.node.node_local_root)
 
     @property
     def _partner_copies(self) -> bool:
@@ -140,8 +146,9 @@ class Agent:
         return wanted(self.spec, self.node.node_local_root)
 
     def _partner_server(self) -> contextlib.AbstractContextManager[object]:
-        """This node's partner server (holds its partner's copies, serves a replacement);
-        a node that cannot serve keeps running, its partner's copies then fail and say so."""
+        """This node's partner server (holds its partner's copies, serves its tier 0 and those
+        copies to the gang's restores); a node that cannot serve keeps running, its partner's
+        copies then fail and say so, and restores read tier 1 instead."""
         from hpcrun.runtime.partnerserver import PartnerServer, node_address
 
         assert self.node.node_local_root is not None

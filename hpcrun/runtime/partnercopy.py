@@ -72,6 +72,14 @@ def wanted(spec: RunSpec, node_local_root: Path | None) -> bool:
     return survives_node_loss(spec) and node_local_root is not None
 
 
+def serves_peers(spec: RunSpec, node_local_root: Path | None) -> bool:
+    """Whether a run's agents serve their tier 0 and its restores read through the peer tier: it
+    keeps partner copies, or its gang spans several nodes with a tier 0 (a checkpoint not yet
+    drained is then on no tier every node reads, and replicated tensors need every shard)."""
+    return wanted(spec, node_local_root) or (node_local_root is not None
+                                             and spec.resources.nodes > 1)
+
+
 # -- clients -----------------------------------------------------------------------------------
 
 class PeerClient:

@@ -1,10 +1,11 @@
 """The restore's peer tier: a shard read, by byte range, from the gang node that has it.
 
-A checkpoint not (yet) on tier 1 lives only on the nodes' tier 0: each node's own shards, and
-the copies each node holds for its ring partner (:mod:`hpcrun.runtime.partnercopy`). A rank
-restoring it may need another node's shards: replicated tensors are written once, their rows
-split over every rank's shard, and a lost node's shards are held by its partner.
-:class:`PeerShards` (the Checkpointer's ``peers``) names where such a shard is, nearest first:
+A rank's restore plan needs other nodes' shards: replicated tensors are written once, their
+rows split over every rank's shard, and a lost node's shards are held by its ring partner
+(:mod:`hpcrun.runtime.partnercopy`). Rather than the shared filesystem (which a checkpoint not
+yet drained is not even on), :class:`PeerShards` (the Checkpointer's ``peers``, in every
+multi-node run with a tier 0: :func:`~hpcrun.runtime.partnercopy.serves_peers`) names where
+such a shard is, nearest first:
 
 1. a copy this node holds for its partner (read from its own disk, as tier 0);
 2. the owner's tier 0, when the owner is in the gang;
@@ -15,7 +16,7 @@ Remote copies are read through the holder's partner server
 :class:`RangeFile` (cached ranged GETs), bulk datasets straight into the restore's buffer over
 parallel ranged streams, nothing written to disk. The restore verifies every byte against the
 manifest's checksums (:func:`~hpcrun.checkpoint.shards.read_datasets`), as from any tier, and
-moves on to the next copy when one fails.
+moves on to the next copy (tier 1 last) when one fails.
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ class RemoteShard:
 
 @dataclass(kw_only=True)
 class PeerShards:
-    """Where a shard is on the gang's other nodes (see the module docstring); the
-    Checkpointer's ``peers`` in a run whose agents run partner servers."""
+    """Where a shard is on the gang's nodes (see the module docstring); the Checkpointer's
+    ``peers`` in a run whose agents run partner servers."""
 
     run_dir: Path
     """Run directory (peer addresses, the secret, the log)."""

@@ -210,12 +210,11 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
 
 def _peers(inc: Incarnation, spec: RunSpec, gang: tuple[str, ...],
            log: RunLog) -> PeerShards | None:
-    """The restore's peer tier, in a run whose agents serve their tier 0 (one that outlives a
-    node loss in its allocation)."""
-    from hpcrun.runtime.partnercopy import wanted
+    """The restore's peer tier, in a run whose agents serve their tier 0."""
+    from hpcrun.runtime.partnercopy import serves_peers
     from hpcrun.runtime.peerread import PeerShards
 
-    if inc.node_local_root is None or not wanted(spec, inc.node_local_root):
+    if inc.node_local_root is None or not serves_peers(spec, inc.node_local_root):
         return None
     return PeerShards(run_dir=inc.run_dir, node=inc.node, gang=gang,
                       node_local_root=inc.node_local_root, log=log)

@@ -246,7 +246,8 @@ def test_killed_rank_restarts_inside_the_allocation(testbed: Testbed, runs: RunF
     committed = [int(e.payload["step"]) for e in run.valid(EntryKind.COMMIT)
                  if e.slot < recovering.slot]
     assert resumed.payload["restored_step"] == max(committed) >= 10
-    assert resumed.payload["restored_tier"] == "node_local"  # same nodes: tier 0 still there
+    # same nodes: each node's tier 0 still there, the other node's pieces read from it
+    assert resumed.payload["restored_tier"] in ("node_local", "peer")
     assert slurm.wait_for_state(int(run.job_id), {"COMPLETED"}, timeout=60) == "COMPLETED"
     assert scontrol_job(slurm, run.job_id).get("Restarts") == "0"
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from hpcrun.checkpoint.partner import fold_partner_copies
+from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
@@ -63,6 +65,15 @@ def test_node_crash_without_a_spare_shrinks_the_elastic_gang_within_the_same_job
     # world size is the smaller gang's, node ranks dense: 4 ranks, 0..3
     starts = [e for e in run.rank_events("restored") if e["generation"] == restarted.generation]
     assert {e["rank"] for e in starts} == {0, 1, 2, 3}
+    # no rollback past the lost node's newest complete partner copy: the survivors read its
+    # shards from the copy (the peer tier) when tier 1 had nothing as new
+    before = [e for e in run.valid() if e.slot < restarted.slot]
+    steps = {c.ckpt_id: c.step for c in fold_checkpoints(before)}
+    held = [steps[c.ckpt_id] for c in fold_partner_copies(before).values()
+            if c.owner == victim and c.complete and c.ckpt_id in steps]
+    assert held, "the lost node's shards had a complete partner copy before the crash"
+    assert len({e["step"] for e in starts}) == 1 and starts[0]["step"] >= max(held), (
+        held, starts)
     # the drill contracts: exact samples (same global batches, none skipped or repeated),
     # cursor, fencing, no torn checkpoint, a restart not a requeue
     ev = collect(run.run_dir, victim_rank=3)
@@ -73,7 +84,10 @@ def test_node_crash_without_a_spare_shrinks_the_elastic_gang_within_the_same_job
     splits = [s for s in rto_splits(ev.entries, ev.events) if s.cause == "node_failure"]
     assert len(splits) == 1
     print(f"\nnode loss, elastic shrink: {victim} crashed, gang {len(gang)} -> "
-          f"{len(survivors)} nodes, RTO {splits[0].total_s:.1f} s: " + ", ".join(
+          f"{len(survivors)} nodes, restored step {starts[0]['step']} (tiers "
+          f"{sorted({e['data']['tier'] for e in starts})}, "
+          f"{sum(e['data'].get('peer_bytes', 0) for e in starts)} B from peers), "
+          f"RTO {splits[0].total_s:.1f} s: " + ", ".join(
               f"{k} {v:.1f} s" for k, v in splits[0].phases.items()))
     history = slurm.wait_for_accounting(int(run.job_id), {"COMPLETED"}, timeout=60)
     assert [r.state for r in history] in (["COMPLETED"], ["RESIZING", "COMPLETED"]), history
