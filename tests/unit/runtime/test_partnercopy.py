@@ -21,8 +21,16 @@ from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.entries import PartnerCopyNote, decode
 from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import RunLog, new_holder
+from hpcrun.control.spec import RunSpec
 from hpcrun.errors import StaleGenerationError
-from hpcrun.runtime.partnercopy import PeerClient, PushTarget, fetch_ranges, push_round
+from hpcrun.runtime.partnercopy import (
+    PeerClient,
+    PushTarget,
+    fetch_ranges,
+    push_round,
+    serves_peers,
+    wanted,
+)
 from hpcrun.runtime.partnerserver import (
     AUTH_HEADER,
     TS_HEADER,
@@ -189,3 +197,18 @@ def test_a_shard_read_from_a_peer_over_parallel_streams_is_byte_identical(
     got = np.zeros(shard.bytes, dtype=np.uint8)
     remote.read_into([(0, got[:100]), (100, got[100:])])
     assert remote.size() == src.stat().st_size and got.tobytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize(("resources", "membership", "copies", "peers"), [
+    ({"nodes": 1}, None, False, False),                        # one node: nothing to ask
+    ({"nodes": 2}, None, False, True),                         # a gang: its tier 0 is served
+    ({"nodes": 1, "spare_nodes": 1}, None, True, True),        # a spare: copies to restore from
+    ({"nodes": 3}, {"mode": "elastic", "min_nodes": 2}, True, True),  # a shrink reads them too
+])
+def test_which_runs_keep_partner_copies_and_read_through_the_peer_tier(
+        tmp_path: Path, resources: dict, membership: dict | None, copies: bool,
+        peers: bool) -> None:
+    raw = {"name": "t", "entrypoint": "m:f", "resources": resources}
+    spec = RunSpec.from_dict({**raw, "membership": membership} if membership else raw)
+    assert (wanted(spec, tmp_path), serves_peers(spec, tmp_path)) == (copies, peers)
+    assert (wanted(spec, None), serves_peers(spec, None)) == (False, False)  # no tier 0
