@@ -1,8 +1,8 @@
 """Partner copies over the network between agents: the push, and the client both sides use.
 
 Node-local disks are private to their node, so a copy travels between agents: each agent of a
-run with hot spares runs a partner server (:mod:`hpcrun.runtime.partnerserver`), and these are
-its clients, signing every request with the run's secret.
+multi-node run with a tier 0 runs a partner server (:mod:`hpcrun.runtime.partnerserver`), and
+these are its clients, signing every request with the run's secret.
 
 - **push** (:func:`push_round`, called by the node's drainer after each drain round, so it runs
   at the drain's lowest priority and paced like a drain): the newest tier-0 checkpoint holding
@@ -66,9 +66,8 @@ threads)."""
 
 
 def wanted(spec: RunSpec, node_local_root: Path | None) -> bool:
-    """Whether a run keeps partner copies (and its restores read through the peer tier): it has
-    a tier 0 and outlives a node loss in its allocation (a spare takes the lost node's place,
-    or the elastic gang goes on without it)."""
+    """Whether a run keeps partner copies: it has a tier 0 and outlives a node loss in its
+    allocation (a spare takes the lost node's place, or the elastic gang goes on without it)."""
     return survives_node_loss(spec) and node_local_root is not None
 
 
