@@ -1,4 +1,5 @@
-"""The partner server every agent of a run with hot spares runs, and what authenticates it.
+"""The partner server every agent of a multi-node run with a tier 0 runs, and what
+authenticates it.
 
 A thread of the agent (:class:`PartnerServer`): an HTTP server bound to the node's own address
 on a port the kernel picks, published in ``<run_dir>/partner/<node>.json``. Every request
