@@ -67,11 +67,11 @@ def plan_gather(m: Manifest, world_size: int) -> GatherPlan:
     return GatherPlan(files=files, sizes=sizes, where=where)
 
 
-PathChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
+SourceChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
 """Old shard rank → candidate ``(tier, file or peer copy)`` pairs, preferred first."""
 
 
-def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: PathChoice,
+def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: SourceChoice,
                   ) -> tuple[np.ndarray, dict[str, int]]:
     """Read and verify this rank's assigned shards into its exchange buffer.
 
@@ -97,7 +97,7 @@ def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: PathChoi
 
 
 def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
-                    wanted: Sequence[tuple[int, np.ndarray]], candidates: PathChoice) -> str:
+                    wanted: Sequence[tuple[int, np.ndarray]], candidates: SourceChoice) -> str:
     """Read ``wanted`` datasets of old rank ``j``'s shard from its first copy that verifies;
     the tier it came from.
 
@@ -214,7 +214,7 @@ def _old_start(m: Manifest, rank: int, key: str) -> int:
     return -1
 
 
-def read_planned(plan: RankPlan, buf: np.ndarray, candidates: PathChoice) -> dict[str, int]:
+def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice) -> dict[str, int]:
     """Read and verify the datasets of ``plan`` into ``buf``, shard by shard.
 
     Returns:

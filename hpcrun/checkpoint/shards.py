@@ -203,9 +203,10 @@ class LocalShard:
 
     def size(self) -> int:
         """Its size; CorruptCheckpointError when it is missing."""
-        if not self.path.exists():
-            raise _corrupt(self.path, "the file is missing")
-        return os.path.getsize(self.path)
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            raise _corrupt(self.path, "the file is missing") from None
 
     def open_h5(self) -> h5py.File:
         """Opened with HDF5 file locking off (parallel filesystems do not support it)."""

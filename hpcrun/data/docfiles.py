@@ -21,6 +21,7 @@ Nothing here decides order: it returns the tokens the order named, in that order
 from __future__ import annotations
 
 import collections
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -153,10 +154,7 @@ class DocumentFiles:
         if fast is not None:
             return fast
         found = npy_layout(self.paths[obj])
-        count = 1
-        for dim in found.shape:
-            count *= dim
-        return found.offset, found.dtype, count
+        return found.offset, found.dtype, math.prod(found.shape)
 
 
 def _close_all(cache: collections.OrderedDict[int, int]) -> None:
