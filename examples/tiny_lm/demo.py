@@ -21,7 +21,8 @@ import yaml
 from examples.tiny_lm.prepare import prepare
 from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import EntryKind, RunLog
-from hpcrun.testing.runs import TERMINAL, run_dir_of, wait_for_state
+from hpcrun.testing.runs import run_dir_of, wait_for_state
+from hpcrun.vocab import TERMINAL
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -73,6 +74,15 @@ def signal_when_at(run_dir: Path, step: int, env: dict[str, str]) -> None:
     hpcrun("signal", run_dir.name, env=env)
 
 
+def next_steps(run_dir: Path, runs: Path) -> str:
+    """The commands to look at the run afterwards, with the runs root they need."""
+    env = "" if os.environ.get("HPCRUN_RUNS") else f"HPCRUN_RUNS={runs} "
+    py = ".venv/bin/" if (REPO / ".venv" / "bin" / "hpcrun").exists() else ""
+    return (f"demo: look at the run again with\n"
+            f"  {env}{py}hpcrun status {run_dir.name}\n"
+            f"  {env}{py}hpcrun report {run_dir.name} -o {run_dir.name}.html")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="make demo")
     p.add_argument("--backend", choices=("local", "slurm"), default="local")
@@ -98,6 +108,7 @@ def main() -> None:
     print(f"demo: {record.state} after {time.monotonic() - started:.0f} s; the run's log:")
     print("\n".join(timeline(run_dir)))
     print(hpcrun("status", run_dir.name, "--no-reconcile", env=env))
+    print(next_steps(run_dir, runs))
     sys.exit(0 if str(record.state) == "SUCCEEDED" else 1)
 
 
