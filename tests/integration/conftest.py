@@ -30,7 +30,7 @@ Fixtures:
         nodes share 127.0.0.1, so every multi-node job needs its own port).
 
 Every test using these is marked ``@pytest.mark.slurm`` (and ``@pytest.mark.slow`` when it waits
-for grace times or node failures; ``make test`` runs ``-m "not slow"``).
+for grace times or node failures; ``make test-quick`` runs ``-m "not slow"``).
 """
 
 from __future__ import annotations

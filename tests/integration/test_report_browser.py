@@ -1,6 +1,6 @@
 """The HTML report renders in headless Chromium with every plot loaded and visible.
 
-Without Chromium the tests skip, except under ``make test-full``, which installs it and sets
+Without Chromium the tests skip, except under ``make test``, which installs it and sets
 ``HPCRUN_REQUIRE_BROWSER=1``: there a missing browser is a failure, never a silent skip.
 """
 
@@ -37,7 +37,7 @@ def _require_chromium() -> None:
     if CHROMIUM.exists():
         return
     why = (f"needs Debian's chromium at {CHROMIUM}: apt-get install chromium chromium-driver "
-           "(make test-full installs it)")
+           "(make test installs it)")
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{REQUIRE_ENV}=1 but the browser test cannot run: {why}", pytrace=False)
     pytest.skip(why)
