@@ -384,8 +384,20 @@ class RunSpec:
 
     name: str
     """Short name (letters, digits, ``.``, ``_``, ``-``); prefix of run ids."""
-    entrypoint: str
-    """Training main as ``package.module:function``."""
+    entrypoint: str = ""
+    """Training main as ``package.module:function`` (exactly one of ``entrypoint``, ``script``
+    and ``command``)."""
+    script: str | None = field(default=None, metadata=ADDITIVE)
+    """Script mode: a plain training script, its path relative to the code directory, run on
+    every rank as ``python <script> <args>`` with the torchrun environment (docs/scripts.md)."""
+    args: tuple[str, ...] = field(default=(), metadata=ADDITIVE)
+    """Arguments after ``script`` on every rank's command line."""
+    command: tuple[str, ...] = field(default=(), metadata=ADDITIVE)
+    """Script mode with a whole command line per rank (``[python, -m, pkg.train, --lr, 3e-4]``),
+    run in the code directory with the torchrun environment."""
+    preempt_signal: str = field(default="SIGTERM", metadata=ADDITIVE)
+    """Signal a script-mode rank receives on a preemption (``SIGTERM``: what torchrun forwards
+    and what scripts handle; or ``SIGUSR1``, ``SIGUSR2``, ``SIGINT``)."""
     resources: Resources = field(default_factory=Resources)
     """What to ask the scheduler for."""
     site: str = "local"
@@ -417,9 +429,7 @@ class RunSpec:
         _check(bool(_NAME_RE.match(self.name)), "name",
                "1-64 letters, digits, '.', '_' or '-' starting with a letter or digit",
                self.name, "rename the run")
-        _check(bool(_ENTRYPOINT_RE.match(self.entrypoint)), "entrypoint",
-               "'package.module:function'", self.entrypoint,
-               "name the module and the function, e.g. examples.tiny_lm.train:main")
+        _check_launch(self)
         _check_json_value(self.config, "config")
         object.__setattr__(self, "config", types.MappingProxyType(dict(self.config)))
         object.__setattr__(self, "versions", types.MappingProxyType(dict(self.versions)))
@@ -466,6 +476,42 @@ class RunSpec:
     def spec_id(self) -> str:
         """``sha256:<hex>`` of :meth:`canonical_json`."""
         return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @property
+    def script_mode(self) -> bool:
+        """Whether the ranks run a plain script or command (``script``/``command``) instead of
+        an ``entrypoint`` taking ``ctx``."""
+        return not self.entrypoint
+
+
+SCRIPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
+"""Signals a script-mode rank may be sent on a preemption (``preempt_signal``)."""
+
+
+def _check_launch(spec: RunSpec) -> None:
+    """Exactly one of entrypoint, script and command; each well formed (script mode: the
+    script's path stays inside the code directory)."""
+    given = [k for k in ("entrypoint", "script", "command") if getattr(spec, k)]
+    _check(len(given) == 1, "entrypoint", "exactly one of entrypoint, script, command",
+           ", ".join(given) or None, "keep one way to start the ranks")
+    if spec.entrypoint:
+        _check(bool(_ENTRYPOINT_RE.match(spec.entrypoint)), "entrypoint",
+               "'package.module:function'", spec.entrypoint,
+               "name the module and the function, e.g. examples.tiny_lm.train:main")
+    if spec.script is not None:
+        parts = Path(spec.script).parts
+        _check(bool(parts) and not Path(spec.script).is_absolute() and ".." not in parts,
+               "script", "a path relative to the code directory, without '..'", spec.script,
+               "name the script from the project root, e.g. examples/torchrun_ddp/train.py")
+    _check(not spec.args or spec.script is not None, "args", "arguments of a script",
+           list(spec.args), "set script, or put the arguments in command")
+    _check(all(isinstance(a, str) and a for a in spec.command), "command",
+           "non-empty strings", list(spec.command), "write each argument as a string")
+    name = spec.preempt_signal.upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    _check(name in SCRIPT_SIGNALS, "preempt_signal", f"one of {', '.join(SCRIPT_SIGNALS)}",
+           spec.preempt_signal, "use SIGTERM (torchrun's) or SIGUSR1 (Slurm's)")
+    object.__setattr__(spec, "preempt_signal", name)
 
 
 def _check_json_value(value: Any, key: str) -> None:
