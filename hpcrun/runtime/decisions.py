@@ -265,7 +265,8 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
     :class:`SwapSpare`); without one an elastic gang with at least ``min_nodes`` survivors
     continues on them (:class:`Shrink`); otherwise the run requeues. A preempted gang is never
     restarted in its allocation (the allocation is ending). Silent data corruption on a named node
-    quarantines it at once and requeues without it (a spare swap can carry the rollback later);
+    quarantines it at once and requeues without it (a spare swap can carry the rollback later), as
+    does a requeue after a node loss for the lost nodes;
     without a named node the gang restarts in the allocation; either way it rolls back to the
     newest known-good checkpoint.
     """
@@ -295,7 +296,10 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
                                    rollback=sdc)
     if rd.action == RetryAction.FAIL:
         return Fail(reason=rd.reason, preempted=preempted)
-    exclude = tuple(sorted({*rd.exclude, faulty})) if faulty else rd.exclude
+    # the node the evidence names leaves with the allocation: a corrupting device, or a node that
+    # vanished (quarantined at once, as a spare swap or a shrink does, so the requeue's
+    # ExcNodeList keeps it out even when Slurm returns it to service)
+    exclude = tuple(sorted({*rd.exclude, *lost, *((faulty,) if faulty else ())}))
     return Requeue(delay_s=rd.delay_s, exclude=exclude, reason=_rollback(rd.reason, sdc),
                    preempted=preempted, rollback=sdc)
 

@@ -153,10 +153,17 @@ def test_a_vanished_agent_is_a_lost_node_at_once_and_a_spare_takes_its_rank() ->
     assert d.fault.fault == "node_failure" and d.fault.node == "n1"
 
 
-def test_a_lost_node_without_a_live_spare_requeues_and_quarantines_nothing_new() -> None:
+def test_a_lost_node_without_a_live_spare_requeues_without_it() -> None:
     seen = obs(exits={"n0": Ending.FAILED}, lost=("n1",), spares=())
     d = decide(seen, RECORD, replace(POLICY, spare_nodes=1), now=0.0)
     assert isinstance(d, Requeue) and d.reason.startswith("node_failure: requeue")
+    assert d.exclude == ("n1",)
+
+
+def test_a_requeue_after_a_node_loss_keeps_the_earlier_quarantine_too() -> None:
+    seen = obs(nodes=("n0", "n2"), lost=("n2",))
+    d = decide(seen, replace(RECORD, quarantined=("n1",)), replace(POLICY, min_nodes=2), now=0.0)
+    assert isinstance(d, Requeue) and d.exclude == ("n1", "n2")
 
 
 def test_two_lost_nodes_and_one_spare_requeue() -> None:

@@ -122,10 +122,12 @@ def test_a_silent_node_is_waited_for_then_counted_lost(s: Setup) -> None:
     s.note("n0", "failed")
     ended = s.sup.conclude(s.inc)
     assert NODE_EXIT_WAIT_S <= s.clock.monotonic() < NODE_EXIT_WAIT_S + 1
-    # a lost node without spares: RECOVERING, then one requeue without quarantine
+    # a lost node without spares: RECOVERING, then one requeue without the silent node
     assert s.states() == ["RECOVERING", "REQUEUED"]
-    assert "node_failure" in read_record(s.run_dir).state_info["reason"]  # type: ignore[index]
-    assert s.requeuer.calls == [(10.0, ())] and ended == AgentExit(status=EXIT_PREEMPTED)
+    record = read_record(s.run_dir)
+    assert "node_failure" in record.state_info["reason"]  # type: ignore[index]
+    assert record.quarantined == ("n1",)
+    assert s.requeuer.calls == [(10.0, ("n1",))] and ended == AgentExit(status=EXIT_PREEMPTED)
 
 
 def test_after_a_fault_silent_nodes_get_a_short_settle_time(s: Setup) -> None:
@@ -189,7 +191,7 @@ def test_a_requeue_logs_the_same_bytes_as_before(s: Setup) -> None:
                 if e.kind in (EntryKind.OP, EntryKind.FAULT)}
     op_id = f"r1.g{s.inc.generation}.requeue"
     assert payloads[EntryKind.OP] == {"op_id": op_id, "action": "requeue", "delay_s": 10.0,
-                                      "exclude": [], "reason": payloads[EntryKind.OP]["reason"]}
+                                      "exclude": ["n1"], "reason": payloads[EntryKind.OP]["reason"]}
     states = [dict(e.payload) for e in s.log.read() if e.kind == EntryKind.STATE]
     assert states[-1] == {"state": "REQUEUED", "reason": states[-1]["reason"], "op_id": op_id,
                           "delay_s": 10.0}
