@@ -6,8 +6,9 @@ contract, retry policy, budgets and cancellation authority. ``spec_id`` is the S
 canonical JSON (defaults filled, keys sorted, integral floats written as integers), so two specs
 that mean the same thing have the same id however their YAML was written.
 
-:func:`load_spec` reads ``run.yaml``; every bad input raises one :class:`SpecError` that names the
-key path, the expected and the found value, and the fix.
+:func:`load_spec` reads ``run.yaml``; a bad spec raises one :class:`InvalidSpecError` (a
+:class:`SpecError`) listing every problem in the file, one line each, naming the key path, the
+expected and the found value, and the fix. The generic loader is :mod:`hpcrun.control.specload`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import math
 import os
 import re
 import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +29,18 @@ from typing import Any
 import yaml
 
 from hpcrun.control.elastic import gang_node_counts, keepable_global_batch, unkept_world_sizes
+from hpcrun.control.specload import (
+    ADDITIVE,
+    Checks,
+    FieldProblem,
+    InvalidSpecError,
+    above,
+    at_least,
+    build,
+    canonical,
+    check_bounds,
+    to_plain,
+)
 from hpcrun.errors import SpecError
 from hpcrun.vocab import (
     WRITTEN_TIERS,
@@ -46,10 +58,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENTRYPOINT_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
-ADDITIVE = types.MappingProxyType({"additive": True})
-"""Field metadata of a field added within a spec schema version: left out of the canonical
-form while it holds its default, so specs that do not use it keep their digest (and run
-directories written before it keep verifying)."""
 TIERS: tuple[str, ...] = tuple(t.value for t in WRITTEN_TIERS)
 """Tier names a spec may list (the tiers a save writes), fastest first."""
 
@@ -61,49 +69,21 @@ class MembershipMode(StrEnum):
     ELASTIC = "elastic"
 
 
-class FieldError(SpecError):
-    """A :class:`SpecError` about one field, whose key path is completed by the enclosing spec."""
-
-    def __init__(self, key: str, expected: str, found: object, fix: str) -> None:
-        self.key, self.expected, self.found, self.fix = key, expected, found, fix
-        super().__init__(self.render(""))
-
-    def render(self, prefix: str) -> str:
-        path = f"{prefix}.{self.key}" if prefix and self.key else (prefix or self.key)
-        return f"{path}: expected {self.expected}, found {self.found!r}; {self.fix}"
-
-    def under(self, prefix: str) -> FieldError:
-        """The same error with ``prefix`` prepended to its key path."""
-        key = f"{prefix}.{self.key}" if prefix and self.key else (prefix or self.key)
-        return FieldError(key, self.expected, self.found, self.fix)
-
-
-def _check(ok: bool, key: str, expected: str, found: object, fix: str) -> None:
-    if not ok:
-        raise FieldError(key, expected, found, fix)
-
-
-def _positive(value: float | None, key: str, *, allow_none: bool = True) -> None:
-    _check((allow_none and value is None) or (value is not None and value > 0),
-           key, "a number > 0" + (" or null" if allow_none else ""), value,
-           f"set {key} to a positive value")
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resources:
     """What to ask the scheduler for."""
 
-    nodes: int = 1
+    nodes: int = field(default=1, metadata=at_least(1))
     """Nodes the gang runs on."""
-    spare_nodes: int = 0
+    spare_nodes: int = field(default=0, metadata=at_least(0))
     """Extra nodes allocated to replace a failed node without requeueing."""
-    tasks_per_node: int = 1
+    tasks_per_node: int = field(default=1, metadata=at_least(1))
     """Ranks per node."""
-    gpus_per_node: int = 0
+    gpus_per_node: int = field(default=0, metadata=at_least(0))
     """GPUs per node (0 on CPU-only runs)."""
-    cpus_per_task: int = 1
+    cpus_per_task: int = field(default=1, metadata=at_least(1))
     """CPUs per rank."""
-    time_limit_min: int = 60
+    time_limit_min: int = field(default=60, metadata=at_least(1))
     """Wall-clock limit of one allocation, minutes."""
     partition: str | None = None
     """Slurm partition; the site default when None."""
@@ -120,12 +100,9 @@ class Resources:
     overriding the site's ``sbatch_extra`` option by option; checked at submit."""
 
     def __post_init__(self) -> None:
-        for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_limit_min"):
-            value = getattr(self, key)
-            _check(value >= 1, key, "an integer >= 1", value, f"set {key} to 1 or more")
-        for key in ("spare_nodes", "gpus_per_node"):
-            value = getattr(self, key)
-            _check(value >= 0, key, "an integer >= 0", value, f"set {key} to 0 or more")
+        checks = Checks()
+        check_bounds(self, checks)
+        checks.done()
         object.__setattr__(self, "sbatch_extra", types.MappingProxyType(dict(self.sbatch_extra)))
 
 
@@ -141,17 +118,21 @@ class Membership:
     """Most nodes an elastic run grows to."""
 
     def __post_init__(self) -> None:
+        checks = Checks()
         if self.mode == MembershipMode.FIXED:
             for key in ("min_nodes", "max_nodes"):
-                _check(getattr(self, key) is None, key, "null for mode fixed",
-                       getattr(self, key), "remove it or set membership.mode: elastic")
-            return
-        _check(self.min_nodes is not None and self.min_nodes >= 1, "min_nodes",
-               "an integer >= 1 for mode elastic", self.min_nodes, "set membership.min_nodes")
+                checks(getattr(self, key) is None, key, "null for mode fixed",
+                       getattr(self, key), "remove it or set membership.mode: elastic",
+                       reads=("mode",))
+        else:
+            checks(self.min_nodes is not None and self.min_nodes >= 1, "min_nodes",
+                   "an integer >= 1 for mode elastic", self.min_nodes,
+                   "set membership.min_nodes", reads=("mode",))
         if self.max_nodes is not None and self.min_nodes is not None:
-            _check(self.min_nodes <= self.max_nodes, "min_nodes",
+            checks(self.min_nodes <= self.max_nodes, "min_nodes",
                    f"<= max_nodes ({self.max_nodes})", self.min_nodes,
-                   "lower min_nodes or raise max_nodes")
+                   "lower min_nodes or raise max_nodes", reads=("max_nodes",))
+        checks.done()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,32 +147,34 @@ class CheckpointPolicy:
     """Interval in seconds (cadence every_seconds)."""
     tiers: tuple[str, ...] = TIERS
     """Tiers a checkpoint is committed on, fastest first."""
-    keep_last: int = 2
+    keep_last: int = field(default=2, metadata=at_least(
+        2, fix="keep at least 2 so the newest good checkpoint survives an async save"))
     """Committed checkpoints kept per tier (>= 2, so a good one survives an async save)."""
     async_policy: AsyncPolicy = AsyncPolicy.BLOCK
     """What a snapshot does while the previous one is still in flight."""
-    rpo_s: float | None = None
+    rpo_s: float | None = field(default=None, metadata=above(0))
     """Recovery point objective: most seconds of work a failure may lose."""
-    rto_s: float | None = None
+    rto_s: float | None = field(default=None, metadata=above(0))
     """Recovery time objective: most seconds from failure to training again."""
     checksum: ChecksumAlgorithm = field(default=ChecksumAlgorithm.XXH3, metadata=ADDITIVE)
     """Shard checksum: ``xxh3`` (fast) or ``sha256`` (cryptographic, for audits)."""
 
     def __post_init__(self) -> None:
+        checks = Checks()
         if self.cadence == CadenceKind.EVERY_STEPS:
-            _check(self.every_steps is not None and self.every_steps >= 1, "every_steps",
+            checks(self.every_steps is not None and self.every_steps >= 1, "every_steps",
                    "an integer >= 1 for cadence every_steps", self.every_steps,
-                   "set checkpoint.every_steps")
+                   "set checkpoint.every_steps", reads=("cadence",))
         if self.cadence == CadenceKind.EVERY_SECONDS:
-            _positive(self.every_seconds, "every_seconds", allow_none=False)
-        _check(bool(self.tiers) and set(self.tiers) <= set(TIERS)
+            checks(self.every_seconds is not None and self.every_seconds > 0, "every_seconds",
+                   "a number > 0", self.every_seconds, "set every_seconds to a positive value",
+                   reads=("cadence",))
+        checks(bool(self.tiers) and set(self.tiers) <= set(TIERS)
                and len(set(self.tiers)) == len(self.tiers), "tiers",
                f"distinct names among {list(TIERS)}", list(self.tiers),
                "list node_local and/or shared once each")
-        _check(self.keep_last >= 2, "keep_last", "an integer >= 2", self.keep_last,
-               "keep at least 2 so the newest good checkpoint survives an async save")
-        _positive(self.rpo_s, "rpo_s")
-        _positive(self.rto_s, "rto_s")
+        check_bounds(self, checks)
+        checks.done()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -202,17 +185,18 @@ class DataSpec:
     """Path of the dataset manifest (aliases are resolved at load)."""
     dataset_id: str | None = None
     """Digest of the canonical dataset manifest, when known."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=at_least(0, fix="use a non-negative seed"))
     """Seed of the sample order."""
-    global_batch: int | None = None
+    global_batch: int | None = field(default=None,
+                                     metadata=at_least(1, fix="set data.global_batch"))
     """Samples (or packed sequences) per optimizer step."""
     contract: ResumeContract = ResumeContract.EXACT_ORDER
     """What a resume promises about the data sequence."""
 
     def __post_init__(self) -> None:
-        _check(self.global_batch is None or self.global_batch >= 1, "global_batch",
-               "an integer >= 1 or null", self.global_batch, "set data.global_batch")
-        _check(self.seed >= 0, "seed", "an integer >= 0", self.seed, "use a non-negative seed")
+        checks = Checks()
+        check_bounds(self, checks)
+        checks.done()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -221,16 +205,17 @@ class DistSpec:
 
     backend: DistBackend | None = None
     """``auto`` (NCCL when the run has GPUs), ``nccl`` or ``gloo``; None: the site default."""
-    init_timeout_s: float | None = None
+    init_timeout_s: float | None = field(default=None, metadata=above(0))
     """Seconds the rendezvous and process-group init may wait for every rank."""
-    step_timeout_s: float | None = None
+    step_timeout_s: float | None = field(default=None, metadata=above(0))
     """Seconds one training or step-agreement collective may wait before it is a hang."""
-    checkpoint_timeout_s: float | None = None
+    checkpoint_timeout_s: float | None = field(default=None, metadata=above(0))
     """Seconds one checkpoint collective (save agreement, restore exchange) may wait."""
 
     def __post_init__(self) -> None:
-        for key in ("init_timeout_s", "step_timeout_s", "checkpoint_timeout_s"):
-            _positive(getattr(self, key), key)
+        checks = Checks()
+        check_bounds(self, checks)
+        checks.done()
 
 
 SDC_EVERY_STEPS = 100
@@ -246,23 +231,24 @@ class SdcPolicy:
 
     enabled: bool = True
     """Run the checks at all."""
-    every_steps: int = SDC_EVERY_STEPS
+    every_steps: int = field(default=SDC_EVERY_STEPS, metadata=at_least(
+        1, fix="set sdc.every_steps to the steps between replica checks"))
     """Steps between replica agreement checks (detection latency, in steps)."""
     loss_spike: float | None = None
     """A loss above this factor times the mean of the recent losses is suspect (None: off)."""
     policy: SdcAction = SdcAction.FAIL
     """What a suspect step that replays to the same result does: ``fail`` or ``skip_batch``."""
-    canary_every_min: float | None = 30.0
+    canary_every_min: float | None = field(default=30.0, metadata=above(0))
     """Minutes between per-device known-answer canaries (None: only at start)."""
 
     def __post_init__(self) -> None:
-        _check(self.every_steps >= 1, "every_steps", "an integer >= 1", self.every_steps,
-               "set sdc.every_steps to the steps between replica checks")
-        _check(self.loss_spike is None or (math.isfinite(self.loss_spike)
+        checks = Checks()
+        check_bounds(self, checks)
+        checks(self.loss_spike is None or (math.isfinite(self.loss_spike)
                                            and self.loss_spike > 1.0),
                "loss_spike", "a factor > 1 (e.g. 4.0) or null", self.loss_spike,
                "set sdc.loss_spike above 1, or leave it out to turn the spike check off")
-        _positive(self.canary_every_min, "canary_every_min")
+        checks.done()
 
 
 def default_max_attempts() -> dict[str, int]:
@@ -286,72 +272,65 @@ class RetryPolicy:
 
     max_attempts: Mapping[str, int] = field(default_factory=default_max_attempts)
     """Retries allowed per :class:`FaultClass` value; classes left out get the default."""
-    backoff_base_s: float = 10.0
+    backoff_base_s: float = field(default=10.0, metadata=at_least(0, fix="use 0 for no delay"))
     """Delay bound of the first retry, seconds."""
-    backoff_factor: float = 2.0
+    backoff_factor: float = field(default=2.0,
+                                  metadata=at_least(1, fix="use 1 for a constant delay"))
     """Growth of the delay bound per attempt."""
     backoff_cap_s: float = 600.0
     """Largest delay, seconds."""
     jitter: bool = True
     """Full jitter: the delay is uniform in [0, bound], so retries of many runs spread out."""
-    in_allocation_restarts: int = 2
+    in_allocation_restarts: int = field(
+        default=2, metadata=at_least(0, fix="set in_allocation_restarts"))
     """Gang restarts inside one allocation before requeueing."""
-    deterministic_repeat_limit: int = 3
+    deterministic_repeat_limit: int = field(
+        default=3, metadata=at_least(1, fix="set deterministic_repeat_limit"))
     """The same fault signature at the same step this many times fails the run."""
-    quarantine_after: int = 2
+    quarantine_after: int = field(default=2, metadata=at_least(1, fix="set quarantine_after"))
     """Failures of one node within the window that quarantine it."""
-    quarantine_window_s: float = 3600.0
+    quarantine_window_s: float = field(default=3600.0, metadata=above(0))
     """Window for counting a node's failures, seconds."""
 
     def __post_init__(self) -> None:
+        checks = Checks()
         known = {c.value for c in FaultClass}
         for key, value in self.max_attempts.items():
-            _check(key in known, f"max_attempts.{key}", f"a fault class among {sorted(known)}",
+            checks(key in known, f"max_attempts.{key}", f"a fault class among {sorted(known)}",
                    key, "fix the fault class name")
-            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            checks(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                    f"max_attempts.{key}", "an integer >= 0", value, "set a retry count")
         filled = {**default_max_attempts(), **self.max_attempts}
         object.__setattr__(self, "max_attempts",
                            types.MappingProxyType({str(k): v for k, v in sorted(filled.items())}))
-        self._check_numbers()
-
-    def _check_numbers(self) -> None:
-        _check(self.backoff_base_s >= 0, "backoff_base_s", "a number >= 0", self.backoff_base_s,
-               "use 0 for no delay")
-        _check(self.backoff_factor >= 1, "backoff_factor", "a number >= 1",
-               self.backoff_factor, "use 1 for a constant delay")
-        _check(self.backoff_cap_s >= self.backoff_base_s, "backoff_cap_s",
-               f">= backoff_base_s ({self.backoff_base_s})", self.backoff_cap_s, "raise the cap")
-        for key in ("in_allocation_restarts", "quarantine_after", "deterministic_repeat_limit"):
-            value = getattr(self, key)
-            least = 0 if key == "in_allocation_restarts" else 1
-            _check(value >= least, key, f"an integer >= {least}", value, f"set {key}")
-        _positive(self.quarantine_window_s, "quarantine_window_s", allow_none=False)
+        check_bounds(self, checks)
+        checks(self.backoff_cap_s >= self.backoff_base_s, "backoff_cap_s",
+               f">= backoff_base_s ({self.backoff_base_s})", self.backoff_cap_s, "raise the cap",
+               reads=("backoff_base_s",))
+        checks.done()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Budgets:
     """Limits on the whole run."""
 
-    max_wall_hours: float | None = None
+    max_wall_hours: float | None = field(default=None, metadata=above(0))
     """Total allocated wall time across allocations; None for no limit."""
-    max_requeues: int = 10
+    max_requeues: int = field(default=10, metadata=at_least(0, fix="use 0 to never requeue"))
     """Requeues after faults (new or requeued allocations) before the run fails; a segment (a
     preemption or time-limit stop that committed progress) is not counted here."""
-    max_segments: int | None = field(default=None, metadata=ADDITIVE)
+    max_segments: int | None = field(default=None, metadata={
+        **ADDITIVE, **at_least(1, fix="use null for no limit")})
     """Segments (allocations that ended in a stop with committed progress) before the run
     fails; None for no limit."""
-    max_node_hours: float | None = field(default=None, metadata=ADDITIVE)
+    max_node_hours: float | None = field(default=None, metadata={**ADDITIVE, **above(0)})
     """Total allocated node-hours (allocated nodes x wall hours) across allocations; None for
     no limit."""
 
     def __post_init__(self) -> None:
-        _positive(self.max_wall_hours, "max_wall_hours")
-        _positive(self.max_node_hours, "max_node_hours")
-        _check(self.max_requeues >= 0, "max_requeues", "an integer >= 0", self.max_requeues,
-               "use 0 to never requeue")
-        _check(self.max_segments is None or self.max_segments >= 1, "max_segments",
-               "an integer >= 1 or null", self.max_segments, "use null for no limit")
+        checks = Checks()
+        check_bounds(self, checks)
+        checks.done()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -366,16 +345,18 @@ class CodeVersion:
     """Path of the code snapshot, relative to the run directory."""
 
     def __post_init__(self) -> None:
-        _check(self.commit is None or bool(_COMMIT_RE.match(self.commit)), "commit",
+        checks = Checks()
+        checks(self.commit is None or bool(_COMMIT_RE.match(self.commit)), "commit",
                "a lowercase hex git commit", self.commit, "pass `git rev-parse HEAD`")
         if self.snapshot is not None:
             parts = Path(self.snapshot).parts
-            _check(not os.path.isabs(self.snapshot) and ".." not in parts and bool(parts),
+            checks(not os.path.isabs(self.snapshot) and ".." not in parts and bool(parts),
                    "snapshot", "a path relative to the run directory", self.snapshot,
                    "store the snapshot inside the run directory, e.g. code/")
-        _check(not self.dirty or self.snapshot is not None, "snapshot",
+        checks(not self.dirty or self.snapshot is not None, "snapshot",
                "a snapshot path when dirty is true", self.snapshot,
-               "snapshot the dirty tree into the run directory")
+               "snapshot the dirty tree into the run directory", reads=("dirty",))
+        checks.done()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -426,19 +407,22 @@ class RunSpec:
     """python / torch / hpcrun versions, filled at submit."""
 
     def __post_init__(self) -> None:
-        _check(bool(_NAME_RE.match(self.name)), "name",
+        checks = Checks()
+        checks(bool(_NAME_RE.match(self.name)), "name",
                "1-64 letters, digits, '.', '_' or '-' starting with a letter or digit",
                self.name, "rename the run")
-        _check_launch(self)
-        _check_json_value(self.config, "config")
+        _check_launch(self, checks)
+        _check_json_value(self.config, "config", checks)
         object.__setattr__(self, "config", types.MappingProxyType(dict(self.config)))
         object.__setattr__(self, "versions", types.MappingProxyType(dict(self.versions)))
         m, nodes = self.membership, self.resources.nodes
         if m.mode == MembershipMode.ELASTIC and m.min_nodes is not None:
-            _check(m.min_nodes <= nodes, "membership.min_nodes",
-                   f"<= resources.nodes ({nodes})", m.min_nodes, "lower min_nodes")
+            checks(m.min_nodes <= nodes, "membership.min_nodes",
+                   f"<= resources.nodes ({nodes})", m.min_nodes, "lower min_nodes",
+                   reads=("resources",))
             _check_elastic_batch(self.data.global_batch, self.resources.tasks_per_node,
-                                 gang_node_counts(m.min_nodes, nodes))
+                                 gang_node_counts(m.min_nodes, nodes), checks)
+        checks.done()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with every default filled and a ``schema_version``.
@@ -448,28 +432,33 @@ class RunSpec:
         written only when they differ from their defaults, so the ``spec_id`` of a spec that
         does not use them stays what it was.
         """
-        plain = _to_plain(self)
+        plain = to_plain(self)
         return {"schema_version": SPEC_SCHEMA_VERSION, **plain}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, source: str = "run.yaml") -> RunSpec:
-        """Build and validate a spec; raise :class:`SpecError` naming the key path on bad input."""
+        """Build and validate a spec.
+
+        Raises:
+            InvalidSpecError: every problem of ``raw`` (unknown keys, wrong types, bad values,
+                cross-field rules), one line each, naming ``source`` and the key path.
+        """
         if not isinstance(raw, Mapping):
             raise SpecError(f"{source}: expected a mapping at the top level, found "
                             f"{type(raw).__name__}; write the spec as `key: value` lines")
         body = dict(raw)
         version = body.pop("schema_version", SPEC_SCHEMA_VERSION)
-        if version != SPEC_SCHEMA_VERSION:
-            raise SpecError(f"{source}: schema_version: expected {SPEC_SCHEMA_VERSION}, found "
-                            f"{version!r}; write the spec for this hpcrun version")
-        try:
-            return _build(cls, body, "")
-        except FieldError as exc:
-            raise SpecError(f"{source}: {exc}") from None
+        problems = [] if version == SPEC_SCHEMA_VERSION else [FieldProblem(
+            "schema_version", str(SPEC_SCHEMA_VERSION), version,
+            "write the spec for this hpcrun version")]
+        spec, found = build(cls, body)
+        if problems or found:
+            raise InvalidSpecError([*problems, *found], source=source)
+        return spec  # type: ignore[no-any-return]
 
     def canonical_json(self) -> str:
         """Sorted keys, no whitespace, integral floats as integers, ASCII only."""
-        return json.dumps(_canonical(self.to_dict()), sort_keys=True, separators=(",", ":"),
+        return json.dumps(canonical(self.to_dict()), sort_keys=True, separators=(",", ":"),
                           ensure_ascii=True, allow_nan=False)
 
     @property
@@ -488,50 +477,51 @@ SCRIPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 """Signals a script-mode rank may be sent on a preemption (``preempt_signal``)."""
 
 
-def _check_launch(spec: RunSpec) -> None:
+def _check_launch(spec: RunSpec, checks: Checks) -> None:
     """Exactly one of entrypoint, script and command; each well formed (script mode: the
     script's path stays inside the code directory)."""
     given = [k for k in ("entrypoint", "script", "command") if getattr(spec, k)]
-    _check(len(given) == 1, "entrypoint", "exactly one of entrypoint, script, command",
-           ", ".join(given) or None, "keep one way to start the ranks")
+    checks(len(given) == 1, "entrypoint", "exactly one of entrypoint, script, command",
+           ", ".join(given) or None, "keep one way to start the ranks",
+           reads=("script", "command"))
     if spec.entrypoint:
-        _check(bool(_ENTRYPOINT_RE.match(spec.entrypoint)), "entrypoint",
+        checks(bool(_ENTRYPOINT_RE.match(spec.entrypoint)), "entrypoint",
                "'package.module:function'", spec.entrypoint,
                "name the module and the function, e.g. examples.tiny_lm.train:main")
     if spec.script is not None:
         parts = Path(spec.script).parts
-        _check(bool(parts) and not Path(spec.script).is_absolute() and ".." not in parts,
+        checks(bool(parts) and not Path(spec.script).is_absolute() and ".." not in parts,
                "script", "a path relative to the code directory, without '..'", spec.script,
                "name the script from the project root, e.g. examples/torchrun_ddp/train.py")
-    _check(not spec.args or spec.script is not None, "args", "arguments of a script",
-           list(spec.args), "set script, or put the arguments in command")
-    _check(all(isinstance(a, str) and a for a in spec.command), "command",
+    checks(not spec.args or spec.script is not None, "args", "arguments of a script",
+           list(spec.args), "set script, or put the arguments in command", reads=("script",))
+    checks(all(isinstance(a, str) and a for a in spec.command), "command",
            "non-empty strings", list(spec.command), "write each argument as a string")
     name = spec.preempt_signal.upper()
     name = name if name.startswith("SIG") else "SIG" + name
-    _check(name in SCRIPT_SIGNALS, "preempt_signal", f"one of {', '.join(SCRIPT_SIGNALS)}",
+    checks(name in SCRIPT_SIGNALS, "preempt_signal", f"one of {', '.join(SCRIPT_SIGNALS)}",
            spec.preempt_signal, "use SIGTERM (torchrun's) or SIGUSR1 (Slurm's)")
     object.__setattr__(spec, "preempt_signal", name)
 
 
-def _check_json_value(value: Any, key: str) -> None:
+def _check_json_value(value: Any, key: str, checks: Checks) -> None:
     if isinstance(value, Mapping):
         for k, v in value.items():
-            _check(isinstance(k, str), key, "string keys", k, "quote the key")
-            _check_json_value(v, f"{key}.{k}")
+            checks(isinstance(k, str), key, "string keys", k, "quote the key")
+            _check_json_value(v, f"{key}.{k}", checks)
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            _check_json_value(v, f"{key}[{i}]")
+            _check_json_value(v, f"{key}[{i}]", checks)
     elif isinstance(value, float):
-        _check(math.isfinite(value), key, "a finite number", value, "use a finite value")
+        checks(math.isfinite(value), key, "a finite number", value, "use a finite value")
     else:
-        _check(value is None or isinstance(value, str | int | bool), key,
+        checks(value is None or isinstance(value, str | int | bool), key,
                "a JSON value (mapping, list, string, number, bool, null)",
                type(value).__name__, "use plain YAML scalars")
 
 
 def _check_elastic_batch(global_batch: int | None, tasks_per_node: int,
-                         counts: range) -> None:
+                         counts: range, checks: Checks) -> None:
     """An elastic run keeps its global batch at every gang size it may shrink to (each rank
     takes ``global_batch / world_size`` rows): refuse one that cannot, naming the sizes."""
     bad = unkept_world_sizes(global_batch, tasks_per_node, counts)
@@ -539,103 +529,13 @@ def _check_elastic_batch(global_batch: int | None, tasks_per_node: int,
         return
     sizes = ", ".join(f"{w} ranks on {n} nodes" for n, w in bad)
     lcm = keepable_global_batch(tasks_per_node, counts)
-    _check(False, "data.global_batch",
+    checks(False, "data.global_batch",
            f"a multiple of every world size the elastic gang may take "
            f"({', '.join(str(n * tasks_per_node) for n in counts)}: nodes "
            f"{counts.start}..{counts.stop - 1} x {tasks_per_node} ranks), so each rank takes "
            f"an equal share of the same global batch; it does not split over {sizes}",
            global_batch, f"set data.global_batch to a multiple of {lcm}, or raise "
-           "membership.min_nodes to leave those sizes out")
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    """A field's default value (its factory called when it has one)."""
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
-
-
-def _to_plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not (f.metadata.get("additive") and getattr(value, f.name) == _default(f))}
-    if isinstance(value, StrEnum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): _to_plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to_plain(v) for v in value]
-    return value
-
-
-def _canonical(value: Any) -> Any:
-    """One spelling per value: integral floats become integers (10.0 and 10 hash alike)."""
-    if isinstance(value, dict):
-        return {k: _canonical(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_canonical(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _build(cls: type, raw: Any, path: str) -> Any:
-    """Construct dataclass ``cls`` from ``raw``, rejecting unknown keys and wrong types."""
-    _check(isinstance(raw, Mapping), path, "a mapping", raw, f"write {path} as `key: value`")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in raw:
-        _check(key in names, _join(path, str(key)), f"one of {sorted(names)}", key,
-               "remove the key or fix its spelling")
-    kwargs = {k: _convert(hints[k], v, _join(path, k)) for k, v in raw.items()}
-    try:
-        return cls(**kwargs)
-    except FieldError as exc:
-        raise exc.under(path) from None
-    except TypeError as exc:  # a required field is missing
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.name not in kwargs and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
-        raise FieldError(_join(path, missing[0] if missing else ""), "a value", None,
-                         "add the key") from exc
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (types.UnionType, typing.Union):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, path)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)  # type: ignore[arg-type]
-    if isinstance(tp, type) and issubclass(tp, StrEnum):
-        allowed = [m.value for m in tp]
-        _check(value in allowed, path, f"one of {allowed}", value, "pick one of those")
-        return tp(value)
-    if origin is tuple:
-        _check(isinstance(value, list | tuple), path, "a list", value, f"write {path} as a list")
-        return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is Mapping:
-        _check(isinstance(value, Mapping), path, "a mapping", value, f"write {path} as a mapping")
-        return {str(k): _convert(args[1], v, _join(path, str(k))) for k, v in value.items()}
-    return _scalar(tp, value, path)
-
-
-def _scalar(tp: Any, value: Any, path: str) -> Any:
-    if tp is Any:
-        return value
-    if tp is float:
-        _check(isinstance(value, int | float) and not isinstance(value, bool), path, "a number",
-               value, "write a number")
-        return float(value)
-    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
-    _check(ok, path, f"a {tp.__name__}", value, f"write {path} as a {tp.__name__}")
-    return value
+           "membership.min_nodes to leave those sizes out", reads=("resources", "membership"))
 
 
 def resolve_aliases(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
