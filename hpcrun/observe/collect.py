@@ -204,6 +204,16 @@ def run_mtbf(run_dir: Path, *, prior_h: float) -> Any:
     return MtbfEstimate(prior_s=prior_h * 3600.0, history=history)
 
 
+def run_markers(run_dir: Path) -> tuple[Any, ...]:
+    """The run log's requeues, restarts and restores (:func:`~hpcrun.observe.metrics.
+    markers_from_log` of its valid entries)."""
+    from hpcrun.control.fencing import fold_fences
+    from hpcrun.control.log import RunLog
+    from hpcrun.observe.metrics import markers_from_log
+
+    return markers_from_log(fold_fences(RunLog(run_dir).read())[1])
+
+
 def current_heartbeats(heartbeats: Mapping[str, NodeHeartbeat],
                        generation: int) -> dict[str, NodeHeartbeat]:
     """Heartbeats of the incarnation in force; a node of an earlier allocation is history.

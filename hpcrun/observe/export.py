@@ -88,7 +88,32 @@ def metrics_from_status(view: StatusView) -> list[Metric]:
              "Accepted tokens per productive second.", fig.tokens_per_productive_s),
         ]
     m += [Metric(name=n, help=h, type="gauge", value=v) for n, h, v in optional if v is not None]
-    return m
+    return m + training_metrics(view)
+
+
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def metric_name(name: str) -> str:
+    """The Prometheus name of a training metric: ``hpcrun_metric_`` + the name with every
+    character outside ``[a-zA-Z0-9_]`` replaced by ``_``."""
+    return "hpcrun_metric_" + _NAME_UNSAFE.sub("_", name)
+
+
+def training_metrics(view: StatusView) -> list[Metric]:
+    """One gauge per metric the steps report: its value at the newest step (the figure status
+    shows); a name that sanitises to one already taken gets a numeric suffix."""
+    out: list[Metric] = []
+    taken: set[str] = set()
+    for s in view.metrics.stats() if view.metrics is not None else ():
+        name, n = metric_name(s.name), 2
+        while name in taken:
+            name, n = f"{metric_name(s.name)}_{n}", n + 1
+        taken.add(name)
+        out.append(Metric(name=name, type="gauge", value=s.last,
+                          help=f"Training metric {s.name!r} at step {s.last_step} (the last "
+                               "incarnation's value of a replayed step)."))
+    return out
 
 
 def _fmt(value: float) -> str:

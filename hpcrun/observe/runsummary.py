@@ -150,7 +150,7 @@ def reduce_for_status(s: EventSummary, *, generation: int,
         step_times=medians, rank_nodes={k: s.rank_nodes[k] for k in medians},
         rank_last={k: list(v) for k, v in s.rank_last.items() if k[0] == generation},
         recent={_ALL: newest_rows(r for tail in s.recent.values() for r in tail)},
-        last_step_ts=s.last_step_ts, events=s.events)
+        last_step_ts=s.last_step_ts, metrics=s.metrics, events=s.events)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -262,6 +262,7 @@ class StreamFold:
             allocs={g: [a[0], a[1], a[2], list(a[3])] for g, a in e.allocs.items()},
             spans=[list(x) for x in e.spans],
             recent={k: list(v) for k, v in e.recent.items()}, last_step_ts=e.last_step_ts,
+            metrics={k: [v[0], v[1], dict(v[2]), list(v[3])] for k, v in e.metrics.items()},
             events=e.events, keep_step_times=self.window)
         self.heartbeats = dict(previous.heartbeats)
         self.tails = dict(previous.tails)

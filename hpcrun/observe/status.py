@@ -19,6 +19,7 @@ from hpcrun.observe.ettr import GangStep
 from hpcrun.observe.figures import RunFigures, figure_rows, fmt_seconds, run_figures
 from hpcrun.observe.hang import detect_hangs
 from hpcrun.observe.heartbeat import NodeHeartbeat
+from hpcrun.observe.metrics import MetricSeries, status_lines
 from hpcrun.observe.stragglers import find_stragglers, straggler_scores
 from hpcrun.observe.summary import EventSummary, summarize_events, wait_fraction
 from hpcrun.protocols import Event
@@ -189,6 +190,8 @@ class StatusView:
     of the heartbeat's and the step events'), and its rank count."""
     figures: RunFigures | None = None
     """ETTR, breakdown and throughputs, as the report computes them (None without events)."""
+    metrics: MetricSeries | None = None
+    """The training metrics the steps reported (loss first), each step once."""
 
 
 def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
@@ -303,7 +306,8 @@ def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
     return AlertSignals(
         no_progress_s=now - last_step if active and last_step is not None else None,
         worst_straggler_score=max(scores.values(), default=None),
-        input_wait_fraction=wait,
+        # a finished run waits for no batch: the alert is for a run that can still act on it
+        input_wait_fraction=wait if active else None,
         checkpoint_lag_ratio=(exposure / facts.rpo_s if exposure is not None and facts.rpo_s
                               else None),
         fault_signatures=sigs, budget_used_fraction=budget_used_fraction)
@@ -338,7 +342,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,
-        rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=signals.input_wait_fraction,
+        rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=s.input_wait_fraction(),
         ettr=figures.ettr if figures else None,
         waste_s=figures.waste_s if figures else {},
         tails=fill_tails(tails, last_steps),
@@ -346,7 +350,8 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                                        hang_threshold_s=hang_threshold_s,
                                        straggler_threshold=straggler_threshold, window=sw)),
         alerts=tuple(a.message for a in alerts),
-        nodes=node_progress(heartbeats, last_steps, now), figures=figures)
+        nodes=node_progress(heartbeats, last_steps, now), figures=figures,
+        metrics=s.metric_series())
 
 
 def status_json(view: StatusView) -> dict[str, Any]:
@@ -354,6 +359,7 @@ def status_json(view: StatusView) -> dict[str, Any]:
     body = asdict(view)
     body["schema_version"] = STATUS_SCHEMA_VERSION
     body["figures"] = view.figures.to_dict() if view.figures is not None else None
+    body["metrics"] = view.metrics.to_dict() if view.metrics is not None else None
     body["data_position"] = describe_cursor(view.facts.cursor)
     return body
 
@@ -385,6 +391,7 @@ def render_text(view: StatusView) -> str:
         f"state       {f.state}  generation {f.generation}  job "
         f"{f.job_ids[-1] if f.job_ids else '-'}  restarts {f.restarts}  requeues {f.requeues}",
         f"progress    step {f.step}  tokens {f.tokens:,}" + _recent_rate(view),
+        *status_lines(view.metrics),
         *_checkpoint_lines(view),
         f"data        {describe_cursor(f.cursor)}",
     ]

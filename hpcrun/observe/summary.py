@@ -28,9 +28,17 @@ from typing import Any
 
 from hpcrun.observe.ettr import Allocation, GangStep, Interval, span_bucket
 from hpcrun.observe.events import list_event_files, parse_event_line, span_bounds
+from hpcrun.observe.metrics import (
+    MetricRows,
+    MetricSeries,
+    fold_step_metrics,
+    metric_series,
+    rows_from_json,
+    rows_to_json,
+)
 from hpcrun.protocols import Event
 
-SUMMARY_SCHEMA_VERSION = 2
+SUMMARY_SCHEMA_VERSION = 3
 KEEP_STEP_TIMES = 256
 """Newest step durations kept per (generation, rank): straggler windows up to this are exact."""
 KEEP_RECENT = 200
@@ -67,6 +75,8 @@ class EventSummary:
     """file → newest step events as [ts, rank, dur_s, input_wait_s (None: not measured)]."""
     last_step_ts: float | None = None
     """Wall time of the newest step event."""
+    metrics: MetricRows = field(default_factory=dict)
+    """The training metrics the steps reported (:mod:`hpcrun.observe.metrics`)."""
     events: int = 0
     """Events folded."""
     keep_step_times: int = KEEP_STEP_TIMES
@@ -111,6 +121,7 @@ class EventSummary:
             last = self.rank_last.setdefault((e.generation, e.rank), [e.step, e.node])
             if e.step >= last[0]:
                 last[:] = [e.step, e.node]
+        fold_step_metrics(self.metrics, e)
         tail = self.recent.setdefault(source, [])
         tail.append([e.ts, float(e.rank), _num(e.data.get("dur_s")),
                      _opt(e.data.get("input_wait_s"))])
@@ -163,6 +174,10 @@ class EventSummary:
         """Whether any step event carried a measured input wait."""
         return any(v[2] is not None for v in self.steps.values())
 
+    def metric_series(self) -> MetricSeries:
+        """The training metrics of the folded steps, each step once."""
+        return metric_series(self.metrics)
+
     def last_steps(self, generation: int) -> dict[int, tuple[int, str]]:
         """rank → (newest step index it reported, its node) in ``generation``."""
         return {r: (int(v[0]), str(v[1])) for (g, r), v in sorted(self.rank_last.items())
@@ -177,7 +192,7 @@ class EventSummary:
                                for (g, r), t in self.step_times.items()],
                 "rank_last": [[g, r, *v] for (g, r), v in self.rank_last.items()],
                 "recent": self.recent, "last_step_ts": self.last_step_ts,
-                "events": self.events}
+                "metrics": rows_to_json(self.metrics), "events": self.events}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> EventSummary:
@@ -193,7 +208,8 @@ class EventSummary:
                                    for a, b, c, w in rows]
                           for f, rows in raw["recent"].items()},
                   last_step_ts=None if raw["last_step_ts"] is None
-                  else float(raw["last_step_ts"]), events=int(raw["events"]))
+                  else float(raw["last_step_ts"]),
+                  metrics=rows_from_json(raw.get("metrics", ())), events=int(raw["events"]))
         for g, r, node, times in raw["step_times"]:
             out.step_times[(int(g), int(r))] = [float(t) for t in times]
             out.rank_nodes[(int(g), int(r))] = str(node)

@@ -62,14 +62,14 @@ def test_every_plot_decodes_and_is_visible(tmp_path: Path) -> None:
     out = _chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
     m = re.search(r'data-visible-plots="(\d+)"', out.stdout)
     assert m is not None, out.stderr[-2000:]
-    assert int(m.group(1)) == 6
+    assert int(m.group(1)) == 7  # the loss curve and six operational plots
 
 
 def test_screenshot_is_not_blank(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text(_page())
     shot = tmp_path / "shot.png"
-    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1100,2600", page.as_uri())
+    _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1100,3000", page.as_uri())
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(data) > 50_000  # six plots, not an empty white page
+    assert len(data) > 50_000  # seven plots, not an empty white page

@@ -53,3 +53,18 @@ def test_bad_config_is_one_clear_error() -> None:
         rules_from_config({"input_wait": {"severity": "loud"}})
     with pytest.raises(ConfigError, match="keys"):
         rules_from_config({"input_wait": {"thresh": 1}})
+
+
+def test_the_input_wait_alert_fires_while_running_and_never_on_a_finished_run() -> None:
+    from hpcrun.observe.status import RecordFacts, build_status
+    from tests.unit.observe.builders import step
+
+    starved = [step(k, k, k + 1.0, input_wait_s=0.9) for k in range(1, 30)]
+
+    def alerts(state: str) -> tuple[str, ...]:
+        view = build_status(RecordFacts(run_id="r", state=state), events=starved,
+                            heartbeats={}, tails=[], now=31.0)
+        return tuple(a for a in view.alerts if "input" in a.lower())
+
+    assert alerts("RUNNING")
+    assert alerts("SUCCEEDED") == () and alerts("FAILED") == ()

@@ -64,7 +64,7 @@ def test_report_export_and_show(runs: tuple[CliRunner, Path]) -> None:
     runner, tmp = runs
     rep = runner.invoke(cli, ["report", "demo-1", "-o", str(tmp / "r.html")])
     assert rep.exit_code == 0, rep.output
-    assert (tmp / "r.html").read_text().count("data:image/png;base64,") == 6
+    assert (tmp / "r.html").read_text().count("data:image/png;base64,") == 7  # loss + six
     exp = runner.invoke(cli, ["export", "demo-1", "--prometheus", str(tmp / "prom")])
     assert exp.exit_code == 0, exp.output
     names = {f.name for f in text_string_to_metric_families(
