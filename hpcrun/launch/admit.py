@@ -129,10 +129,12 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
     if spec is not None:
         python = site.python if site is not None and backend == "slurm" and site.python \
             else request.python
-        findings += probe_entrypoint(spec.entrypoint, ProbeTarget(
-            python=python, code_path=str(request.code_path)), runner=runner,
-            env=dict(site.env) if site is not None else {})
+        target = ProbeTarget(python=python, code_path=str(request.code_path))
+        findings += (probe_script(spec, target) if spec.script_mode else probe_entrypoint(
+            spec.entrypoint, target, runner=runner,
+            env=dict(site.env) if site is not None else {}))
         findings += probe_data(spec, request.verify_data, storage=storage)
+        findings += probe_init_from(spec)
         findings += membership_findings(spec, backend)
     else:
         findings.append(Skipped(check=CheckKind.ENTRYPOINT, what="entrypoint and data not "
@@ -201,6 +203,23 @@ def _runs_root(request: AdmissionRequest, site: SiteConfig | None, environ: Mapp
 
 # -- entrypoint ---------------------------------------------------------------------------------
 
+def probe_init_from(spec: RunSpec) -> list[Finding]:
+    """``checkpoint.init_from``: it exists, is readable and is DCP or safetensors (its files are
+    read once, for the digest the run log will record)."""
+    path = spec.checkpoint.init_from
+    if path is None:
+        return []
+    from hpcrun.checkpoint.initfrom import detect_source, source_digest
+
+    try:
+        src = detect_source(path)
+        digest = source_digest(src)
+    except HpcrunError as exc:
+        return [problem_of(CheckKind.SPEC, exc)]
+    return [Passed(check=CheckKind.SPEC, what=f"checkpoint.init_from {path} is {src.fmt} "
+                   f"({len(src.files)} files, {digest[:19]}…)")]
+
+
 def probe_entrypoint(entrypoint: str, target: ProbeTarget, *, runner: CommandRunner,
                      env: Mapping[str, str]) -> list[Finding]:
     """Whether ``entrypoint``'s module (and hpcrun) is importable where the job will run."""
@@ -214,6 +233,28 @@ def probe_entrypoint(entrypoint: str, target: ProbeTarget, *, runner: CommandRun
                              f"run on this node ({exc})")]
     return entrypoint_findings(module, target, returncode=result.returncode,
                                stdout=result.stdout, stderr=result.stderr)
+
+
+def probe_script(spec: RunSpec, target: ProbeTarget) -> list[Finding]:
+    """Script mode: the script is a file inside the code directory (a ``command`` is the
+    user's own and is not probed)."""
+    if spec.script is None:
+        return [Skipped(check=CheckKind.ENTRYPOINT, what=f"command {spec.command[0]!r} not "
+                        "probed: it runs as written in the code directory")]
+    root = Path(target.code_path).resolve()
+    path = (root / spec.script).resolve()
+    if not path.is_relative_to(root):
+        return [Problem(check=CheckKind.ENTRYPOINT,
+                        what=f"script {spec.script!r} resolves to {path}, outside the code "
+                             f"directory {root}", expected="a script inside the project",
+                        fix="move the script into the project or point script at its copy")]
+    if not path.is_file():
+        return [Problem(check=CheckKind.ENTRYPOINT,
+                        what=f"script {spec.script!r} is not a file under the code directory "
+                             f"{root} (looked at {path})", expected="an existing script",
+                        fix="fix `script` in run.yaml (a path from the project root) or "
+                            "submit from the project root")]
+    return [Passed(check=CheckKind.ENTRYPOINT, what=f"script {spec.script} found in {root}")]
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -312,10 +353,12 @@ def backend_findings(spec: RunSpec, site: SiteConfig) -> list[Finding]:
 def _scheduler_findings(spec: RunSpec, site: SiteConfig, runner: CommandRunner,
                         user: str) -> list[Finding]:
     from hpcrun.launch.sbatch import sbatch_args
+    from hpcrun.launch.slurm_limits import JobAsk, limit_findings
     from hpcrun.launch.slurm_names import SlurmAsk, scheduler_findings
 
     try:
         args = sbatch_args(spec, site, run_dir=Path("/admission"), op_id="admission")
     except ConfigError as exc:
         return [problem_of(CheckKind.SITE, exc)]
-    return scheduler_findings(SlurmAsk.from_args(args), runner, user=user)
+    return [*scheduler_findings(SlurmAsk.from_args(args), runner, user=user),
+            *limit_findings(JobAsk.from_args(args), args, runner, user=user)]

@@ -152,6 +152,25 @@ def node_index(config: TestbedConfig, node: str) -> int:
     return int(node.removeprefix("node"))
 
 
+LIMITED_PARTITION = "small"
+"""The testbed's partition with limits: its first two nodes, ``MaxTime`` 5 min, ``MaxNodes`` 2."""
+LIMITED_MAX_TIME_MIN = 5
+LIMITED_QOS = {"short": ("MaxWall=10", "MaxTRESPerJob=node=2")}
+"""QoS the testbed creates when it has accounting (root may use them), with their limits."""
+
+
+def accounting_setup_argvs() -> list[list[str]]:
+    """``sacctmgr`` calls that create :data:`LIMITED_QOS` and let root use them (idempotent:
+    an existing QoS is modified to the same limits)."""
+    out = []
+    for name, limits in LIMITED_QOS.items():
+        out.append(["sacctmgr", "-i", "add", "qos", name, *limits])
+        out.append(["sacctmgr", "-i", "modify", "qos", "where", f"name={name}", "set", *limits])
+    out.append(["sacctmgr", "-i", "modify", "user", "where", "name=root", "set",
+                f"qos+={','.join(LIMITED_QOS)}"])
+    return out
+
+
 def node_range(config: TestbedConfig) -> str:
     """The Slurm hostlist of all nodes, e.g. ``node[1-4]`` (or ``node1`` for one node)."""
     return "node1" if config.nodes == 1 else f"node[1-{config.nodes}]"
@@ -236,6 +255,9 @@ def _node_lines(config: TestbedConfig) -> list[str]:
         f"PriorityTier=1 PreemptMode=REQUEUE GraceTime={config.grace_time}",
         f"PartitionName=high Nodes={hosts} Default=NO MaxTime=INFINITE State=UP "
         "PriorityTier=2 PreemptMode=off",
+        # a partition with limits, for admission's checks against MaxTime, MaxNodes and size
+        f"PartitionName={LIMITED_PARTITION} Nodes={','.join(config.node_names[:2])} Default=NO "
+        f"MaxTime={LIMITED_MAX_TIME_MIN} MaxNodes=2 State=UP PriorityTier=1 PreemptMode=off",
     ]
 
 

@@ -17,6 +17,7 @@ from hpcrun.runner import CommandResult, CommandRunner, SubprocessRunner
 from hpcrun.testbed import daemons as d
 from hpcrun.testbed.config import (
     TestbedConfig,
+    accounting_setup_argvs,
     client_env,
     config_from_json,
     config_to_json,
@@ -143,6 +144,8 @@ class Testbed:
         started = self._start_missing()
         restarted = [] if cold else [n for n in started if n.startswith("slurmd@")]
         self._wait_nodes_ready(resume=restarted)
+        if cold and self.config.accounting:
+            self._set_up_accounting()
         return UpResult(started=tuple(started), cold=cold,
                         seconds=self._clock.monotonic() - t0, status=self.status())
 
@@ -305,6 +308,25 @@ class Testbed:
         d.wait_until(ready, timeout=_NODES_TIMEOUT, clock=self._clock, interval=0.2,
                      what=f"{len(expected)} nodes ready in sinfo",
                      hint=f"sinfo shows {self._sinfo()}; see {self.config.log_dir}/slurmd-*.log")
+
+    def _set_up_accounting(self) -> None:
+        """The QoS with limits the admission tests ask about (root's association must exist:
+        slurmctld registers the cluster with slurmdbd at its start, so wait for it)."""
+        argvs = accounting_setup_argvs()
+        d.wait_until(lambda: self._root_association(), timeout=_NODES_TIMEOUT, clock=self._clock,
+                     interval=0.2, what="root's association in slurmdbd",
+                     hint=f"see {self.config.log_dir}/slurmdbd.log")
+        for argv in argvs:
+            result = self._run(argv, timeout=30)
+            # an add of an existing QoS fails; the modify after it sets the same limits
+            if result.returncode != 0 and argv[2] != "add":
+                raise TestbedError(f"testbed: `{' '.join(argv)}` exited {result.returncode}: "
+                                   f"{_last_line(result)}")
+
+    def _root_association(self) -> bool:
+        result = self._run(["sacctmgr", "--noheader", "--parsable2", "show", "associations",
+                            "user=root", "format=Account"], timeout=15)
+        return result.returncode == 0 and bool(result.stdout.strip())
 
     def _resume(self, node: str) -> None:
         # Fails harmlessly ("Invalid node state specified") when the node is already idle.
