@@ -117,6 +117,10 @@ class RecordError(HpcrunError, RuntimeError):
     """A run record or run directory is missing, unreadable or inconsistent."""
 
 
+class RunReferenceError(RecordError, LookupError):
+    """A run reference (a run id, a prefix of one, or a path) names no run, or more than one."""
+
+
 class RunNotFinishedError(RecordError):
     """A run's result was asked for before the run ended."""
 

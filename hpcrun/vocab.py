@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["TERMINAL", "AsyncPolicy", "CadenceKind", "ChecksumAlgorithm", "DistBackend",
-           "FaultClass", "ResumeContract", "RunState", "SdcAction", "Tier"]
+__all__ = ["TERMINAL", "AsyncPolicy", "Backend", "CadenceKind", "ChecksumAlgorithm",
+           "DistBackend", "FaultClass", "ResumeContract", "RunState", "SdcAction", "Tier"]
 
 
 class RunState(StrEnum):
@@ -107,6 +107,13 @@ class AsyncPolicy(StrEnum):
 
     BLOCK = "block"
     SKIP = "skip"
+
+
+class Backend(StrEnum):
+    """Where a run's gang runs: a site's ``backend``, and the backend of each job in a record."""
+
+    SLURM = "slurm"
+    LOCAL = "local"  # the embedded backend: local processes, no scheduler
 
 
 class DistBackend(StrEnum):

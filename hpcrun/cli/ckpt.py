@@ -1,5 +1,6 @@
 """``hpcrun ckpt``: list, verify, compare and garbage-collect a run's checkpoints (parse → call →
-render)."""
+render). ``RUN`` is a run id, a unique prefix of one, or a run directory
+(:mod:`hpcrun.launch.runref`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ from hpcrun.errors import ConfigError, CorruptCheckpointError, HpcrunError, Reco
 if TYPE_CHECKING:
     from hpcrun.checkpoint import CommittedCheckpoint
     from hpcrun.checkpoint.audit import TierVerdict
+
+
+def _run_dir(run: str) -> Path:
+    from hpcrun.launch.runref import resolve_run_dir
+
+    return resolve_run_dir(run, environ=os.environ)
 
 
 def _committed(run: Path) -> list[CommittedCheckpoint]:
@@ -71,33 +78,36 @@ def ckpt() -> None:
 
 
 @ckpt.command("ls")
-@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
-def ls_cmd(run: Path) -> None:
+@click.argument("run")
+def ls_cmd(run: str) -> None:
     """Per committed checkpoint: step, generation, tiers, bytes, age, tier-1 RPO exposure."""
-    ckpts = _committed(run)
+    run_dir = _run_dir(run)
+    ckpts = _committed(run_dir)
     if not ckpts:
-        click.echo(f"no committed checkpoints in {run}")
+        click.echo(f"no committed checkpoints in {run_dir}")
         return
     Console().print(render_ls(ckpts, time.time()))
 
 
 @ckpt.command("verify")
-@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run")
 @click.argument("ckpt_id", required=False)
 @click.option("--node-local-root", type=click.Path(file_okay=False, path_type=Path),
               help="Also check NODE's tier-0 copies under this root (run it on that node).")
 @click.option("--node", default="", help="Node name of the tier-0 copies (with --node-local-root).")
-def verify_cmd(run: Path, ckpt_id: str | None, node_local_root: Path | None, node: str) -> None:
+def verify_cmd(run: str, ckpt_id: str | None, node_local_root: Path | None, node: str) -> None:
     """Re-read and check every committed checkpoint (or CKPT_ID) on the tiers where it is
     committed. Copies retention removed, tier-0 copies that are gone, and node-local copies
     this machine cannot reach are reported, not failed; exits non-zero only on damage."""
     from hpcrun.checkpoint.audit import Verdict
 
-    ckpts = _committed(run)
+    run_dir = _run_dir(run)
+    ckpts = _committed(run_dir)
     if ckpt_id is not None and ckpt_id not in {c.ckpt_id for c in ckpts}:
-        raise RecordError(f"no committed checkpoint {ckpt_id!r} in {run}; "
-                          f"see `hpcrun ckpt ls {run}`")
-    verdicts = _verify_all(run, ckpts, _local_roots(run, ckpts, node_local_root, node), ckpt_id)
+        raise RecordError(f"no committed checkpoint {ckpt_id!r} in {run_dir}; "
+                          f"see `hpcrun ckpt ls {run_dir.name}`")
+    verdicts = _verify_all(run_dir, ckpts, _local_roots(run_dir, ckpts, node_local_root, node),
+                           ckpt_id)
     click.echo(summarize_verdicts(verdicts))
     bad = sorted({v.ckpt_id for v in verdicts if v.verdict == Verdict.FAILED})
     if bad:
@@ -107,26 +117,38 @@ def verify_cmd(run: Path, ckpt_id: str | None, node_local_root: Path | None, nod
 
 
 @ckpt.command("diff")
-@click.argument("run_a", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.argument("run_b", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("run_a")
+@click.argument("run_b")
 @click.option("--ckpt-a", help="Checkpoint id in RUN_A (default: its newest committed one).")
 @click.option("--ckpt-b", help="Checkpoint id in RUN_B (default: its newest committed one).")
 @click.option("--world-size", type=click.IntRange(min=1),
               help="Compare both as this many ranks would restore them (default: as written).")
-def diff_cmd(run_a: Path, run_b: Path, ckpt_a: str | None, ckpt_b: str | None,
-             world_size: int | None) -> None:
+@click.option("--ignore", "ignore", multiple=True, metavar="FAMILY",
+              help="Leave out a state family: rng, or a top-level key of the saved state "
+                   "(model, optim, data, ...); repeatable.")
+def diff_cmd(run_a: str, run_b: str, ckpt_a: str | None, ckpt_b: str | None,
+             world_size: int | None, ignore: tuple[str, ...]) -> None:
     """Compare two committed checkpoints on the shared tier bit for bit: every tensor and the
     meta tree (RNG streams, data cursor) of every rank, after the checksums are verified. Prints
-    one line per difference; exits 1 when they differ (a determinism or exact-resume check)."""
-    from hpcrun.drill.states import diff_states, find_committed, load_state
+    one line per difference; exits 1 when they differ (a determinism or exact-resume check).
 
-    a = load_state(run_a, find_committed(run_a, ckpt_a), world_size=world_size)
-    b = load_state(run_b, find_committed(run_b, ckpt_b), world_size=world_size)
-    diffs = diff_states(a, b)
+    \b
+    A script that never seeds every RNG differs in its RNG streams only:
+      hpcrun ckpt diff RUN_A RUN_B --ignore rng
+    """
+    from hpcrun.drill.states import check_families, diff_states, find_committed, load_state
+
+    dir_a, dir_b = _run_dir(run_a), _run_dir(run_b)
+    a = load_state(dir_a, find_committed(dir_a, ckpt_a), world_size=world_size)
+    b = load_state(dir_b, find_committed(dir_b, ckpt_b), world_size=world_size)
+    check_families(ignore, a, b)
+    diffs = diff_states(a, b, ignore=ignore)
     for line in diffs:
         click.echo(line)
+    ignored = f" (ignored: {', '.join(sorted(set(ignore)))})" if ignore else ""
     click.echo(f"{a.ckpt_id} (step {a.step}) vs {b.ckpt_id} (step {b.step}) on "
-               f"{a.world_size} ranks: " + (f"{len(diffs)} differences" if diffs else "identical"))
+               f"{a.world_size} ranks: " + (f"{len(diffs)} differences" if diffs else "identical")
+               + ignored)
     sys.exit(1 if diffs else 0)
 
 
@@ -138,7 +160,8 @@ def _local_roots(run: Path, ckpts: Sequence[CommittedCheckpoint], root: Path | N
             raise ConfigError("--node-local-root needs --node NODE: the node whose tier-0 "
                               "copies live under that root")
         return {node: root}
-    from hpcrun.launch.site import Backend, expand_path, load_site_snapshot
+    from hpcrun.launch.site import expand_path, load_site_snapshot
+    from hpcrun.vocab import Backend
 
     try:
         site = load_site_snapshot(run)
@@ -178,17 +201,18 @@ def _verify_all(run: Path, ckpts: Sequence[CommittedCheckpoint],
 
 
 @ckpt.command("gc")
-@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run")
 @click.option("--keep-last", default=2, show_default=True, type=click.IntRange(min=2),
               help="Committed checkpoints to keep on the shared tier.")
 @click.option("--older-than", default=3600.0, show_default=True,
               help="Seconds after which an uncommitted directory counts as debris.")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-def gc_cmd(run: Path, keep_last: int, older_than: float, dry_run: bool) -> None:
+def gc_cmd(run: str, keep_last: int, older_than: float, dry_run: bool) -> None:
     """Remove staging debris and committed checkpoints beyond --keep-last (shared tier)."""
     from hpcrun.checkpoint import collect_run
 
-    report = collect_run(run, log=RunLog(run), keep_last=keep_last, now=time.time(),
+    run_dir = _run_dir(run)
+    report = collect_run(run_dir, log=RunLog(run_dir), keep_last=keep_last, now=time.time(),
                          older_than=older_than, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.retired:

@@ -26,7 +26,8 @@ _DURING = {"staging": "kill-staging", "shard_write": "kill-shard-write",
 @click.option("--all", "all_faults", is_flag=True, help="Run the whole matrix; print a table.")
 @click.option("--list", "list_faults", is_flag=True, help="List the matrix and exit.")
 @click.option("--restore", "restore_run", metavar="RUN", default=None,
-              help="Restore drill: restore RUN's checkpoints into every supported layout.")
+              help="Restore drill: restore RUN's checkpoints (RUN: an id, a unique prefix or "
+                   "a run directory) into every supported layout.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds to wait for each drilled run to end.")
 def drill(spec_path: str | None, fault: str | None, at: int | None, during: str | None,
@@ -88,11 +89,13 @@ def _one(spec: Path, row: Any, backend: str, at: int | None, timeout_s: float, *
 
 
 def _restore(run: str) -> None:
+    import os
+
     from hpcrun.drill import render
     from hpcrun.drill.restore import restore_drill
-    from hpcrun.observe.status import resolve_run_dir
+    from hpcrun.launch.runref import resolve_run_dir
 
-    checks = restore_drill(resolve_run_dir(run))
+    checks = restore_drill(resolve_run_dir(run, environ=os.environ))
     click.echo(render.check_table(checks))
     sys.exit(1 if any(c.ok is False for c in checks) else 0)
 

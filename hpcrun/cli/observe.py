@@ -1,7 +1,8 @@
 """Operator commands: status, list, logs, report, export, metrics, show, plan.
 
-Thin: parse → call the observe plane → render. ``RUN`` is a run id under ``$HPCRUN_RUNS``
-(default ``~/hpcrun-runs``) or a path to a run directory.
+Thin: parse → call the observe plane → render. ``RUN`` is a run id, a unique prefix of one, or
+a path to a run directory (:mod:`hpcrun.launch.runref`: the ids are looked up under
+``$HPCRUN_RUNS``, else under the site's ``shared_path``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,17 @@ from hpcrun.errors import ConfigError
 
 
 def _run_dir(run: str) -> Path:
-    from hpcrun.observe.status import resolve_run_dir
+    from hpcrun.launch.runref import resolve_run_dir
 
     return resolve_run_dir(run, environ=os.environ)
+
+
+def _on_slurm(run_dir: Path) -> bool:
+    """Whether Slurm runs the run (a local-backend run has nothing to reconcile)."""
+    from hpcrun.launch.runref import run_backend
+    from hpcrun.vocab import Backend
+
+    return run_backend(run_dir) is Backend.SLURM
 
 
 def _reconcile(run_dir: Path, timeout_s: float) -> Any:
@@ -44,7 +53,7 @@ def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: fl
     from hpcrun.observe.collect import collect_status, spec_rpo
     from hpcrun.observe.status import render_text, status_json
 
-    outcome = _reconcile(run_dir, timeout_s) if reconcile else None
+    outcome = _reconcile(run_dir, timeout_s) if reconcile and _on_slurm(run_dir) else None
     campaign = _campaign(run_dir)
     collected = collect_status(run_dir, rpo_s=spec_rpo(run_dir), budget_used_fraction=(
         campaign.budget_used_fraction if campaign is not None else None))
@@ -71,9 +80,10 @@ def _sweep_status_once(sweep_dir: Path, *, as_json: bool, reconcile: bool,
     from hpcrun.control.sweep import read_sweep_index
     from hpcrun.observe.campaign import sweep_lines, sweep_totals
     from hpcrun.observe.sweep_view import point_rows
+    from hpcrun.vocab import Backend
 
     index = read_sweep_index(sweep_dir)
-    if reconcile and index.backend == "slurm":
+    if reconcile and Backend(index.backend) is Backend.SLURM:
         for run_dir in index.run_dirs(sweep_dir):
             _reconcile(run_dir, timeout_s)
     rows = point_rows(sweep_dir, index)
@@ -107,17 +117,15 @@ def status(run: str, watch: bool, interval: float, as_json: bool, reconcile: boo
            timeout_s: float) -> None:
     """State, generation, job, step and rate, checkpoints, ETTR, rank tails and incidents.
 
-    For a sweep: one line per point (state, step, loss, ETTR) and the sweep's totals.
+    RUN is a run id, a unique prefix of one, or a run directory. For a sweep (its id or
+    directory): one line per point (state, step, loss, ETTR) and the sweep's totals.
     """
-    from hpcrun.cli.run import find_sweep_dir
+    from hpcrun.launch.runref import RefKind, resolve_reference
 
-    sweep_dir = find_sweep_dir(run)
-    run_dir = sweep_dir if sweep_dir is not None else _run_dir(run)
+    entry = resolve_reference(run, environ=os.environ)
+    once = _sweep_status_once if entry.kind is RefKind.SWEEP else _status_once
     while True:
-        out = (_sweep_status_once(run_dir, as_json=as_json, reconcile=reconcile,
-                                  timeout_s=timeout_s) if sweep_dir is not None
-               else _status_once(run_dir, as_json=as_json, reconcile=reconcile,
-                                 timeout_s=timeout_s))
+        out = once(entry.path, as_json=as_json, reconcile=reconcile, timeout_s=timeout_s)
         if watch and not as_json:
             click.clear()
         click.echo(out)
@@ -128,15 +136,19 @@ def status(run: str, watch: bool, interval: float, as_json: bool, reconcile: boo
 
 @click.command("list")
 def list_runs() -> None:
-    """All runs under the runs root ($HPCRUN_RUNS, default ~/hpcrun-runs), newest first."""
-    from hpcrun.errors import HpcrunError
-    from hpcrun.observe.collect import default_record_reader
-    from hpcrun.observe.status import list_run_dirs, runs_root
+    """All runs under the runs roots, newest first.
 
-    root = runs_root(os.environ)
-    dirs = list_run_dirs(root)
+    The runs root is $HPCRUN_RUNS; else the shared_path of the site $HPCRUN_SITE names; else
+    the shared_path of every site config found (the local site's first).
+    """
+    from hpcrun.errors import HpcrunError
+    from hpcrun.launch.runref import run_dirs, runs_roots
+    from hpcrun.observe.collect import default_record_reader
+
+    dirs = run_dirs(os.environ)
     if not dirs:
-        click.echo(f"no runs under {root}; submit one with `hpcrun submit run.yaml`")
+        roots = ", ".join(str(r.path) for r in runs_roots(os.environ))
+        click.echo(f"no runs under {roots}; submit one with `hpcrun submit run.yaml`")
         return
     click.echo(f"{'RUN':<40} {'STATE':<11} {'GEN':>4} {'STEP':>9}  JOB")
     for d in dirs:

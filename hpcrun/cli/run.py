@@ -114,16 +114,15 @@ def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
 
 
 def link_into_runs_root(run_dir: Path) -> None:
-    """Link a run (or a sweep) into ``$HPCRUN_RUNS`` so `hpcrun status ID` finds it anywhere."""
-    from hpcrun.observe.status import runs_root
+    """Link a run (or a sweep) created outside every runs root into the primary one, so
+    `hpcrun status ID` finds it anywhere; a link that cannot be made is a warning (the run
+    exists, and its path always works)."""
+    from hpcrun.launch.runref import link_into_primary_root
 
-    index = runs_root(os.environ)
-    if index.resolve() == run_dir.parent.resolve():
-        return
-    index.mkdir(parents=True, exist_ok=True, mode=0o750)
-    link = index / run_dir.name
-    if not link.exists():
-        link.symlink_to(run_dir)
+    try:
+        link_into_primary_root(run_dir, environ=os.environ)
+    except HpcrunError as exc:
+        click.echo(f"hpcrun: warning: {exc}", err=True)
 
 
 def repo_root_of(cwd: Path) -> Path:
@@ -228,7 +227,9 @@ def submit_run(req: SubmitRequest) -> Submitted:
     if req.after:
         _record_dependency(run_dir, upstream)
     if sub.backend == "local":
-        return Submitted(run_dir=run_dir, local=_start_local(run_dir, job_env))
+        local = _start_local(run_dir, job_env)
+        _record_local_job(run_dir, local.pid)
+        return Submitted(run_dir=run_dir, local=local)
     job_id = _submit_slurm(run_dir, spec, sub.site, job_env, dependency=upstream.flag)
     return Submitted(run_dir=run_dir, job_id=job_id)
 
@@ -266,33 +267,12 @@ def _upstream_runs(name: str) -> list[tuple[Path, Any]]:
     """(run directory, record) of run ``name``, or of every point of sweep ``name``."""
     from hpcrun.control.record import read_record
     from hpcrun.errors import RecordError
+    from hpcrun.launch.runref import expand_runs
 
     try:
-        return [(d, read_record(d)) for d in expand_runs(name)]
+        return [(d, read_record(d)) for d in expand_runs(name, environ=os.environ)]
     except RecordError as exc:
         raise RecordError(f"--after {name}: {exc}; nothing was submitted") from None
-
-
-def expand_runs(name: str) -> list[Path]:
-    """The run directories ``name`` stands for: a run's, or every point's of a sweep."""
-    from hpcrun.control.sweep import read_sweep_index
-    from hpcrun.observe.status import resolve_run_dir
-
-    sweep_dir = find_sweep_dir(name)
-    if sweep_dir is not None:
-        return read_sweep_index(sweep_dir).run_dirs(sweep_dir)
-    return [resolve_run_dir(name, environ=os.environ)]
-
-
-def find_sweep_dir(name: str) -> Path | None:
-    """The sweep directory ``name`` (a sweep id under the runs root, or a path), else None."""
-    from hpcrun.control.sweep import is_sweep_dir
-    from hpcrun.observe.status import runs_root
-
-    for candidate in (Path(os.path.expanduser(name)), runs_root(os.environ) / name):
-        if is_sweep_dir(candidate):
-            return candidate.resolve()
-    return None
 
 
 def _record_dependency(run_dir: Path, dep: Dependency) -> None:
@@ -327,6 +307,19 @@ def _start_local(run_dir: Path, job_env: dict[str, str]) -> subprocess.Popen[byt
             [sys.executable, "-m", "hpcrun.launch.local", "--run-dir", str(run_dir)],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=job_env["HPCRUN_CODE_PATH"])
+
+
+def _record_local_job(run_dir: Path, pid: int) -> None:
+    """Bind the local launcher's job to the run at once, so every command reads the run's
+    backend from its record (the agents publish the same job when they start)."""
+    from hpcrun.control.entries import JobPayload
+    from hpcrun.control.fencing import UNFENCED
+    from hpcrun.control.log import RunLog
+    from hpcrun.launch.local import local_job_id
+    from hpcrun.vocab import Backend
+
+    RunLog(run_dir).append_entry(JobPayload(job_id=local_job_id(pid), backend=Backend.LOCAL),
+                                 generation=UNFENCED, holder="")
 
 
 def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
@@ -405,23 +398,26 @@ def write_job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str
 @click.command()
 @click.argument("run")
 def cancel(run: str) -> None:
-    """Cancel RUN: fence it first (so running workers can no longer publish), then scancel."""
+    """Cancel RUN (an id, a unique prefix, a directory; or a sweep): fence it first (so running
+    workers can no longer publish), then scancel its Slurm jobs, or stop its local launcher."""
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.cancel import cancel_run
+    from hpcrun.launch.runref import RefKind, resolve_reference, run_backend
     from hpcrun.observe.postrun import post_run_publisher
-    from hpcrun.observe.status import resolve_run_dir
     from hpcrun.scheduler.slurm import SlurmClient
+    from hpcrun.vocab import Backend
 
-    sweep_dir = find_sweep_dir(run)
-    if sweep_dir is not None:
+    entry = resolve_reference(run, environ=os.environ)
+    if entry.kind is RefKind.SWEEP:
         from hpcrun.cli.sweep import cancel_sweep
 
-        cancel_sweep(sweep_dir)
+        cancel_sweep(entry.path)
         return
-    run_dir = resolve_run_dir(run)
+    run_dir = entry.path
     cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser(),
-               on_end=post_run_publisher(clock=SYSTEM_CLOCK))
-    stop_local_launcher(run_dir)
+               on_end=post_run_publisher(clock=SYSTEM_CLOCK))  # scancels Slurm jobs only
+    if run_backend(run_dir) is Backend.LOCAL:
+        stop_local_launcher(run_dir)
     click.echo(f"{run_dir.name}: CANCELLED")
 
 
@@ -440,29 +436,54 @@ def stop_local_launcher(run_dir: Path) -> None:
 @click.option("--crash-node", default=None, metavar="NODE",
               help="Local backend: emulate power loss of NODE (SIGKILL its agent and ranks).")
 def signal_cmd(run: str, signame: str | None, crash_node: str | None) -> None:
-    """Deliver the preemption signal to RUN's agents, as Slurm does before a preemption."""
+    """Deliver the preemption signal to RUN's agents, as Slurm does before a preemption.
+
+    The run's own backend delivers it: `scancel --signal` to its Slurm job's steps, or the
+    local launcher, which relays it to the run's local agents.
+    """
+    from hpcrun.launch.runref import resolve_run_dir, run_backend
+    from hpcrun.launch.site import load_site_snapshot
+    from hpcrun.vocab import Backend
+
+    run_dir = resolve_run_dir(run, environ=os.environ)
+    backend = run_backend(run_dir)
+    if crash_node is not None:
+        if backend is not Backend.LOCAL:
+            raise SchedulerError(f"--crash-node emulates a node loss on the local backend; run "
+                                 f"{run_dir.name} runs on {backend}: use `hpcrun testbed crash`")
+        _crash_local_node(run_dir, crash_node)
+        return
+    name = (signame or load_site_snapshot(run_dir).preempt_signal).removeprefix("SIG")
+    if backend is Backend.LOCAL:
+        _signal_local(run_dir, name)
+    else:
+        _signal_slurm(run_dir, name)
+
+
+def _signal_local(run_dir: Path, name: str) -> None:
     from hpcrun.control.record import read_record
     from hpcrun.launch.local import launcher_alive, read_launcher
     from hpcrun.launch.signals import signal_number
-    from hpcrun.launch.site import load_site_snapshot
-    from hpcrun.observe.status import resolve_run_dir
 
-    run_dir = resolve_run_dir(run)
-    if crash_node is not None:
-        _crash_local_node(run_dir, crash_node)
-        return
-    name = signame or load_site_snapshot(run_dir).preempt_signal
     info = read_launcher(run_dir)
-    if info is not None and launcher_alive(info):
-        os.kill(int(info["pid"]), signal_number(name))
-        click.echo(f"sent SIG{name.removeprefix('SIG')} to {run_dir.name} (local backend)")
-        return
+    if info is None or not launcher_alive(info):
+        raise SchedulerError(f"run {run_dir.name} runs on the local backend and its launcher is "
+                             f"not running (the run is {read_record(run_dir).state}); there is "
+                             "nothing to signal")
+    os.kill(int(info["pid"]), signal_number(name))
+    click.echo(f"sent SIG{name} to {run_dir.name} (local backend)")
+
+
+def _signal_slurm(run_dir: Path, name: str) -> None:
+    from hpcrun.control.record import read_record
+
     record = read_record(run_dir)
-    if not record.job_ids:
-        raise SchedulerError(f"run {run_dir.name} has no job to signal; it is {record.state}")
-    job = record.job_ids[-1]
-    SubprocessRunner().run(["scancel", f"--signal={name.removeprefix('SIG')}", job]).check()
-    click.echo(f"sent SIG{name.removeprefix('SIG')} to job {job} steps")
+    jobs = record.slurm_job_ids()
+    if not jobs:
+        raise SchedulerError(f"run {run_dir.name} has no Slurm job to signal; it is "
+                             f"{record.state}")
+    SubprocessRunner().run(["scancel", f"--signal={name}", jobs[-1]]).check()
+    click.echo(f"sent SIG{name} to job {jobs[-1]} steps")
 
 
 def _crash_local_node(run_dir: Path, node: str) -> None:
@@ -534,24 +555,24 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool, install:
         time.sleep(interval)
 
 
-_SCHEDULE_ENV = ("HPCRUN_RUNS", "HPCRUN_SITE_CONFIGS", "PYTHONPATH", "PATH", "SLURM_CONF")
+_SCHEDULE_ENV = ("HPCRUN_RUNS", "HPCRUN_SITE", "HPCRUN_SITE_CONFIGS", "PYTHONPATH", "PATH",
+                 "SLURM_CONF")
 """Variables the scheduled pass needs as they are here (it runs in a fresh batch job)."""
 
 
 def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
                     scron_options: tuple[str, ...]) -> None:
     from hpcrun.control.schedule import chain_script, install_watch, uninstall_watch, watch_entry
-    from hpcrun.observe.status import runs_root
+    from hpcrun.launch.runref import primary_root
 
     runner = SubprocessRunner()
-    root = runs_root(os.environ)
+    root = primary_root(os.environ)
     chain = root / ".watch-job.sh"
     if not install:
         click.echo(uninstall_watch(runner=runner, chain=chain).detail)
         return
     root.mkdir(parents=True, exist_ok=True)  # the scheduled pass appends to its watch.log
     env = {k: os.environ[k] for k in _SCHEDULE_ENV if os.environ.get(k)}
-    env["HPCRUN_RUNS"] = str(root)
     entry = watch_entry(argv=[sys.executable, "-m", "hpcrun.cli.main", "watch", *runs],
                         env=env, every_min=every_min, log_path=root / "watch.log",
                         scron_options=("--job-name=hpcrun-watch", "--time=5",
@@ -566,8 +587,8 @@ def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
 def _deliver_alerts(run_dirs: list[Path]) -> list[str]:
     """Evaluate the alert rules of each run and deliver new alerts to its site's sinks; a run
     or sink that fails is reported and left for the next pass."""
+    from hpcrun.launch.runref import primary_root
     from hpcrun.observe.notify import deliver_alerts, run_alerts
-    from hpcrun.observe.status import runs_root
 
     fired, senders, lines = [], {}, []
     for run_dir in run_dirs:
@@ -578,7 +599,7 @@ def _deliver_alerts(run_dirs: list[Path]) -> list[str]:
             lines.append(f"{run_dir.name}: alerts not evaluated: {exc}")
     if not any(senders.values()):
         return lines
-    return lines + deliver_alerts(runs_root(os.environ), fired, senders=senders,
+    return lines + deliver_alerts(primary_root(os.environ), fired, senders=senders,
                                   runs=[d.name for d in run_dirs])
 
 
@@ -602,12 +623,11 @@ def _alert_senders(run_dir: Path) -> dict[str, Any]:
 def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
     from hpcrun.control.record import read_record
     from hpcrun.control.states import is_terminal
-    from hpcrun.observe.status import list_run_dirs, runs_root
+    from hpcrun.launch.runref import expand_runs, run_dirs
 
     if runs:
-        return [d for r in runs for d in expand_runs(r)]
-    return [d for d in list_run_dirs(runs_root(os.environ))
-            if not is_terminal(read_record(d).state)]
+        return [d for r in runs for d in expand_runs(r, environ=os.environ)]
+    return [d for d in run_dirs(os.environ) if not is_terminal(read_record(d).state)]
 
 
 def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
@@ -632,9 +652,9 @@ def doctor(run: str, yes: bool) -> None:
     status` names it. This moves it into RUN_DIR/debris/ (nothing is deleted), after asking.
     """
     from hpcrun.control.doctor import DEBRIS_DIR, find_debris, move_debris
-    from hpcrun.observe.status import resolve_run_dir
+    from hpcrun.launch.runref import resolve_run_dir
 
-    run_dir = resolve_run_dir(run)
+    run_dir = resolve_run_dir(run, environ=os.environ)
     debris = find_debris(run_dir)
     if not debris:
         click.echo(f"{run_dir.name}: the log holds no debris")

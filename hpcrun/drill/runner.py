@@ -251,9 +251,9 @@ def run_drill(spec_path: Path, row: MatrixRow, *, backend: str = "local", at: in
 
 
 def resolve_run(run_id: str) -> Path:
-    from hpcrun.observe.status import resolve_run_dir
+    from hpcrun.launch.runref import resolve_run_dir
 
-    return resolve_run_dir(run_id)
+    return resolve_run_dir(run_id, environ=os.environ)
 
 
 def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str,

@@ -4,18 +4,25 @@ This is the checkpoint plane's own restore path (manifest verification, per-shar
 the gather plan and reshard rules) run in one process for every rank of a layout: what rank
 ``r`` of ``M`` ranks would hold after ``ctx.restore``. The exact-resume proof compares the bytes
 of every tensor and the meta tree (RNG streams, data cursor) of two runs' final checkpoints.
+
+A comparison may leave out whole *state families*: ``rng`` (the RNG streams every checkpoint
+captures) or a top-level key of the state the run saved (``model``, ``optim``, ``data``, or any
+name its ``ctx.restore(...)`` registered), whose tensors and meta tree go together.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpcrun.control.log import RunLog
 from hpcrun.errors import ArgumentError, CheckpointError
+
+RNG_FAMILY = "rng"
+"""The family of the RNG streams (the meta tree's ``__rng__`` field)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,18 +117,54 @@ def _u8() -> Any:
     return torch.uint8
 
 
+def tensor_family(key: str) -> str:
+    """The family of a tensor's logical key (``optim/state/0/exp_avg`` → ``optim``; pure)."""
+    return key.split("/", 1)[0]
+
+
+def meta_family(key: str) -> str:
+    """The family of a top-level meta field (``__rng__`` → ``rng``; pure)."""
+    from hpcrun.checkpoint.state import RNG_FIELD  # torch is loaded once a state is
+
+    return RNG_FAMILY if key == RNG_FIELD else key
+
+
+def state_families(states: Iterable[CheckpointState]) -> list[str]:
+    """Every family the states hold, sorted (pure)."""
+    found: set[str] = set()
+    for state in states:
+        for r in state.ranks:
+            found |= {tensor_family(k) for k in r.tensors} | {meta_family(k) for k in r.meta}
+    return sorted(found)
+
+
+def check_families(names: Iterable[str], *states: CheckpointState) -> None:
+    """Refuse a family to ignore that none of ``states`` holds (a typo would hide nothing).
+
+    Raises:
+        ArgumentError: naming the unknown families and the ones the states hold.
+    """
+    held = state_families(states)
+    unknown = sorted(set(names) - set(held))
+    if unknown:
+        raise ArgumentError(f"--ignore {', '.join(unknown)}: no such state family in these "
+                            f"checkpoints; they hold {', '.join(held) or 'nothing'}")
+
+
 def diff_states(a: CheckpointState, b: CheckpointState, *,
-                ignore_meta: Sequence[str] = ()) -> list[str]:
+                ignore: Collection[str] = ()) -> list[str]:
     """Every difference between two restored checkpoints, one line each (pure).
 
-    Tensors are compared byte for byte; meta trees as canonical JSON, except top-level fields
-    named in ``ignore_meta``. An empty list means bitwise-identical state.
+    Tensors are compared byte for byte; meta trees as canonical JSON, top-level field by
+    field. Families named in ``ignore`` (``rng``, ``optim``, ...) are left out, tensors and meta
+    alike. An empty list means bitwise-identical state (outside the ignored families).
     """
     out = []
     if (a.step, a.world_size) != (b.step, b.world_size):
         out.append(f"step/world size: {a.step}/{a.world_size} vs {b.step}/{b.world_size}")
     for ra, rb in zip(a.ranks, b.ranks, strict=False):
-        keys = sorted(set(ra.tensors) | set(rb.tensors))
+        keys = sorted(k for k in set(ra.tensors) | set(rb.tensors)
+                      if tensor_family(k) not in ignore)
         for key in keys:
             if key not in ra.tensors or key not in rb.tensors:
                 out.append(f"rank {ra.rank}: tensor {key!r} only in "
@@ -129,14 +172,14 @@ def diff_states(a: CheckpointState, b: CheckpointState, *,
             elif ra.shapes[key] != rb.shapes[key] or ra.tensors[key] != rb.tensors[key]:
                 out.append(f"rank {ra.rank}: tensor {key!r} differs "
                            f"({ra.shapes[key]} vs {rb.shapes[key]})")
-        out += _meta_diff(ra, rb, ignore_meta)
+        out += _meta_diff(ra, rb, ignore)
     return out
 
 
-def _meta_diff(ra: RankState, rb: RankState, ignore: Sequence[str]) -> list[str]:
+def _meta_diff(ra: RankState, rb: RankState, ignore: Collection[str]) -> list[str]:
     out = []
     for key in sorted(set(ra.meta) | set(rb.meta)):
-        if key in ignore:
+        if meta_family(key) in ignore:
             continue
         ja = json.dumps(ra.meta.get(key), sort_keys=True)
         jb = json.dumps(rb.meta.get(key), sort_keys=True)

@@ -121,7 +121,7 @@ class LocalLauncher:
         self.environ = dict(environ)
         self.max_restarts = max_restarts
         self.clock = clock
-        self.job_id = f"local-{os.getpid()}"
+        self.job_id = local_job_id(os.getpid())
         self.agents: list[subprocess.Popen[bytes]] = []
         self._pending: list[int] = []
 
@@ -209,6 +209,11 @@ class LocalLauncher:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
         path.write_text(json.dumps({"pid": os.getpid(), "job_id": self.job_id,
                                     "schema_version": 1}))
+
+
+def local_job_id(pid: int) -> str:
+    """The job id of the local launcher with process id ``pid`` (pure)."""
+    return f"local-{pid}"
 
 
 def record_node_failure(log: RunLog, *, node: str, detail: str) -> None:

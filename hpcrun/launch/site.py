@@ -33,7 +33,7 @@ from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.striping import SharedTierConfig, shared_tier_from_dict
 from hpcrun.storage import LOCAL_STORAGE, Storage
-from hpcrun.vocab import DistBackend
+from hpcrun.vocab import Backend, DistBackend
 
 SITE_SCHEMA_VERSION = 1
 SITE_CONFIGS_ENV = "HPCRUN_SITE_CONFIGS"
@@ -49,13 +49,6 @@ class PreemptMode(StrEnum):
     REQUEUE = "requeue"  # Slurm requeues the job itself: hpcrun must not requeue it again
     CANCEL = "cancel"    # Slurm cancels the job: hpcrun requeues (or resubmits) after its commit
     OFF = "off"          # no preemption on this partition; only time limits and failures
-
-
-class Backend(StrEnum):
-    """Where a site's gangs run."""
-
-    SLURM = "slurm"
-    LOCAL = "local"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

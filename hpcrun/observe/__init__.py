@@ -25,7 +25,6 @@ from hpcrun.observe.heartbeat import (
     read_heartbeats,
     write_rank_heartbeat,
 )
-from hpcrun.observe.status import resolve_run_dir
 from hpcrun.observe.stragglers import Straggler, find_stragglers, quarantine_candidates
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "quarantine_candidates",
     "read_events",
     "read_heartbeats",
-    "resolve_run_dir",
     "respond_to_hang",
     "sorted_events",
     "write_rank_heartbeat",

@@ -1,19 +1,16 @@
 """What ``hpcrun status`` shows: a pure view built from record facts and observations.
 
 :func:`build_status` takes values (record facts, events, node heartbeats, rank tails, now) and
-returns a :class:`StatusView`; :func:`render_text` and :func:`status_json` render it. The only
-effectful helpers here locate run directories (:func:`resolve_run_dir`, :func:`runs_root`).
+returns a :class:`StatusView`; :func:`render_text` and :func:`status_json` render it. Finding a
+run's directory from its id is :mod:`hpcrun.launch.runref`'s.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from hpcrun.errors import RecordError
 from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evaluate_alerts
 from hpcrun.observe.ettr import GangStep
 from hpcrun.observe.figures import RunFigures, figure_rows, fmt_seconds, run_figures
@@ -25,42 +22,10 @@ from hpcrun.observe.summary import EventSummary, summarize_events, wait_fraction
 from hpcrun.protocols import Event
 from hpcrun.vocab import TERMINAL
 
-DEFAULT_RUNS_ROOT = "~/hpcrun-runs"
 STATUS_SCHEMA_VERSION = 1
 ACTIVE_STATES = frozenset({"STARTING", "RUNNING", "RECOVERING"})
 StepTimes = tuple[dict[int, list[float]], dict[int, str]]
 """Per-rank step durations and each rank's node (see ``step_times_from_events``)."""
-
-
-def runs_root(environ: Mapping[str, str]) -> Path:
-    """The runs root: ``$HPCRUN_RUNS`` or ``~/hpcrun-runs``."""
-    return Path(os.path.expanduser(environ.get("HPCRUN_RUNS") or DEFAULT_RUNS_ROOT))
-
-
-def is_run_dir(path: Path) -> bool:
-    """Whether ``path`` looks like a run directory (it holds the run log)."""
-    return (path / "log").is_dir()
-
-
-def resolve_run_dir(arg: str, *, environ: Mapping[str, str] | None = None) -> Path:
-    """A run directory from a run id under the runs root or a path to a run directory."""
-    env = os.environ if environ is None else environ
-    as_path = Path(os.path.expanduser(arg))
-    if is_run_dir(as_path):
-        return as_path.resolve()
-    root = runs_root(env)
-    if "/" not in arg and is_run_dir(root / arg):
-        return (root / arg).resolve()
-    raise RecordError(f"no run {arg!r}: expected a run id under {root} ($HPCRUN_RUNS) or a path "
-                      "to a run directory holding log/; see `hpcrun list` for runs")
-
-
-def list_run_dirs(root: Path) -> list[Path]:
-    """Run directories directly under ``root``, newest first (by log mtime)."""
-    if not root.is_dir():
-        return []
-    runs = [p for p in root.iterdir() if p.is_dir() and is_run_dir(p)]
-    return sorted(runs, key=lambda p: ((p / "log").stat().st_mtime, p.name), reverse=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -355,9 +320,11 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
 
 
 def status_json(view: StatusView) -> dict[str, Any]:
-    """The view as a JSON-ready dict (``hpcrun status --json``)."""
+    """The view as a JSON-ready dict (``hpcrun status --json``); the run state is both under
+    ``facts`` and at the top level (``state``)."""
     body = asdict(view)
     body["schema_version"] = STATUS_SCHEMA_VERSION
+    body["state"] = view.facts.state  # also under facts; scripts read it at the top level
     body["figures"] = view.figures.to_dict() if view.figures is not None else None
     body["metrics"] = view.metrics.to_dict() if view.metrics is not None else None
     body["data_position"] = describe_cursor(view.facts.cursor)

@@ -118,7 +118,7 @@ def test_submit_after_a_run_that_does_not_exist_is_one_clear_error(
         main(["submit", str(spec), "--after", "train-nope:ok", "--runs-root", str(runs)])
     err = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code != 0 and len(err) == 1
-    assert err[0].startswith("hpcrun: error: --after train-nope: no run 'train-nope'")
+    assert err[0].startswith("hpcrun: error: --after train-nope: no run or sweep 'train-nope'")
     assert err[0].endswith("nothing was submitted")
     assert not runs.exists() or not any(runs.iterdir())
 

@@ -1,4 +1,4 @@
-"""``hpcrun status``: the pure view, run-dir resolution and reading a real run directory."""
+"""``hpcrun status``: the pure view and reading a real run directory."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from hpcrun.observe.status import (
     RecordFacts,
     build_status,
     render_text,
-    resolve_run_dir,
     status_json,
 )
 from tests.unit.observe.builders import make_run, step
@@ -54,6 +53,7 @@ def test_view_from_constructed_values() -> None:
         assert needle in text
     body = json.loads(json.dumps(status_json(view)))
     assert body["schema_version"] == 1 and body["facts"]["state"] == "RUNNING"
+    assert body["state"] == "RUNNING"  # scripts read the state at the top level
 
 
 def test_terminal_runs_report_no_hang_and_no_progress_alert() -> None:
@@ -63,16 +63,6 @@ def test_terminal_runs_report_no_hang_and_no_progress_alert() -> None:
                         now=1e6, hang_threshold_s=1.0)
     assert not any(i.startswith("hang") for i in view.incidents)
     assert not any("no_progress" in a for a in view.alerts)
-
-
-def test_resolve_run_dir_by_id_or_path(tmp_path: Path) -> None:
-    run = tmp_path / "runs" / "demo-1"
-    (run / "log").mkdir(parents=True)
-    env = {"HPCRUN_RUNS": str(tmp_path / "runs")}
-    assert resolve_run_dir("demo-1", environ=env) == run.resolve()
-    assert resolve_run_dir(str(run), environ={}) == run.resolve()
-    with pytest.raises(RecordError, match="hpcrun list"):
-        resolve_run_dir("nope", environ=env)
 
 
 def test_collect_reads_a_real_run_directory(tmp_path: Path) -> None:
