@@ -156,6 +156,24 @@ class DistEnv:
                    LOCAL_RANK=str(self.local_rank), LOCAL_WORLD_SIZE=str(self.local_world_size))
         return out
 
+    def torchrun_environ(self, *, run_id: str, max_restarts: int) -> dict[str, str]:
+        """The rest of what torchrun gives a worker, for a script-mode rank (beside
+        :meth:`to_environ`'s ``MASTER_*``, ``RANK``, ``WORLD_SIZE`` and ``LOCAL_*``).
+
+        ``TORCHELASTIC_RESTART_COUNT`` counts this run's restarts of the gang in this job
+        start and before it (requeues plus in-allocation attempts), as torchrun counts its own
+        restarts of the worker group; ``TORCHELASTIC_RUN_ID`` is the run id, the same across
+        requeues.
+        """
+        return {
+            "GROUP_RANK": str(self.node_rank), "GROUP_WORLD_SIZE": str(self.num_nodes),
+            "ROLE_NAME": "default", "ROLE_RANK": str(self.rank),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count + self.attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts), "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+        }
+
     def with_attempt(self, attempt: int) -> DistEnv:
         """The same gang position for in-allocation attempt ``attempt`` (a fresh port)."""
         return replace(self, attempt=attempt,

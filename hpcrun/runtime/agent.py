@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 import signal
 import subprocess
@@ -42,7 +43,7 @@ from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
-from hpcrun.runtime import preemption
+from hpcrun.runtime import preemption, script
 from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.decide import vanished_node_fault
 from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
@@ -106,6 +107,8 @@ class Agent:
         self.clock = clock
         self.python = python
         self.preempt_signal = signal_number(site.preempt_signal)
+        # what the ranks are sent on a stop: a script's own choice in script mode
+        self.rank_signal = script.rank_signal(spec) if spec.script_mode else self.preempt_signal
         self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.warm = self._warm_pool()
@@ -298,6 +301,9 @@ class Agent:
         short = self.gpus.shortfall(self.node.node)
         if short is None:
             gang.start()
+            if self.spec.script_mode and self.supervisor.supervising:
+                self.log.publish_entry(script.running_payload(), generation=inc.generation,
+                                       holder=inc.holder)
         drainer = self._start_drainer(inc)
         # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
         # pay the checkpoint plane's import (torch, h5py) now, while the ranks start.
@@ -347,7 +353,8 @@ class Agent:
 
     def _watch_loop(self, inc: Incarnation, gang: Gang, agg: NodeObserver,
                     hang: Callable[[], bool]) -> Watched | AgentExit:
-        relay = preemption.Relay(self.stop, self.preempt_signal, clock=self.clock)
+        relay = preemption.Relay(self.stop, self.rank_signal, clock=self.clock)
+        grace = script.Grace(script.grace_s(self.site))
         budget = BudgetWatch.start(self.run_dir, self.spec, clock=self.clock)
         started, refilled = self.clock.now(), self.warm is None
         while True:
@@ -357,6 +364,9 @@ class Agent:
                 self._record_rank_faults(inc, failed)
                 return Watched.FAILED
             relay.tick(gang.signal)
+            if self.spec.script_mode and grace.expired(stopping=self.stop.is_set,
+                                                       now=self.clock.monotonic()):
+                gang.kill(grace_s=FAULT_KILL_GRACE_S)  # the script had its time to save
             agg.poll()
             if not refilled and _all_stepped(inc, gang.ranks, started):
                 # the next incarnation's ranks import now, off this one's critical path
@@ -413,6 +423,8 @@ class Agent:
             self.spec)
         start_grace = float(self.environ.get("HPCRUN_START_S", "0") or 0) or max(
             2 * threshold, START_GRACE_S)
+        if self.spec.script_mode:
+            start_grace = math.inf  # a script may never report a step: not a hang
         started = self.clock.now()
 
         def check() -> bool:
@@ -505,17 +517,23 @@ class Agent:
     def _gang(self, inc: Incarnation) -> Gang:
         k = self.spec.resources.tasks_per_node
         first = self._place(inc).node_rank * k
+        scripted = self.spec.script_mode
         return Gang(ranks=list(range(first, first + k)), env_for=lambda r: self._rank_env(inc, r),
                     log_dir=inc.logs_dir(), exit_report_for=inc.exit_report, python=self.python,
                     cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
-                    preempt_signal=self.preempt_signal, warm=self.warm)
+                    preempt_signal=self.rank_signal, warm=self.warm,
+                    argv=script.rank_argv(self.spec, self.python) if scripted else None,
+                    read_exit=self._script_exit if scripted else None)
+
+    def _script_exit(self, ex: RankExit) -> RankExit:
+        return script.script_exit(ex, stopping=self.stop.is_set)
 
     def _warm_pool(self) -> WarmPool | None:
         """One warm process per local rank, unless ``HPCRUN_WARM=0``."""
         from hpcrun.runtime.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool
 
-        if self.environ.get(WARM_ENV, "1") == "0":
-            return None
+        if self.environ.get(WARM_ENV, "1") == "0" or self.spec.script_mode:
+            return None  # a script's imports are its own
         env = {**self._base_env(), ENTRYPOINT_ENV: self.spec.entrypoint}
         return WarmPool(slots=self.spec.resources.tasks_per_node, env=env,
                         python=self.python, log_dir=self.run_dir / "logs" / self.node.node,
@@ -548,6 +566,8 @@ class Agent:
         env.update(dist.to_environ())
         env.update(inc.to_environ())
         env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
+        if self.spec.script_mode:
+            env.update(script.rank_environ(dist, self.spec, run_id=inc.run_id))
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
         return env
 

@@ -80,7 +80,9 @@ class Context:
                  events: EventWriter, stop: StopFlag, heartbeat: Heartbeat,
                  device: torch.device, group: ProcessGroup | None = None,
                  preempt_signal: int = 10, injections: tuple[faults.Injection, ...] = (),
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, announce_running: bool = True) -> None:
+        """``announce_running=False``: the agent already logged RUNNING (a script run's ranks
+        started), so the first step does not log it again."""
         self.rank: int = env.rank
         self.local_rank: int = env.local_rank
         self.node_rank: int = env.node_rank
@@ -101,8 +103,9 @@ class Context:
         self._injections = injections
         self._clock = clock
         self._state: dict[str, Any] = {}
+        self._restored = False
         self._cursors: dict[int, Any] = {}
-        self._p = _Progress()
+        self._p = _Progress(validated=not announce_running)
         self.stopped = False
         self._sdc = SdcGuard(policy=spec.sdc, rank=env.rank, node=incarnation.node,
                              world_size=env.world_size, log=log, incarnation=incarnation,
@@ -126,9 +129,20 @@ class Context:
         """Number of optimizer steps completed (the next step's index)."""
         return self._p.step
 
+    @property
+    def restored(self) -> bool:
+        """Whether :meth:`restore` registered state (else no checkpoint is ever committed)."""
+        return self._restored
+
+    def register(self, **state: Any) -> None:
+        """Register ``state`` for the commits that follow without loading anything (a state
+        handed over at the end, ``hpcrun.lite.save(state)``)."""
+        self._state = dict(state)
+
     def restore(self, **state: Any) -> int:
         """Register ``state`` for checkpoints and load the newest committed checkpoint into it."""
         self._state = dict(state)
+        self._restored = True
         with self._events.span("restore", self._p.step):
             result = self._ckpt.restore(self._state)
         if result is not None:
@@ -170,21 +184,38 @@ class Context:
     def steps(self, total: int) -> Iterator[int]:
         """Yield step indices up to ``total``; end early (after a commit) when a stop is agreed."""
         while self._p.step < total:
-            stop, due, suspect = self._agree()
-            self._check_replicas(suspect=suspect)
-            if stop:
-                self._commit_and_stop()
+            if self.boundary():
                 return
-            if due:
-                self._save(blocking=False)
-            self._p.step_started = self._clock.monotonic()
-            self._p.in_step = True
             yield self._p.step
             if self._p.in_step:
                 raise HpcrunError(
                     f"step {self._p.step} ended without ctx.step_done(); call ctx.step_done() "
                     "after each optimizer step so hpcrun can track progress and checkpoint"
                 )
+        self.finish()
+
+    def boundary(self) -> bool:
+        """One step boundary (what :meth:`steps` does before each step; ``hpcrun.lite`` calls
+        it from a script's own loop): the ranks agree on a stop and a due checkpoint, save when
+        due, and start timing the next step. True when they agreed to stop: the stop commit is
+        then done and the loop must end.
+
+        Collective: every rank calls it at the same boundary.
+        """
+        stop, due, suspect = self._agree()
+        self._check_replicas(suspect=suspect)
+        if stop:
+            self._commit_and_stop()
+            return True
+        if due:
+            self._save(blocking=False)
+        self._p.step_started = self._clock.monotonic()
+        self._p.in_step = True
+        return False
+
+    def finish(self) -> None:
+        """The end of training (what :meth:`steps` does after the last step): count the last
+        step's tokens and commit the final state. Collective."""
         self._final_commit()
 
     def step_done(self, *, tokens: int = 0, loss: float | None = None,

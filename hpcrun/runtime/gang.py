@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -75,7 +75,12 @@ class Gang:
     def __init__(self, *, ranks: list[int], env_for: Any, log_dir: Path,
                  exit_report_for: Any, python: str = sys.executable,
                  cwd: str | None = None, preempt_signal: int = signal.SIGUSR1,
-                 warm: WarmPool | None = None) -> None:
+                 warm: WarmPool | None = None, argv: Sequence[str] | None = None,
+                 read_exit: Callable[[RankExit], RankExit] | None = None) -> None:
+        """``argv``: a rank's command line (default ``python -m hpcrun.runtime.worker``; a
+        script run's own, :mod:`hpcrun.runtime.script`); ``read_exit``: how an observed exit
+        reads (a script's exit code means what :func:`~hpcrun.runtime.script.script_exit`
+        says)."""
         self.ranks = ranks
         self._env_for = env_for
         self._log_dir = log_dir
@@ -84,6 +89,8 @@ class Gang:
         self._cwd = cwd
         self._preempt_signal = preempt_signal
         self._warm = warm
+        self._argv = list(argv) if argv is not None else [python, "-m", "hpcrun.runtime.worker"]
+        self._read_exit = read_exit
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._files: list[IO[bytes]] = []
         self.exits: dict[int, RankExit] = {}
@@ -101,7 +108,7 @@ class Gang:
         out = open(log, "ab")  # noqa: SIM115 - closed by close()
         self._files.append(out)
         return subprocess.Popen(
-            [self._python, "-m", "hpcrun.runtime.worker"], env=env, stdout=out,
+            self._argv, env=env, stdout=out,
             stderr=subprocess.STDOUT, cwd=self._cwd, start_new_session=True,
             preexec_fn=self._ignore_preempt)
 
@@ -119,6 +126,8 @@ class Gang:
                 continue
             ex = RankExit(rank=rank, returncode=proc.returncode,
                           report=read_exit_report(self._exit_report_for(rank)))
+            if self._read_exit is not None:
+                ex = self._read_exit(ex)
             self.exits[rank] = ex
             new.append(ex)
         return new

@@ -151,6 +151,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     from hpcrun.runtime import faults
     from hpcrun.runtime.context import Context
     from hpcrun.runtime.nodeobs import rank_events_path
+    from hpcrun.runtime.script import is_script_rank
     from hpcrun.runtime.sharedtier import site_deadline_s
     from hpcrun.storage import LOCAL_STORAGE, DeadlineStorage
 
@@ -200,7 +201,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         cadence=cadence_factory(inc.run_dir, policy, log), events=events, stop=stop,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
         device=groups.device, group=groups.host_group, preempt_signal=preempt,
-        injections=injections,
+        injections=injections, announce_running=not is_script_rank(environ),
     )
     if marks is not None:
         marks.mark("context")
