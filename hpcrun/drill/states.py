@@ -183,6 +183,7 @@ def _meta_diff(ra: RankState, rb: RankState, ignore: Collection[str]) -> list[st
             continue
         ja = json.dumps(ra.meta.get(key), sort_keys=True)
         jb = json.dumps(rb.meta.get(key), sort_keys=True)
-        if ja != jb:
-            out.append(f"rank {ra.rank}: meta {key!r} differs ({ja[:80]} vs {jb[:80]})")
+        if ja != jb:  # named by its family: the name --ignore takes
+            out.append(f"rank {ra.rank}: meta {meta_family(key)!r} differs "
+                       f"({ja[:80]} vs {jb[:80]})")
     return out
