@@ -9,7 +9,11 @@ by ``index_digest`` and stored under ``<manifest>.index/<hex>.npz``.
 
 ``dataset_id`` is the digest of the canonical JSON of everything else in the manifest (sorted
 keys, no whitespace, no floats), so the same data built the same way gets the same ID and any
-change to an object, a filter or the tokenizer gets a new one. This module is pure: values in,
+change to an object, a filter or the tokenizer gets a new one. An object path must be absolute,
+normalized and in its source's directory (:func:`object_path_escape`, checked when a source is
+built, so every reader of a manifest refuses one that escapes, whatever its seal says: the seal
+is the manifest's own digest, and only a pinned ``data.dataset_id`` tells a resealed manifest
+from the one a run was meant to read). This module is pure: values in,
 values out; reading and writing files is in :mod:`hpcrun.data.build` and
 :mod:`hpcrun.data.dataset`.
 """
@@ -17,7 +21,9 @@ values out; reading and writing files is in :mod:`hpcrun.data.build` and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import posixpath
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -29,7 +35,7 @@ from hpcrun.errors import DataError
 
 __all__ = ["MANIFEST_KIND", "MANIFEST_SCHEMA_VERSION", "SAMPLE_ID_RULE", "DatasetManifest",
            "ObjectEntry", "SourceEntry", "canonical_json", "check_manifest_shape",
-           "digest_arrays"]
+           "digest_arrays", "object_path_escape", "source_root"]
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_KIND = "hpcrun.data.manifest"
@@ -51,6 +57,33 @@ def digest_arrays(**arrays: np.ndarray) -> str:
         h.update(canonical_json([name, arr.dtype.str, list(arr.shape)]).encode())
         h.update(arr.tobytes())
     return f"{DIGEST_ALGO}:{h.hexdigest()}"
+
+
+def source_root(paths: Sequence[str]) -> str:
+    """The directory a source's objects live in (pure): ``data build`` lists one directory, not
+    recursively, or names one file, so every object of a source is a child of one directory;
+    when a manifest says otherwise, the directory most of them are in."""
+    parents = Counter(posixpath.dirname(p) for p in paths)
+    return parents.most_common(1)[0][0] if parents else ""
+
+
+def object_path_escape(path: str, root: str) -> str | None:
+    """Why object ``path`` escapes its source's ``root`` directory, or ``None`` when it does not
+    (pure; the one rule every reader of a manifest goes through).
+
+    A path that ``data build`` writes is absolute, normalized and a child of the source's root.
+    A relative path would be read from wherever the reader runs, and ``..`` (or a path in
+    another directory) reaches outside the dataset: both are refused, digest or not.
+    """
+    parts = path.split("/")
+    if not path.startswith("/"):
+        return "it is relative (read from whatever directory the reader runs in)"
+    if "\x00" in path or any(p in ("", ".", "..") for p in parts[1:]) \
+            or posixpath.normpath(path) != path:
+        return "it is not a normalized absolute path (it holds '..', '.' or '//')"
+    if posixpath.dirname(path) != root:
+        return f"it is not in the source's directory {root}"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,6 +152,14 @@ class SourceEntry:
         if not self.name or self.records < 1:
             raise DataError(f"source {self.name!r} has no records after filtering; drop it "
                             "or relax the filter")
+        root = source_root([o.path for o in self.objects])
+        for o in self.objects:
+            why = object_path_escape(o.path, root)
+            if why is not None:
+                raise DataError(f"source {self.name!r}: object path {o.path!r} escapes the "
+                                f"dataset's root: {why}; expected an absolute path in one "
+                                "directory per source, as `hpcrun data build` writes; the "
+                                "manifest is corrupt or forged, rebuild it")
         nxt = 0
         for o in self.objects:
             if o.start != nxt:
