@@ -117,17 +117,11 @@ def submit_sweep(req: SweepRequest) -> SweepSubmitted:
         POINT_INJECT_ENV,
         SweepIndex,
         SweepPoint,
-        parse_point_inject,
         write_sweep_index,
     )
-    from hpcrun.runtime.faults import parse_injections
 
     base, plan, overrides, specs = plan_points(req)
-    injected = [parse_point_inject(t) for t in req.inject]
-    for k, faults in injected:
-        parse_injections(faults)
-        if k >= len(specs):
-            raise SpecError(f"--inject-point {k}:...: the sweep has points 0..{len(specs) - 1}")
+    injected = _injections(req, len(specs))
     cwd = repo_root_of(Path.cwd())
     sub = prepare_submission(str(base), req.site, req.backend, req.runs_root, req.verify_data,
                              cwd=cwd)
@@ -151,6 +145,46 @@ def submit_sweep(req: SweepRequest) -> SweepSubmitted:
     job_id = _submit_array(sweep_dir, sub, points, plan.max_parallel)
     return SweepSubmitted(sweep_dir=sweep_dir, run_dirs=tuple(p[0] for p in points),
                           job_id=job_id)
+
+
+def _injections(req: SweepRequest, count: int) -> list[tuple[int, str]]:
+    """``--inject-point K:FAULTS`` parsed and checked against the sweep's ``count`` points."""
+    from hpcrun.control.sweep import parse_point_inject
+    from hpcrun.runtime.faults import parse_injections
+
+    injected = [parse_point_inject(t) for t in req.inject]
+    for k, faults in injected:
+        parse_injections(faults)
+        if k >= count:
+            raise SpecError(f"--inject-point {k}:...: the sweep has points 0..{count - 1}")
+    return injected
+
+
+def dry_run_sweep(req: SweepRequest) -> tuple[str, str]:
+    """Every check ``submit_sweep`` makes, and what it would submit; creates nothing.
+
+    Returns:
+        (the admission report, the job array's script (Slurm) or the local launcher's plan,
+        followed by the table of points).
+    """
+    from hpcrun.control.sweep import array_flag, render_points
+
+    base, plan, overrides, specs = plan_points(req)
+    _injections(req, len(specs))
+    sub = prepare_submission(str(base), req.site, req.backend, req.runs_root, req.verify_data,
+                             cwd=repo_root_of(Path.cwd()))
+    sweep_dir = sub.runs_root / f"{specs[0].name}-sweep-<sweep-id>"
+    if sub.backend == "slurm":
+        from hpcrun.launch.sbatch import render_sbatch
+
+        head = render_sbatch(specs[0], sub.site, run_dir=sweep_dir, op_id="<op-id>",
+                             array=array_flag(len(specs), plan.max_parallel))
+    else:
+        res = specs[0].resources
+        head = (f"local backend: {len(specs)} points under {sweep_dir}, at most "
+                f"{plan.max_parallel or len(specs)} running at once, each "
+                f"{res.nodes} node(s) x {res.tasks_per_node} rank(s)")
+    return sub.report.render(), f"{head.rstrip()}\n\n{render_points(overrides, specs)}"
 
 
 def _create_points(sub: Submission, cwd: Path, specs: list[Any],
@@ -230,21 +264,30 @@ def cancel_sweep(sweep_dir: Path) -> None:
               help="Data objects hashed in full before submitting (as for submit).")
 @click.option("--inject-point", "inject", multiple=True, metavar="K:FAULTS",
               help="Drills: scheduled faults of point K only (as submit --inject); repeatable.")
+@click.option("--dry-run", is_flag=True,
+              help="Run every check and print the array script and the points; create nothing.")
 def sweep(spec_path: str, grid: tuple[str, ...], max_parallel: int | None,
           backend: str | None, site_name: str | None, runs_root: str | None,
-          verify_data: str, inject: tuple[str, ...]) -> None:
+          verify_data: str, inject: tuple[str, ...], dry_run: bool) -> None:
     """Run one spec at many points: one frozen spec and run record per point, one job array.
 
     \b
       hpcrun sweep run.yaml --grid config.lr=1e-3,3e-3 --grid config.seed=0,1,2 --max-parallel 2
       hpcrun sweep sweep.yaml      # sweep: {spec: run.yaml, grid: {...}, points: [...]}
+      hpcrun sweep run.yaml --grid config.lr=1e-3,3e-3 --dry-run   # show it, create nothing
     Every array task is a full run (fencing, preemption, requeue of just that task, retries,
     quarantine). `hpcrun status SWEEP` shows one line per point; `hpcrun cancel SWEEP` fences
     every point first. The local backend runs at most --max-parallel points at once.
     """
-    done = submit_sweep(SweepRequest(
-        spec_path=Path(spec_path), grid=grid, max_parallel=max_parallel, backend=backend,
-        site=site_name, runs_root=runs_root, verify_data=verify_data, inject=inject))
+    req = SweepRequest(spec_path=Path(spec_path), grid=grid, max_parallel=max_parallel,
+                       backend=backend, site=site_name, runs_root=runs_root,
+                       verify_data=verify_data, inject=inject)
+    if dry_run:
+        report, plan = dry_run_sweep(req)
+        click.echo(report, err=True)
+        click.echo(plan)
+        return
+    done = submit_sweep(req)
     job = f" (slurm array job {done.job_id})" if done.job_id else ""
     click.echo(f"{done.sweep_dir.name}{job}")
     for run_dir in done.run_dirs:

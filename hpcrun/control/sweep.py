@@ -218,6 +218,26 @@ def array_flag(points: int, max_parallel: int | None) -> str:
     return f"0-{points - 1}" + (f"%{max_parallel}" if max_parallel else "")
 
 
+def render_points(points: Sequence[Mapping[str, Any]], specs: Sequence[RunSpec]) -> str:
+    """The sweep's points as a table (pure): array task, each swept key's value, spec id.
+
+    ``hpcrun sweep --dry-run`` prints it next to the array script, so a grid can be checked
+    before anything is created.
+    """
+    keys = list(dict.fromkeys(k for p in points for k in p))
+    rows = [["task", *keys, "spec"]]
+    rows += [[str(i), *(_cell(p, k) for k in keys), s.spec_id.split(":", 1)[-1][:12]]
+             for i, (p, s) in enumerate(zip(points, specs, strict=True))]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    return "\n".join(lines)
+
+
+def _cell(point: Mapping[str, Any], key: str) -> str:
+    return json.dumps(point[key]) if key in point else "-"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SweepPoint:
     """One point of a sweep."""
@@ -352,5 +372,6 @@ def array_task_run_dir(run_dir: Path, environ: Mapping[str, str]) -> Path:
 __all__ = [
     "ARRAY_TASK_ENV", "SWEEP_FILE", "SweepIndex", "SweepPlan", "SweepPoint", "array_flag",
     "array_task_run_dir", "expand_points", "is_sweep_dir", "load_sweep_file",
-    "parse_grid_option", "point_specs", "read_sweep_index", "write_sweep_index",
+    "parse_grid_option", "point_specs", "read_sweep_index", "render_points",
+    "write_sweep_index",
 ]
