@@ -20,6 +20,7 @@ marks a field added within a schema version (left out of the canonical form at i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 import types
@@ -214,7 +215,8 @@ def build(cls: type, raw: object, path: str = "") -> tuple[Any, list[FieldProble
         return None, [FieldProblem(path, "a mapping", raw, f"write {path} as `key: value`")]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     problems = [FieldProblem(join(path, str(k)), f"one of {sorted(fields)}", k,
-                             "remove the key or fix its spelling") for k in raw if k not in fields]
+                             "remove the key or fix its spelling" + _did_you_mean(k, fields))
+                for k in raw if k not in fields]
     kwargs: dict[str, Any] = {}
     failed: set[str] = set()
     for key, value in raw.items():
@@ -232,6 +234,11 @@ def build(cls: type, raw: object, path: str = "") -> tuple[Any, list[FieldProble
             failed.add(name)
     instance = _construct(cls, kwargs, failed, path, problems)
     return (None if problems else instance), problems
+
+
+def _did_you_mean(key: object, names: Collection[str]) -> str:
+    close = difflib.get_close_matches(str(key), list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _construct(cls: type, kwargs: dict[str, Any], failed: set[str], path: str,

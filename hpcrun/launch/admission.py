@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -165,13 +165,25 @@ class AdmissionReport:
 
 
 def assemble(findings: Iterable[Finding]) -> AdmissionReport:
-    """The report of ``findings``, each kind in :class:`CheckKind` order (stable within)."""
+    """The report of ``findings``, each kind in :class:`CheckKind` order (stable within).
+
+    A problem whose message holds several lines (a spec with several invalid keys: one
+    :class:`~hpcrun.control.specload.InvalidSpecError` line each) becomes one problem per line.
+    """
     order = list(CheckKind)
-    ranked = sorted(findings, key=lambda f: order.index(f.check))
+    ranked = sorted((one for f in findings for one in _per_line(f)),
+                    key=lambda f: order.index(f.check))
     return AdmissionReport(
         problems=tuple(f for f in ranked if isinstance(f, Problem)),
         skipped=tuple(f for f in ranked if isinstance(f, Skipped)),
         passed=tuple(f for f in ranked if isinstance(f, Passed)))
+
+
+def _per_line(finding: Finding) -> list[Finding]:
+    if not isinstance(finding, Problem) or "\n" not in finding.what:
+        return [finding]
+    return [replace(finding, what=line) for line in finding.what.splitlines()
+            if line.strip()]
 
 
 def capped(problems: Sequence[Problem], *, noun: str, limit: int = MAX_LISTED) -> list[Problem]:
