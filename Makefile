@@ -8,7 +8,7 @@ TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 BACKEND ?= local
 
-.PHONY: venv lint test test-quick test-unit test-full chromium demo bench gpu-check testbed-up testbed-down clean
+.PHONY: venv lint test test-quick test-unit test-full chromium demo bench gpu-check testbed-up testbed-down clean spec-docs
 
 # The venv is rebuilt only when the package metadata changes.
 $(STAMP): setup.cfg pyproject.toml
@@ -24,6 +24,12 @@ lint: venv
 	$(VENV)/bin/ruff check hpcrun tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# docs/spec.md and docs/site.md are generated from the spec's and the site config's dataclasses;
+# a unit test fails when either is stale.
+spec-docs: venv
+	$(VENV)/bin/hpcrun spec explain --markdown > docs/spec.md.tmp && mv docs/spec.md.tmp docs/spec.md
+	$(VENV)/bin/hpcrun spec explain --site --markdown > docs/site.md.tmp && mv docs/site.md.tmp docs/site.md
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -114,6 +114,9 @@ def preflight(spec_path: str, backend: str) -> None:
 
     checks = run_preflight(Path(spec_path), backend=backend)
     click.echo(render.check_table(checks))
+    # An invalid spec is bad input (exit 2, as submit refuses it); a failed check is exit 1.
+    if any(c.name == "spec" and c.ok is False for c in checks):
+        sys.exit(2)
     sys.exit(1 if any(c.ok is False for c in checks) else 0)
 
 

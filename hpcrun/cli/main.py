@@ -49,6 +49,9 @@ def _register() -> None:
 
     for sweep_command in sweep_cmds.COMMANDS:
         cli.add_command(sweep_command)
+    from hpcrun.cli import spec as spec_cmds
+
+    cli.add_command(spec_cmds.spec)
     from hpcrun.cli import drill as drill_cmds
 
     for drill_command in drill_cmds.COMMANDS:
