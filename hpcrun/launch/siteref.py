@@ -24,4 +24,5 @@ A run spec names its site with `site:`; the spec's own keys (`resources.partitio
 def site_reference() -> Reference:
     """The site config reference (:class:`~hpcrun.launch.site.SiteConfig`)."""
     return Reference(title="Site config reference", intro=SITE_INTRO, what="a site config",
-                     command="hpcrun spec explain --site", rows=reference_rows(SiteConfig, digest=False))
+                     command="hpcrun spec explain --site",
+                     rows=reference_rows(SiteConfig, digest=False))

@@ -15,8 +15,8 @@ from hpcrun.control.spec import RunSpec
 from hpcrun.control.specload import canonical, field_default, is_required, to_plain, type_hints
 from hpcrun.control.specref import (
     DigestRule,
-    RefRow,
     Reference,
+    RefRow,
     reference_rows,
     section_type,
     spec_reference,
