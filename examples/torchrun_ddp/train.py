@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -36,6 +38,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def build() -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+    random.seed(0)
+    np.random.seed(0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     ddp = DistributedDataParallel(model)
