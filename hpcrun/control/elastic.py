@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
+    from hpcrun.control.specload import Checks
 
 ELASTIC = "elastic"
 """``membership.mode`` of a run whose gang may shrink (``MembershipMode.ELASTIC``'s value)."""
@@ -109,3 +110,21 @@ def shrink_gang(gang: Sequence[str], lost: Sequence[str]) -> tuple[str, ...]:
     densely (a survivor's node rank is its position here)."""
     gone = set(lost)
     return tuple(n for n in gang if n not in gone)
+
+
+def check_elastic_batch(global_batch: int | None, tasks_per_node: int,
+                         counts: range, checks: Checks) -> None:
+    """An elastic run keeps its global batch at every gang size it may shrink to (each rank
+    takes ``global_batch / world_size`` rows): refuse one that cannot, naming the sizes."""
+    bad = unkept_world_sizes(global_batch, tasks_per_node, counts)
+    if not bad:
+        return
+    sizes = ", ".join(f"{w} ranks on {n} nodes" for n, w in bad)
+    lcm = keepable_global_batch(tasks_per_node, counts)
+    checks(False, "data.global_batch",
+           f"a multiple of every world size the elastic gang may take "
+           f"({', '.join(str(n * tasks_per_node) for n in counts)}: nodes "
+           f"{counts.start}..{counts.stop - 1} x {tasks_per_node} ranks), so each rank takes "
+           f"an equal share of the same global batch; it does not split over {sizes}",
+           global_batch, f"set data.global_batch to a multiple of {lcm}, or raise "
+           "membership.min_nodes to leave those sizes out", reads=("resources", "membership"))

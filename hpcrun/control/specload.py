@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -177,6 +178,24 @@ def check_bounds(value: Any, checks: Checks) -> None:
         found = getattr(value, f.name)
         checks(bound.holds(found, nullable=nullable), f.name,
                bound.expected(integer=integer, nullable=nullable), found, bound.fix_for(f.name))
+
+
+def check_json_value(value: Any, key: str, checks: Checks) -> None:
+    """Check that ``value`` (under ``key``) is plain JSON: string keys, finite numbers."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            checks(isinstance(k, str), key, "string keys", k, "quote the key")
+            check_json_value(v, f"{key}.{k}", checks)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            check_json_value(v, f"{key}[{i}]", checks)
+    elif isinstance(value, float):
+        checks(math.isfinite(value), key, "a finite number", value, "use a finite value")
+    else:
+        checks(value is None or isinstance(value, str | int | bool), key,
+               "a JSON value (mapping, list, string, number, bool, null)",
+               type(value).__name__, "use plain YAML scalars")
+
 
 
 # -- building a dataclass from a mapping --------------------------------------------------------
