@@ -135,3 +135,27 @@ def test_reference_text_lists_facts_then_meaning() -> None:
                     rows=spec_reference().select("resources.nodes"))
     assert ref.text() == ("resources.nodes: integer; default 1; allowed: >= 1; in the spec "
                           "digest: yes\n    Nodes the gang runs on.\n")
+
+
+def _lookup(plain: Any, key: str) -> tuple[bool, Any]:
+    for part in key.split("."):
+        if not isinstance(plain, dict) or part not in plain:
+            return False, None
+        plain = plain[part]
+    return True, plain
+
+
+def test_the_digest_column_says_which_keys_the_canonical_json_holds() -> None:
+    minimal = RunSpec.from_dict({"name": "tiny", "entrypoint": "m:f"})
+    plain = minimal.to_dict()
+    rows = spec_reference().rows
+    for row in rows:
+        parent = row.key.rpartition(".")[0]
+        if parent and _lookup(plain, parent) == (True, None):
+            continue  # an optional section left null (code): nothing under it is written
+        present, _ = _lookup(plain, row.key)
+        # At its default, a key is in the digest exactly when the column says "yes".
+        assert present == (row.digest is DigestRule.ALWAYS), row.key
+    sdc = RunSpec.from_dict({"name": "tiny", "entrypoint": "m:f", "sdc": {"every_steps": 7}})
+    assert _lookup(sdc.to_dict(), "sdc.enabled")[0]  # "when its section is not default"
+    assert sdc.spec_id != minimal.spec_id
