@@ -92,13 +92,18 @@ def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
     """Freeze the spec (``sub.spec`` unless ``spec`` is given: a sweep point), create the run
     record; return (run_dir, frozen spec, job environment)."""
     from hpcrun.control.record import create_run
-    from hpcrun.control.spec import CodeVersion, freeze_spec
+    from hpcrun.control.spec import freeze_spec
+    from hpcrun.launch import codever
     from hpcrun.launch.codever import SNAPSHOT_DIR, git_state, runtime_versions, snapshot_tree
     from hpcrun.launch.site import save_site_snapshot
 
     runner = SubprocessRunner()
     commit, dirty = git_state(cwd, runner)
-    code = CodeVersion(commit=commit, dirty=dirty, snapshot=SNAPSHOT_DIR if dirty else None)
+    # Outside git the code is read now and hashed into the spec: what every requeue runs.
+    project = None if commit else codever.read_project(cwd, exclude=(sub.runs_root,))
+    if (warning := codever.no_snapshot_warning(project)) is not None:
+        click.echo(f"hpcrun: warning: {warning}", err=True)
+    code = codever.code_version(commit, dirty, project)
     spec = freeze_spec(spec if spec is not None else sub.spec, code=code,
                        versions=runtime_versions())
     sub.runs_root.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -108,6 +113,9 @@ def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
     code_path = cwd
     if dirty:
         snapshot_tree(cwd, run_dir / SNAPSHOT_DIR, runner)
+        code_path = run_dir / SNAPSHOT_DIR
+    elif project is not None and code.content is not None:
+        codever.write_snapshot(project, run_dir / SNAPSHOT_DIR)
         code_path = run_dir / SNAPSHOT_DIR
     link_into_runs_root(run_dir)
     return run_dir, spec, {"HPCRUN_CODE_PATH": str(code_path)}

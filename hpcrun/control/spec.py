@@ -58,6 +58,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENTRYPOINT_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
+_CONTENT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TIERS: tuple[str, ...] = tuple(t.value for t in WRITTEN_TIERS)
 """Tier names a spec may list (the tiers a save writes), fastest first."""
 
@@ -343,11 +344,17 @@ class CodeVersion:
     """Whether the work tree differed from the commit (then ``snapshot`` holds the code)."""
     snapshot: str | None = None
     """Path of the code snapshot, relative to the run directory."""
+    content: str | None = field(default=None, metadata=ADDITIVE)
+    """``sha256:`` digest of the snapshot's files, for a project outside git (no commit)."""
 
     def __post_init__(self) -> None:
         checks = Checks()
         checks(self.commit is None or bool(_COMMIT_RE.match(self.commit)), "commit",
                "a lowercase hex git commit", self.commit, "pass `git rev-parse HEAD`")
+        checks(self.content is None or (bool(_CONTENT_RE.match(self.content))
+                                        and self.snapshot is not None), "content",
+               "sha256:<64 hex digits> of a snapshot", self.content,
+               "let submit snapshot the project (hpcrun.launch.codever)")
         if self.snapshot is not None:
             parts = Path(self.snapshot).parts
             checks(not os.path.isabs(self.snapshot) and ".." not in parts and bool(parts),
