@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="hpcrun", standalone_mode=False)
     except HpcrunError as exc:
-        click.echo(f"hpcrun: error: {exc}", err=True)
+        click.echo(f"hpcrun: error: {_one_per_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("hpcrun: aborted", err=True)
@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> None:
     # Without standalone mode click returns ctx.exit(n)'s code instead of exiting.
     if isinstance(rv, int):
         sys.exit(rv)
+
+
+def _one_per_line(message: str) -> str:
+    """A message of several problems (every invalid key of a spec) as one indented line each
+    under the first, so each reads on its own."""
+    first, *rest = message.split("\n")
+    return "\n".join([first, *(ln if ln[:1].isspace() else f"  {ln}" for ln in rest)])
 
 
 if __name__ == "__main__":

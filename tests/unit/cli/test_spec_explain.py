@@ -108,3 +108,18 @@ def test_sbatch_and_preflight_of_that_spec_list_the_same_four_lines_and_exit_2(
     assert [r.split(": ")[1] for r in rows] == [
         "resources.nodez", "resources.nodes", "checkpoint.keep_last", "retry.backoff_factor"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_spec_error_outside_submit_prints_each_problem_on_its_own_line(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "sweep.yaml", {
+        "name": "tiny", "entrypoint": "examples.tiny_lm.train:main",
+        "resources": {"nodes": 0, "tasks_per_node": 0}})
+    out = hpcrun("sweep", str(spec), "--grid", "resources.cpus_per_task=1,2", "--dry-run",
+                 cwd=REPO_ROOT, env={"HPCRUN_RUNS": str(tmp_path / "runs")})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines() == [
+        f"hpcrun: error: {spec}: resources.nodes: expected an integer >= 1, found 0; set nodes "
+        "to 1 or more",
+        f"  {spec}: resources.tasks_per_node: expected an integer >= 1, found 0; set "
+        "tasks_per_node to 1 or more"]
+    assert not (tmp_path / "runs").exists()
