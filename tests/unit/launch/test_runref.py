@@ -81,7 +81,7 @@ def test_the_same_id_under_two_roots_asks_for_the_path() -> None:
     listing = RunsListing(roots=(ROOT, other), entries=(
         RunEntry(name="demo-1", path=ROOT.path / "demo-1", kind=RefKind.RUN),
         RunEntry(name="demo-1", path=other.path / "demo-1", kind=RefKind.RUN)))
-    with pytest.raises(RunReferenceError, match="2 runs are called 'demo-1'.*/lustre/me/runs"):
+    with pytest.raises(RunReferenceError, match=r"2 runs are called 'demo-1'.*/lustre/me/runs"):
         match_reference("demo-1", listing)
 
 
@@ -99,7 +99,7 @@ def test_no_match_names_every_root_searched_and_how_to_set_one() -> None:
 def test_a_path_names_its_directory_and_a_missing_path_is_not_looked_up() -> None:
     at = RunEntry(name="x", path=Path("/elsewhere/x"), kind=RefKind.RUN)
     assert match_reference("/elsewhere/x", _listing("x"), at_path=at) is at
-    with pytest.raises(RunReferenceError, match="no run at ./x: expected a directory holding"):
+    with pytest.raises(RunReferenceError, match=r"no run at \./x: expected a directory holding"):
         match_reference("./x", _listing("x"))
 
 
