@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from hpcrun.control.elastic import gang_node_counts, keepable_global_batch, unkept_world_sizes
+from hpcrun.control.elastic import check_elastic_batch, gang_node_counts
 from hpcrun.control.specload import (
     ADDITIVE,
     Checks,
@@ -39,6 +39,7 @@ from hpcrun.control.specload import (
     build,
     canonical,
     check_bounds,
+    check_json_value,
     to_plain,
 )
 from hpcrun.errors import SpecError
@@ -419,7 +420,7 @@ class RunSpec:
                "1-64 letters, digits, '.', '_' or '-' starting with a letter or digit",
                self.name, "rename the run")
         _check_launch(self, checks)
-        _check_json_value(self.config, "config", checks)
+        check_json_value(self.config, "config", checks)
         object.__setattr__(self, "config", types.MappingProxyType(dict(self.config)))
         object.__setattr__(self, "versions", types.MappingProxyType(dict(self.versions)))
         m, nodes = self.membership, self.resources.nodes
@@ -427,8 +428,8 @@ class RunSpec:
             checks(m.min_nodes <= nodes, "membership.min_nodes",
                    f"<= resources.nodes ({nodes})", m.min_nodes, "lower min_nodes",
                    reads=("resources",))
-            _check_elastic_batch(self.data.global_batch, self.resources.tasks_per_node,
-                                 gang_node_counts(m.min_nodes, nodes), checks)
+            check_elastic_batch(self.data.global_batch, self.resources.tasks_per_node,
+                                gang_node_counts(m.min_nodes, nodes), checks)
         checks.done()
 
     def to_dict(self) -> dict[str, Any]:
@@ -509,40 +510,6 @@ def _check_launch(spec: RunSpec, checks: Checks) -> None:
     checks(name in SCRIPT_SIGNALS, "preempt_signal", f"one of {', '.join(SCRIPT_SIGNALS)}",
            spec.preempt_signal, "use SIGTERM (torchrun's) or SIGUSR1 (Slurm's)")
     object.__setattr__(spec, "preempt_signal", name)
-
-
-def _check_json_value(value: Any, key: str, checks: Checks) -> None:
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            checks(isinstance(k, str), key, "string keys", k, "quote the key")
-            _check_json_value(v, f"{key}.{k}", checks)
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_json_value(v, f"{key}[{i}]", checks)
-    elif isinstance(value, float):
-        checks(math.isfinite(value), key, "a finite number", value, "use a finite value")
-    else:
-        checks(value is None or isinstance(value, str | int | bool), key,
-               "a JSON value (mapping, list, string, number, bool, null)",
-               type(value).__name__, "use plain YAML scalars")
-
-
-def _check_elastic_batch(global_batch: int | None, tasks_per_node: int,
-                         counts: range, checks: Checks) -> None:
-    """An elastic run keeps its global batch at every gang size it may shrink to (each rank
-    takes ``global_batch / world_size`` rows): refuse one that cannot, naming the sizes."""
-    bad = unkept_world_sizes(global_batch, tasks_per_node, counts)
-    if not bad:
-        return
-    sizes = ", ".join(f"{w} ranks on {n} nodes" for n, w in bad)
-    lcm = keepable_global_batch(tasks_per_node, counts)
-    checks(False, "data.global_batch",
-           f"a multiple of every world size the elastic gang may take "
-           f"({', '.join(str(n * tasks_per_node) for n in counts)}: nodes "
-           f"{counts.start}..{counts.stop - 1} x {tasks_per_node} ranks), so each rank takes "
-           f"an equal share of the same global batch; it does not split over {sizes}",
-           global_batch, f"set data.global_batch to a multiple of {lcm}, or raise "
-           "membership.min_nodes to leave those sizes out", reads=("resources", "membership"))
 
 
 def resolve_aliases(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
