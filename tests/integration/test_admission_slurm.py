@@ -45,7 +45,7 @@ def test_the_testbeds_own_names_pass_and_typos_are_three_problems(testbed: Testb
 def _dry_run(runs: RunFactory, spec: dict[str, object]) -> tuple[int, list[str]]:
     done = hpcrun("submit", str(runs.write(spec)), "--dry-run", "--backend", "slurm",
                   env=runs.env, cwd=REPO_ROOT, timeout=180)
-    return done.returncode, done.stderr.strip().splitlines()
+    return done.returncode, (done.stdout + done.stderr).strip().splitlines()
 
 
 def test_a_spec_over_the_partitions_and_the_qos_limits_is_refused_at_submit_naming_each(
@@ -54,7 +54,7 @@ def test_a_spec_over_the_partitions_and_the_qos_limits_is_refused_at_submit_nami
         "partition": LIMITED_PARTITION, "qos": "short", "time_limit_min": 30})
     rc, lines = _dry_run(runs, over)
     assert rc == 2, lines
-    problems = [ln for ln in lines if ln.startswith("scheduler:")]
+    problems = [ln.strip() for ln in lines if ln.strip().startswith("scheduler:")]
     text = "\n".join(problems)
     assert f"over partition 'small''s MaxTime: the job asks for 30 min; expected at most " \
            f"{LIMITED_MAX_TIME_MIN} min" in text, lines
