@@ -182,14 +182,19 @@ def runs_roots(environ: Mapping[str, str]) -> tuple[RunsRoot, ...]:
 
     Raises:
         ConfigError: ``$HPCRUN_SITE`` names a site that does not load, or whose shared_path
-            cannot be expanded here.
+            cannot be expanded here; or no root at all can be found.
     """
     if environ.get(RUNS_ENV):
         return (RunsRoot(path=Path(environ[RUNS_ENV]).expanduser(), source=f"${RUNS_ENV}"),)
     if environ.get(SITE_ENV):
         site = load_site(environ[SITE_ENV], search_dirs=default_search_dirs(environ))
         return (_site_root(site, environ, source=f"${SITE_ENV}={site.name}"),)
-    return _dedupe(_every_site_root(environ))
+    roots = _dedupe(_every_site_root(environ))
+    if not roots:
+        raise ConfigError(f"no runs root: ${RUNS_ENV} and ${SITE_ENV} are unset and no site "
+                          "config's shared_path expands here (it needs $HOME or $USER); set "
+                          f"${RUNS_ENV} to the directory that holds the runs")
+    return roots
 
 
 def primary_root(environ: Mapping[str, str]) -> Path:
