@@ -192,6 +192,16 @@ def spec_rpo(run_dir: Path) -> float | None:
         return None
 
 
+def spec_script_mode(run_dir: Path) -> bool:
+    """Whether the run's ranks run a plain script (False when the spec cannot be loaded)."""
+    try:
+        from hpcrun.control.record import load_run_spec
+
+        return load_run_spec(run_dir).script_mode
+    except Exception:  # status must still render without the spec
+        return False
+
+
 def run_mtbf(run_dir: Path, *, prior_h: float) -> Any:
     """The run's MTBF estimate: its site's ``mtbf_prior_h`` (``prior_h``) combined with the
     interruptions and allocated time of all its incarnations (the same estimate the cadence
@@ -239,7 +249,8 @@ def collect_status(run_dir: Path, *, now: float | None = None,
     t0 = time.perf_counter()
     record = (read_record or default_record_reader)(run_dir)
     facts = facts_from_record(record, rpo_s=rpo_s)
-    facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints))
+    facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints),
+                    script_mode=spec_script_mode(run_dir))
     at = time.time() if now is None else now
     with _no_cycle_collection():
         rs = read_run_summary(run_dir) if use_run_summary else None

@@ -51,10 +51,9 @@ def metrics_from_status(view: StatusView) -> list[Metric]:
     m = [
         Metric(name="hpcrun_generation", help="Generation (fencing token) in force.",
                type="gauge", value=f.generation),
-        Metric(name="hpcrun_step", help="Last validated optimizer step.", type="gauge",
-               value=f.step),
-        Metric(name="hpcrun_tokens_total", help="Tokens of validated steps.", type="counter",
-               value=f.tokens),
+        Metric(name="hpcrun_steps_reported", help="1 when the ranks report steps; 0: steps "
+               "not reported by the script (no step, token or ETTR figure is exported).",
+               type="gauge", value=int(view.steps_reported)),
         Metric(name="hpcrun_restarts_total", help="In-allocation restarts.", type="counter",
                value=f.restarts),
         Metric(name="hpcrun_requeues_total", help="Requeues.", type="counter", value=f.requeues),
@@ -63,6 +62,11 @@ def metrics_from_status(view: StatusView) -> list[Metric]:
         Metric(name="hpcrun_faults_total", help="Recorded faults.", type="counter",
                value=len(f.faults)),
     ]
+    if view.steps_reported:
+        m += [Metric(name="hpcrun_step", help="Last validated optimizer step.", type="gauge",
+                     value=f.step),
+              Metric(name="hpcrun_tokens_total", help="Tokens of validated steps.",
+                     type="counter", value=f.tokens)]
     optional: list[tuple[str, str, float | None]] = [
         ("hpcrun_step_rate", "Optimizer steps per second (recent).", view.step_rate),
         ("hpcrun_ettr_ratio", "Productive / allocated time so far.", view.ettr),
@@ -79,7 +83,7 @@ def metrics_from_status(view: StatusView) -> list[Metric]:
             ("hpcrun_allocated_seconds", "Allocated gang seconds seen in the events.",
              fig.allocated_s),
             ("hpcrun_productive_seconds", "Allocated seconds charged to productive steps.",
-             fig.productive_s),
+             fig.productive_s if fig.steps_reported else None),
             ("hpcrun_input_wait_seconds", "Allocated seconds charged to input wait.",
              fig.input_wait_s if fig.input_wait_measured else None),
             ("hpcrun_tokens_per_allocated_second",

@@ -61,6 +61,12 @@ class RunFigures:
         return self.seconds.get(Bucket.INPUT_WAIT, 0.0)
 
     @property
+    def steps_reported(self) -> bool:
+        """Whether the ranks reported any step (a plain script in script mode may never):
+        without steps there is no productive time to count, so no ETTR."""
+        return self.accepted_steps > 0
+
+    @property
     def ettr(self) -> float:
         """Productive / allocated seconds (0 when nothing was allocated)."""
         return self.productive_s / self.allocated_s if self.allocated_s > 0 else 0.0
@@ -84,7 +90,9 @@ class RunFigures:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (embedded in the report, ``figures`` of ``hpcrun status --json``)."""
-        return {"schema_version": FIGURES_SCHEMA_VERSION, "ettr": self.ettr,
+        return {"schema_version": FIGURES_SCHEMA_VERSION,
+                "ettr": self.ettr if self.steps_reported else None,
+                "steps_reported": self.steps_reported,
                 "allocated_s": self.allocated_s, "productive_s": self.productive_s,
                 "wall_s": self.wall_s, "seconds": dict(self.seconds),
                 "input_wait_s": self.input_wait_s,
@@ -150,6 +158,8 @@ def fmt_rate(value: float | None) -> str:
 
 def figure_rows(fig: RunFigures) -> list[tuple[str, str]]:
     """(label, text) rows of the shared figures, as status and the report print them."""
+    if not fig.steps_reported:
+        return silent_rows(fig)
     waste = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in fig.waste_s.items())
     wait = (f"{fmt_seconds(fig.input_wait_s)} ({fig.input_wait_s / fig.allocated_s:.1%} of "
             "allocated)" if fig.input_wait_measured and fig.allocated_s > 0 else
@@ -169,3 +179,19 @@ def figure_rows(fig: RunFigures) -> list[tuple[str, str]]:
                                                   if fig.cost_per_token is not None else "")),
     ]
     return rows
+
+
+STEPS_NOT_REPORTED = "steps not reported by the script"
+"""What status, the report and the export say instead of a step or an ETTR when the ranks
+never reported a step (a plain script in script mode, :mod:`hpcrun.runtime.script`)."""
+
+
+def silent_rows(fig: RunFigures) -> list[tuple[str, str]]:
+    """The figures that hold without steps: allocated and wall time, node-hours."""
+    return [
+        ("ETTR", "- (no step reported: no productive time to count; a script gives it "
+                 "with hpcrun.lite's report(step))"),
+        ("allocated", f"{fmt_seconds(fig.allocated_s)} of gang time"),
+        ("wall", f"{fmt_seconds(fig.wall_s)} (first allocation to last event)"),
+        ("node-hours", f"{fig.node_hours:.3f}"),
+    ]

@@ -42,7 +42,13 @@ from hpcrun.checkpoint.cadence import (
     format_duration,
 )
 from hpcrun.observe.ettr import Bucket, Timeline, bin_segments
-from hpcrun.observe.figures import RunFigures, figure_rows, run_figures, run_timeline
+from hpcrun.observe.figures import (
+    STEPS_NOT_REPORTED,
+    RunFigures,
+    figure_rows,
+    run_figures,
+    run_timeline,
+)
 from hpcrun.observe.metrics import PRIMARY, MetricSeries, RunMarker, place_markers
 from hpcrun.observe.status import RecordFacts
 from hpcrun.observe.summary import EventSummary, summarize_events
@@ -282,7 +288,10 @@ def draw_waste(figures: RunFigures | None) -> Figure:
     ax.barh([b.value for b, _ in items], [v for _, v in items],
             color=[COLORS[b] for b, _ in items])
     ax.invert_yaxis()
-    if figures is not None:
+    if figures is not None and not figures.steps_reported:
+        ax.set_xlabel(f"seconds ({STEPS_NOT_REPORTED}: no ETTR; {figures.allocated_s:.3g} s "
+                      "allocated)")
+    elif figures is not None:
         ax.set_xlabel(f"seconds (ETTR {figures.ettr:.1%} of {figures.allocated_s:.3g} s "
                       "allocated)")
     else:
@@ -380,7 +389,9 @@ def _summary_rows(facts: RecordFacts | None, figures: RunFigures | None,
     rows = []
     if facts is not None:
         rows += [("run", facts.run_id), ("state", facts.state),
-                 ("generation", str(facts.generation)), ("step", str(facts.step)),
+                 ("generation", str(facts.generation)),
+                 ("step", str(facts.step) if facts.step > 0 or figures is None
+                  or figures.steps_reported else STEPS_NOT_REPORTED),
                  ("restarts / requeues", f"{facts.restarts} / {facts.requeues}")]
     rows += figure_rows(figures) if figures is not None else [("ETTR", "- (no events)")]
     rows.append(("mtbf", mtbf.describe()))

@@ -13,7 +13,13 @@ from typing import Any
 
 from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evaluate_alerts
 from hpcrun.observe.ettr import GangStep
-from hpcrun.observe.figures import RunFigures, figure_rows, fmt_seconds, run_figures
+from hpcrun.observe.figures import (
+    STEPS_NOT_REPORTED,
+    RunFigures,
+    figure_rows,
+    fmt_seconds,
+    run_figures,
+)
 from hpcrun.observe.hang import detect_hangs
 from hpcrun.observe.heartbeat import NodeHeartbeat
 from hpcrun.observe.metrics import MetricSeries, status_lines
@@ -107,6 +113,11 @@ class RecordFacts:
     """The spec's RPO."""
     log_debris: tuple[str, ...] = ()
     """Files in the run's ``log/`` that are not entries (``log/NAME: what was found``)."""
+    script_mode: bool = False
+    """The ranks run a plain script (``script:``/``command:``): steps only if it reports them."""
+    warnings: tuple[str, ...] = ()
+    """What the ranks warned about in the run log (``no_restore``: no checkpoint will ever
+    be committed), one line each."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -157,6 +168,9 @@ class StatusView:
     """ETTR, breakdown and throughputs, as the report computes them (None without events)."""
     metrics: MetricSeries | None = None
     """The training metrics the steps reported (loss first), each step once."""
+    steps_reported: bool = True
+    """Whether the ranks reported any step; False for a plain script that never does (status
+    then shows no step and no ETTR: ``steps not reported by the script``)."""
 
 
 def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
@@ -308,7 +322,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,
         rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=s.input_wait_fraction(),
-        ettr=figures.ettr if figures else None,
+        ettr=figures.ettr if figures and figures.steps_reported else None,
         waste_s=figures.waste_s if figures else {},
         tails=fill_tails(tails, last_steps),
         incidents=tuple(live_incidents(facts, step_times, heartbeats, now,
@@ -316,7 +330,8 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                                        straggler_threshold=straggler_threshold, window=sw)),
         alerts=tuple(a.message for a in alerts),
         nodes=node_progress(heartbeats, last_steps, now), figures=figures,
-        metrics=s.metric_series())
+        metrics=s.metric_series(),
+        steps_reported=facts.step > 0 or (figures is not None and figures.steps_reported))
 
 
 def status_json(view: StatusView) -> dict[str, Any]:
@@ -357,7 +372,8 @@ def render_text(view: StatusView) -> str:
         f"run         {f.run_id}",
         f"state       {f.state}  generation {f.generation}  job "
         f"{f.job_ids[-1] if f.job_ids else '-'}  restarts {f.restarts}  requeues {f.requeues}",
-        f"progress    step {f.step}  tokens {f.tokens:,}" + _recent_rate(view),
+        _progress_line(view),
+        *(f"warning     {w}" for w in f.warnings),
         *status_lines(view.metrics),
         *_checkpoint_lines(view),
         f"data        {describe_cursor(f.cursor)}",
@@ -370,7 +386,7 @@ def render_text(view: StatusView) -> str:
         lines.append(f"input wait  {view.input_wait_ratio:.1%} of step time over the last "
                      "200 rank steps")
     active = f.state in ACTIVE_STATES
-    lines += [f"node        {n} step {d['step']}"
+    lines += [f"node        {n}" + (f" step {d['step']}" if view.steps_reported else "")
               + (f" heartbeat {_fmt_age(d['age_s'])} ago" if active and d["age_s"] is not None
                  else "") for n, d in view.nodes.items()]
     if f.quarantined:
@@ -379,6 +395,16 @@ def render_text(view: StatusView) -> str:
     lines += [f"alert       {a}" for a in view.alerts]
     lines += [f"rank {t.rank:>5} {t.node:<12} | {t.line}" for t in view.tails]
     return "\n".join(lines)
+
+
+def _progress_line(view: StatusView) -> str:
+    f = view.facts
+    if view.steps_reported:
+        return f"progress    step {f.step}  tokens {f.tokens:,}" + _recent_rate(view)
+    if f.state in ACTIVE_STATES and not f.script_mode:
+        return "progress    no step reported yet"
+    return (f"progress    {STEPS_NOT_REPORTED} (state {f.state}, requeues {f.requeues}, "
+            f"restarts {f.restarts})")
 
 
 def _recent_rate(view: StatusView) -> str:
