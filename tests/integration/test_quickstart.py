@@ -127,8 +127,14 @@ def test_following_the_quickstart_gives_a_preempted_and_resumed_run(tmp_path: Pa
     restored = running[1]["restored_step"]
     assert restored in commits and 120 <= restored < 300, (restored, commits)
 
+    # The project is not a git repository: the run executed the snapshot submit took of it.
+    code = json.loads((run_dir / "spec.json").read_text())["spec"]["code"]
+    assert code["commit"] is None and code["content"].startswith("sha256:")
+    assert (run_dir / "code" / "train_hpcrun.py").read_bytes() == \
+        (project / "train_hpcrun.py").read_bytes()
+
     status = next(r for r in ran if r.command.startswith("hpcrun status") and "--json" in r.command)
-    assert json.loads(status.stdout)["facts"]["state"] == "SUCCEEDED"
+    assert json.loads(status.stdout)["state"] == "SUCCEEDED"  # top level, for scripts
     report = project / "report.html"
     assert report.stat().st_size > 10_000 and run_id in report.read_text()
     listing = next(r for r in ran if r.command.startswith("hpcrun ckpt ls"))
