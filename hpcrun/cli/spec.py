@@ -27,10 +27,15 @@ def explain(key: str | None, site: bool, markdown: bool) -> None:
       hpcrun spec explain --site partition   a site config key
       hpcrun spec explain --markdown         docs/spec.md (make spec-docs writes it)
     """
-    from hpcrun.control.specref import spec_reference
-    from hpcrun.launch.siteref import site_reference
+    from hpcrun.control.specref import Reference, spec_reference
 
-    reference = site_reference() if site else spec_reference()
+    reference: Reference
+    if site:
+        from hpcrun.launch.siteref import site_reference  # only --site loads the launch plane
+
+        reference = site_reference()
+    else:
+        reference = spec_reference()
     if markdown:
         if key is not None:
             raise click.UsageError("--markdown prints the whole reference; leave KEY out")
