@@ -11,6 +11,12 @@ copies; ``GET`` of the same path (optionally ``?off=A&len=B``) sends with ``send
 copy, or, when ``<owner>`` is this node, its own tier-0 shard (the restore's peer tier,
 :mod:`hpcrun.runtime.peerread`); the file's size comes back in ``X-Hpcrun-Size``. Paths are
 validated (:func:`~hpcrun.checkpoint.partner.check_relpath`), sizes must equal the manifest's.
+
+The server bounds its peers: the signature is checked before any header is parsed; a request's
+line and headers must arrive within ``HEADER_DEADLINE_S`` and its transfer within a deadline set
+by its size; at most ``MAX_CONNECTIONS`` are served at once (the accept loop waits for a slot);
+each PUT lands in its own temporary file (unique name, ``O_EXCL | O_NOFOLLOW``); and no link
+leads a GET or a PUT out of tier 0 or the partner root (:func:`contained`, ``O_NOFOLLOW``).
 The clients are in :mod:`hpcrun.runtime.partnercopy` and :mod:`hpcrun.runtime.peerread`.
 """
 
@@ -57,7 +63,18 @@ AUTH_WINDOW_S = 300.0
 CHUNK = 8 << 20
 """Bytes per read or send (the drain's request size)."""
 TIMEOUT_S = 60.0
-"""Socket timeout of one request."""
+"""Socket timeout of one request (the clients')."""
+RECV_TIMEOUT_S = 10.0
+"""The server's socket timeout: a peer silent this long is dropped."""
+HEADER_DEADLINE_S = 10.0
+"""A request's line and headers must arrive, signed, within this: a peer that trickles them
+(or never signs) is dropped, whatever its pace."""
+BODY_BASE_S = 30.0
+BODY_MIN_RATE = 8 << 20
+"""A signed transfer must finish within ``BODY_BASE_S`` + bytes / ``BODY_MIN_RATE`` seconds."""
+MAX_CONNECTIONS = 64
+"""Requests served at once; the accept loop waits for a slot (back-pressure) up to
+``HEADER_DEADLINE_S``, then drops the newcomer."""
 SIZE_HEADER = "X-Hpcrun-Size"
 """A GET's answer: the size of the whole file it reads from."""
 
@@ -127,15 +144,18 @@ def peer_address(run_dir: Path, node: str) -> tuple[str, int]:
     return host, port
 
 
-def sign(secret: bytes, method: str, path: str, length: int, ts: str) -> str:
+def sign(secret: bytes, method: str, path: str, length: int | str, ts: str) -> str:
     """The request's authenticator: HMAC-SHA256 of method, path, length and time."""
     msg = f"{method}\n{path}\n{length}\n{ts}".encode()
     return hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
 
-def authentic(secret: bytes, headers: Mapping[str, str], method: str, path: str, length: int,
-              now: float) -> bool:
-    """Whether a request's signature matches and its time is within the window (pure)."""
+def authentic(secret: bytes, headers: Mapping[str, str], method: str, path: str,
+              length: int | str, now: float) -> bool:
+    """Whether a request's signature matches and its time is within the window (pure).
+
+    ``length`` is the ``Content-Length`` header as sent: the signature is checked before any
+    header is parsed, so a malformed value from an unsigned peer is refused, never parsed."""
     lower = {k.lower(): v for k, v in headers.items()}  # HTTP header names ignore case
     ts, mac = lower.get(TS_HEADER.lower(), ""), lower.get(AUTH_HEADER.lower(), "")
     try:
@@ -190,8 +210,10 @@ def land_verified(data: np.ndarray, dest: Path, rec: ShardRecord, *, algorithm: 
         StorageError: the write failed.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.partner")
-    tmp.touch()
+    # one temporary file per request: two racing PUTs of a shard never share one, and a link
+    # planted at the name is never followed
+    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(8)}.partner")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     try:
         write_extents(tmp, [Extent(file_offset=0, buffer=data.data)])
         check_shard_image(data, rec, algorithm, tmp, ckpt_id)
@@ -217,11 +239,14 @@ class HolderStore:
     """This node's tier 0 of the run (``<node_local_root>/<run_id>/ckpt``)."""
 
     def path_of(self, rel: str) -> Path:
-        """Where ``rel`` is on this node: a held copy, or this node's own tier-0 shard."""
+        """Where ``rel`` is on this node: a held copy, or this node's own tier-0 shard.
+
+        Raises:
+            StorageError: a symbolic link inside tier 0 or the partner root leads out of it.
+        """
         ckpt_id, owner, name = check_relpath(rel)
-        if owner == self.node and self.tier0 is not None:
-            return self.tier0 / ckpt_id / owner / name
-        return self.root / ckpt_id / owner / name
+        base = self.tier0 if owner == self.node and self.tier0 is not None else self.root
+        return contained(base, base / ckpt_id / owner / name)
 
     def receive(self, rel: str, data: np.ndarray) -> None:
         """Keep a pushed shard once it matches the manifest; retire old copies of its owner."""
@@ -240,24 +265,53 @@ class HolderStore:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    timeout = RECV_TIMEOUT_S  # applied to the connection's socket by StreamRequestHandler
+    length = 0
 
     def log_message(self, format: str, *args: Any) -> None:
         _log.debug("partner server: " + format, *args)
 
+    def setup(self) -> None:
+        super().setup()
+        self._deadline: threading.Timer | None = None
+        self._arm(HEADER_DEADLINE_S)
+
+    def _arm(self, seconds: float) -> None:
+        """Drop the connection ``seconds`` from now unless the request is done by then."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = threading.Timer(seconds, self._drop)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _drop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        with contextlib.suppress(OSError):
+            super().finish()
+
     def _rel(self) -> str | None:
-        length = int(self.headers.get("Content-Length") or 0)
+        """The request's shard path once its signature checks out (before any header is parsed);
+        None after answering 403."""
+        raw_length = self.headers.get("Content-Length") or "0"
         headers = dict(self.headers.items())
         if not self.path.startswith("/v1/copy/") or not authentic(
-                self.server.secret, headers, self.command, self.path, length, time.time()):
+                self.server.secret, headers, self.command, self.path, raw_length, time.time()):
             self.send_error(403, "unsigned, stale or misaddressed request")
             return None
+        self.length = int(raw_length)  # signed as str(int) by our own clients
+        self._arm(BODY_BASE_S + self.length / BODY_MIN_RATE)
         return self.path.removeprefix("/v1/copy/")
 
     def do_PUT(self) -> None:
         rel = self._rel()
         if rel is None:
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        length = self.length
         try:
             ckpt_id, owner, name = check_relpath(rel)
             rec, _ = self.server.store.manifests.record(ckpt_id, owner, name)
@@ -280,24 +334,47 @@ class _Handler(BaseHTTPRequestHandler):
             return
         rel, _, query = rel.partition("?")
         try:
-            path = self.server.store.path_of(rel)
-            size = path.stat().st_size
-            off, length = byte_range(query, size)
-        except (HpcrunError, OSError, ValueError) as exc:
+            fd = os.open(self.server.store.path_of(rel), os.O_RDONLY | os.O_NOFOLLOW)
+        except (HpcrunError, OSError) as exc:
             self.send_error(404, str(exc)[:500])
             return
+        try:
+            self._send_range(fd, query)
+        finally:
+            os.close(fd)
+
+    def _send_range(self, fd: int, query: str) -> None:
+        try:
+            size = os.fstat(fd).st_size
+            off, length = byte_range(query, size)
+        except (HpcrunError, ValueError) as exc:
+            self.send_error(404, str(exc)[:500])
+            return
+        self._arm(BODY_BASE_S + length / BODY_MIN_RATE)
         self.send_response(200)
         self.send_header("Content-Length", str(length))
         self.send_header(SIZE_HEADER, str(size))
         self.end_headers()
         self.wfile.flush()
-        with open(path, "rb") as f:
-            sent = 0
-            while sent < length:  # zero-copy, file to socket
-                n = os.sendfile(self.connection.fileno(), f.fileno(), off + sent, length - sent)
-                if n == 0:
-                    break
-                sent += n
+        sent = 0
+        while sent < length:  # zero-copy, file to socket
+            n = os.sendfile(self.connection.fileno(), fd, off + sent, length - sent)
+            if n == 0:
+                break
+            sent += n
+
+
+def contained(base: Path, path: Path) -> Path:
+    """``path``, once its real location is inside ``base``'s (pure but for resolving links).
+
+    Raises:
+        StorageError: a symbolic link on the way leads outside ``base``.
+    """
+    real, root = path.resolve(), base.resolve()
+    if not real.is_relative_to(root):
+        raise StorageError(f"{path} leads outside {base} (to {real}); a partner server never "
+                           "follows a link out of its tree")
+    return path
 
 
 def byte_range(query: str, size: int) -> tuple[int, int]:
@@ -331,6 +408,25 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], secret: bytes, store: HolderStore) -> None:
         super().__init__(addr, _Handler)
         self.secret, self.store = secret, store
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # back-pressure: the accept loop waits for a free slot; every served request ends
+        # within its deadlines, so a slot frees up unless the server is flooded
+        if not self._slots.acquire(timeout=HEADER_DEADLINE_S):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
+        finally:
+            self._slots.release()
 
 
 class PartnerServer:
