@@ -40,6 +40,7 @@ from hpcrun.control.specload import (
     canonical,
     check_bounds,
     check_json_value,
+    one_of,
     to_plain,
 )
 from hpcrun.errors import SpecError
@@ -62,6 +63,8 @@ _COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
 _CONTENT_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TIERS: tuple[str, ...] = tuple(t.value for t in WRITTEN_TIERS)
 """Tier names a spec may list (the tiers a save writes), fastest first."""
+SCRIPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
+"""Signals a script-mode rank may be sent on a preemption (``preempt_signal``)."""
 
 
 class MembershipMode(StrEnum):
@@ -147,7 +150,7 @@ class CheckpointPolicy:
     """Interval in optimizer steps (cadence every_steps)."""
     every_seconds: float | None = None
     """Interval in seconds (cadence every_seconds)."""
-    tiers: tuple[str, ...] = TIERS
+    tiers: tuple[str, ...] = field(default=TIERS, metadata=one_of(TIERS))
     """Tiers a checkpoint is committed on, fastest first."""
     keep_last: int = field(default=2, metadata=at_least(
         2, fix="keep at least 2 so the newest good checkpoint survives an async save"))
@@ -272,7 +275,8 @@ ADDED_BUDGETS: dict[str, int] = {FaultClass.SDC: 3}
 class RetryPolicy:
     """Per-class retry budgets, bounded exponential backoff, deterministic-repeat and quarantine."""
 
-    max_attempts: Mapping[str, int] = field(default_factory=default_max_attempts)
+    max_attempts: Mapping[str, int] = field(default_factory=default_max_attempts,
+                                            metadata=one_of(FaultClass, keys=True))
     """Retries allowed per :class:`FaultClass` value; classes left out get the default."""
     backoff_base_s: float = field(default=10.0, metadata=at_least(0, fix="use 0 for no delay"))
     """Delay bound of the first retry, seconds."""
@@ -384,7 +388,8 @@ class RunSpec:
     command: tuple[str, ...] = field(default=(), metadata=ADDITIVE)
     """Script mode with a whole command line per rank (``[python, -m, pkg.train, --lr, 3e-4]``),
     run in the code directory with the torchrun environment."""
-    preempt_signal: str = field(default="SIGTERM", metadata=ADDITIVE)
+    preempt_signal: str = field(default="SIGTERM",
+                                metadata={**ADDITIVE, **one_of(SCRIPT_SIGNALS)})
     """Signal a script-mode rank receives on a preemption (``SIGTERM``: what torchrun forwards
     and what scripts handle; or ``SIGUSR1``, ``SIGUSR2``, ``SIGINT``)."""
     resources: Resources = field(default_factory=Resources)
@@ -479,10 +484,6 @@ class RunSpec:
         """Whether the ranks run a plain script or command (``script``/``command``) instead of
         an ``entrypoint`` taking ``ctx``."""
         return not self.entrypoint
-
-
-SCRIPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
-"""Signals a script-mode rank may be sent on a preemption (``preempt_signal``)."""
 
 
 def _check_launch(spec: RunSpec, checks: Checks) -> None:

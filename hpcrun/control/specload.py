@@ -26,7 +26,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -151,6 +151,12 @@ def at_least(limit: int | float, *, fix: str = "") -> Mapping[str, Any]:
 def above(limit: int | float, *, fix: str = "") -> Mapping[str, Any]:
     """Field metadata: the value is ``> limit`` (or null, for an optional field)."""
     return types.MappingProxyType({"bound": Bound(">", limit, fix)})
+
+
+def one_of(values: Iterable[str], *, keys: bool = False) -> Mapping[str, Any]:
+    """Field metadata for the reference: the values a field's own check accepts (each item of
+    a list; with ``keys``, each key of a mapping). Pass the constant the check uses."""
+    return types.MappingProxyType({"allowed": tuple(str(v) for v in values), "keys": keys})
 
 
 def field_bound(f: dataclasses.Field[Any]) -> Bound | None:

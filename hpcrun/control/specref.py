@@ -218,11 +218,14 @@ def describe_default(f: dataclasses.Field[Any]) -> str:
 
 
 def describe_allowed(f: dataclasses.Field[Any], tp: Any) -> str:
-    """The members of the field's ``StrEnum``, or its declared bound, or ""."""
+    """The members of the field's ``StrEnum``, its declared values (``one_of``), its declared
+    bound, or ""."""
     enum = next((a for a in (tp, *typing.get_args(tp))
                  if isinstance(a, type) and issubclass(a, StrEnum)), None)
     if enum is not None:
         return ", ".join(m.value for m in enum)
+    if "allowed" in f.metadata:
+        return ("keys: " if f.metadata["keys"] else "") + ", ".join(f.metadata["allowed"])
     bound = field_bound(f)
     return f"{bound.op} {bound.limit}" if bound is not None else ""
 

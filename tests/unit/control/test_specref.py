@@ -65,6 +65,9 @@ def test_known_rows_say_type_default_bounds_enum_members_and_digest() -> None:
     assert rows["sdc"].section and rows["sdc"].digest is DigestRule.WHEN_SET
     assert rows["sdc.every_steps"].digest is DigestRule.WITH_SECTION
     assert rows["name"].default == "required"
+    assert rows["checkpoint.tiers"].allowed == "node_local, shared"
+    assert rows["retry.max_attempts"].allowed.startswith("keys: preemption, timeout, ")
+    assert rows["preempt_signal"].allowed == "SIGTERM, SIGUSR1, SIGUSR2, SIGINT"
     assert rows["cancel_authority"].type == "list of strings"
     assert rows["retry.max_attempts"].type == "mapping string -> integer"
     assert "``" not in rows["entrypoint"].meaning and "\n" not in rows["entrypoint"].meaning
