@@ -24,6 +24,7 @@ from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import canonical_json
 from hpcrun.checkpoint.readplan import need_of
+from hpcrun.checkpoint.restore import as_state_values
 from hpcrun.checkpoint.restorer import Loaded, PeerSource, RestoreShell
 from hpcrun.checkpoint.retention import collect_run, restorable
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
@@ -33,10 +34,12 @@ from hpcrun.checkpoint.state import (
     Layout,
     RestoreResult,
     SaveResult,
+    TensorLeaf,
     capture_rng,
     decode_tree,
     flatten_state,
     load_into,
+    prepare_restore,
     restore_rng,
 )
 from hpcrun.checkpoint.tiers import Tier, checkpoint_id
@@ -335,20 +338,25 @@ class Checkpointer:
         entries = self._log.read()
         if self.fence_slot >= 0:
             entries = [e for e in entries if e.slot < self.fence_slot]
-        leaves = flatten_state(state).leaves
+        leaves = flatten_state(state).leaves  # refuses what cannot be saved, before any step
+        candidates = restorable(entries)  # after an sdc fault: known-good only
+        if not candidates:
+            return None
+        if prepare_restore(state):
+            leaves = flatten_state(state).leaves
         need = need_of(self.layout.rank, leaves)
         skipped: list[str] = []
-        for ckpt in reversed(restorable(entries)):  # after an sdc fault: known-good only
+        for ckpt in reversed(candidates):
             loaded = self._restorer.load(ckpt, need, leaves)
             if loaded is None:
                 skipped.append(ckpt.ckpt_id)
                 continue
-            return self._apply(loaded, state, skipped)
+            return self._apply(loaded, state, skipped, leaves)
         return None
 
-    def _apply(self, loaded: Loaded, state: Mapping[str, Any],
-               skipped: list[str]) -> RestoreResult:
-        load_into(state, decode_tree(loaded.meta, loaded.tensors))
+    def _apply(self, loaded: Loaded, state: Mapping[str, Any], skipped: list[str],
+               leaves: Mapping[str, TensorLeaf]) -> RestoreResult:
+        load_into(state, decode_tree(loaded.meta, as_state_values(loaded.tensors, leaves)))
         if isinstance(loaded.meta.get(RNG_FIELD), dict):
             restore_rng(loaded.meta[RNG_FIELD])
         self._parent = loaded.ckpt_id

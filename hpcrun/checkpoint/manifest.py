@@ -14,14 +14,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
 from typing import Any
 
 from hpcrun.checkpoint.state import META_KEY
 from hpcrun.errors import CorruptCheckpointError
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2
+"""2: chunk datasets (DTensor boxes) record ``offsets``, ``lengths`` and ``placements``."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
+"""Manifest versions this hpcrun reads (version 1: DDP, RowShard and RankLocal only)."""
 SUBMANIFEST_THRESHOLD = 20_000
 """Datasets above which per-node sub-manifests are written."""
 
@@ -68,6 +71,20 @@ class DatasetRecord:
     """Bytes of data."""
     checksum: str
     """``<algorithm>:<hex>`` of the data bytes."""
+    offsets: tuple[int, ...] = ()
+    """chunk: global offset of the box in every dimension."""
+    lengths: tuple[int, ...] = ()
+    """chunk: the box's extent in every dimension (the stored shape)."""
+    placements: tuple[str, ...] = ()
+    """chunk: the DTensor's placements on its mesh, as text."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the stored data."""
+        if self.placement == "chunk":
+            return self.lengths
+        return (self.row_stop - self.row_start, *self.global_shape[1:]) if self.global_shape \
+            else ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,9 +153,12 @@ def shard_dict(s: ShardRecord) -> dict[str, Any]:
 
 
 def _dataset_dict(d: DatasetRecord) -> dict[str, Any]:
-    return {"key": d.key, "h5path": d.h5path, "placement": d.placement, "dtype": d.dtype,
-            "global_shape": d.global_shape, "row_start": d.row_start, "row_stop": d.row_stop,
-            "offset": d.offset, "nbytes": d.nbytes, "checksum": d.checksum}
+    out = {"key": d.key, "h5path": d.h5path, "placement": d.placement, "dtype": d.dtype,
+           "global_shape": d.global_shape, "row_start": d.row_start, "row_stop": d.row_stop,
+           "offset": d.offset, "nbytes": d.nbytes, "checksum": d.checksum}
+    if d.placement == "chunk":
+        out.update(offsets=d.offsets, lengths=d.lengths, placements=d.placements)
+    return out
 
 
 def _header(m: Manifest) -> dict[str, Any]:
@@ -196,7 +216,21 @@ def _dataset(raw: Any) -> DatasetRecord:
         nbytes=_req(raw, "nbytes", int), checksum=_req(raw, "checksum", str))
     if not 0 <= rec.row_start <= rec.row_stop or rec.nbytes < 0 or rec.offset < -1:
         raise CorruptCheckpointError(f"manifest dataset {rec.key!r} has impossible ranges")
-    return rec
+    return _chunk_fields(rec, raw) if rec.placement == "chunk" else rec
+
+
+def _chunk_fields(rec: DatasetRecord, raw: Mapping[str, Any]) -> DatasetRecord:
+    offsets, lengths = _shape(raw.get("offsets")), _shape(raw.get("lengths"))
+    placements = raw.get("placements")
+    if not isinstance(placements, list) or not all(isinstance(p, str) for p in placements):
+        raise CorruptCheckpointError(f"manifest chunk {rec.key!r} placements {placements!r} "
+                                     "are not a list of names; the manifest is corrupt")
+    if len(offsets) != len(rec.global_shape) or len(lengths) != len(rec.global_shape) or any(
+            o + n > g for o, n, g in zip(offsets, lengths, rec.global_shape, strict=True)):
+        raise CorruptCheckpointError(
+            f"manifest chunk {rec.key!r} at {list(offsets)} of {list(lengths)} does not fit "
+            f"its tensor {list(rec.global_shape)}; the manifest is corrupt")
+    return replace(rec, offsets=offsets, lengths=lengths, placements=tuple(placements))
 
 
 def _shard(raw: Any) -> ShardRecord:
@@ -212,11 +246,12 @@ def parse_json(data: bytes, what: str) -> dict[str, Any]:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptCheckpointError(f"{what} is not valid JSON ({exc}); it is corrupt") from exc
-    if not isinstance(raw, dict) or raw.get("schema_version") != MANIFEST_SCHEMA_VERSION:
+    if not isinstance(raw, dict) or raw.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         found = raw.get("schema_version") if isinstance(raw, dict) else None
         raise CorruptCheckpointError(
             f"{what} has schema_version {found!r}, "
-            f"expected {MANIFEST_SCHEMA_VERSION}; it was written by another hpcrun version")
+            f"expected one of {list(READABLE_SCHEMA_VERSIONS)}; it was written by another "
+            "hpcrun version")
     return raw
 
 

@@ -10,7 +10,10 @@ more are needed) and plans its node (:func:`plan_node`), then sends every rank i
 - dim-0 sharded tensors: the old pieces that intersect the rows its state declares
   (:class:`~.state.RowShard`), or, on the same world size, its own old piece;
 - replicated tensors: each piece is read by one rank of the node (balanced by bytes) and shared
-  over the node group, so a node reads them once.
+  over the node group, so a node reads them once;
+- DTensor chunks (N-D boxes): the old boxes that intersect the box its state holds now (any
+  mesh and world size onto any other, same global shape); each box read is verified whole
+  against its checksum, so a box is read in full even when only part of it is needed.
 
 Each rank's buffer is laid out as ``[replicated pieces it reads for the node | its own reads]``;
 the first part is what the node exchanges.
@@ -21,12 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hpcrun.checkpoint.chunks import Box, covered, intersect, volume
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import align_up
 from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
 
 Rows = tuple[int, int, tuple[int, ...]]
 """``(row_start, row_stop, global_shape)`` of a dim-0 sharded tensor on this rank."""
+Chunk = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+"""``(offsets, lengths, global_shape)`` of the DTensor box a rank holds."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,13 +43,17 @@ class Need:
     """The rank (new layout)."""
     rows: Mapping[str, Rows] = field(default_factory=dict)
     """Dim-0 sharded tensors it holds now, by key."""
+    chunks: Mapping[str, Chunk] = field(default_factory=dict)
+    """DTensor boxes it holds now, by key."""
 
 
 def need_of(rank: int, leaves: Mapping[str, TensorLeaf]) -> Need:
     """The :class:`Need` of a rank from its flattened state's leaves."""
     return Need(rank=rank, rows={
         k: (leaf.row_start, leaf.row_start + leaf.tensor.shape[0], tuple(leaf.global_shape))
-        for k, leaf in leaves.items() if leaf.placement is Placement.ROW})
+        for k, leaf in leaves.items() if leaf.placement is Placement.ROW}, chunks={
+        k: (leaf.offsets, tuple(leaf.tensor.shape), tuple(leaf.global_shape))
+        for k, leaf in leaves.items() if leaf.placement is Placement.CHUNK})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,10 +94,14 @@ class Target:
     """First global row."""
     stop: int
     """One past the last global row."""
+    box: Box | None = None
+    """A DTensor box: its offsets and lengths (None: rows ``[start, stop)``)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Shape of this rank's tensor."""
+        if self.box is not None:
+            return self.box[1]
         return (self.stop - self.start, *self.global_shape[1:]) if self.global_shape else ()
 
 
@@ -171,6 +185,29 @@ def uncovered(records: Mapping[int, ShardRecord], tensors: Mapping[str, int],
                 a, b = 0, total
             if gaps := _gaps(have, a, b):
                 out.setdefault(key, []).extend(gaps)
+    out.update(_uncovered_chunks(records, needs))
+    return out
+
+
+def _chunk_boxes(records: Mapping[int, ShardRecord]) -> dict[str, list[Box]]:
+    out: dict[str, list[Box]] = {}
+    for s in records.values():
+        for d in s.datasets:
+            if d.placement == "chunk":
+                out.setdefault(d.key, []).append((d.offsets, d.lengths))
+    return out
+
+
+def _uncovered_chunks(records: Mapping[int, ShardRecord],
+                      needs: Sequence[Need]) -> dict[str, list[tuple[int, int]]]:
+    """Keys of DTensor boxes the records do not cover yet, with the dim-0 range wanted."""
+    boxes = _chunk_boxes(records)
+    out: dict[str, list[tuple[int, int]]] = {}
+    for need in needs:
+        for key, (offs, lens, _) in need.chunks.items():
+            if covered((offs, lens), boxes.get(key, [])) < volume(lens):
+                start = offs[0] if offs else 0
+                out.setdefault(key, []).append((start, start + (lens[0] if lens else 1)))
     return out
 
 
@@ -254,6 +291,12 @@ def _plan_rank(b: _Builder, pos: int, need: Need, pieces: Mapping[str, list[tupl
                        stop=d0.global_shape[0] if d0.global_shape else 1)
             targets.append((t, (b.mine(pos, *own[0]),)))
             continue
+        if d0.placement == "chunk":
+            box_target, picked, why = _chunk_target(key, parts, need, old_world, new_world)
+            error = error or why
+            if box_target is not None:
+                targets.append((box_target, tuple(b.mine(pos, j, i, d) for j, i, d in picked)))
+            continue
         target, chosen, why = _row_target(key, parts, need, src, old_world, new_world)
         error = error or why
         if target is not None:
@@ -284,6 +327,32 @@ def _row_target(key: str, parts: Sequence[tuple[int, int, DatasetRecord]], need:
     chosen = [p for p in parts if max(a, p[2].row_start) < min(b, p[2].row_stop)]
     return Target(key=key, dtype=d0.dtype, global_shape=d0.global_shape, start=a,
                   stop=b), chosen, ""
+
+
+def _chunk_target(key: str, parts: Sequence[tuple[int, int, DatasetRecord]], need: Need,
+                  old_world: int, new_world: int,
+                  ) -> tuple[Target | None, list[tuple[int, int, DatasetRecord]], str]:
+    """The box this rank holds of a DTensor and the old boxes that intersect it."""
+    d0 = parts[0][2]
+    declared = need.chunks.get(key)
+    if declared is None:
+        return None, [], (f"tensor {key!r} is a DTensor in the checkpoint "
+                          f"({_layouts(old_world, new_world)}) but not in the current state; "
+                          "register the sharded module and its optimizer with ctx.restore "
+                          "before training (their state then holds DTensors)")
+    offs, lens, shape = declared
+    if tuple(shape) != tuple(d0.global_shape):
+        return None, [], (f"tensor {key!r} has global shape {list(d0.global_shape)} in the "
+                          f"checkpoint but {list(shape)} now "
+                          f"({_layouts(old_world, new_world)}); only the sharding may change")
+    box = (tuple(offs), tuple(lens))
+    picked = [p for p in parts if intersect(box, (p[2].offsets, p[2].lengths)) is not None]
+    if covered(box, [(p[2].offsets, p[2].lengths) for p in picked]) < volume(lens):
+        return None, [], (f"tensor {key!r}: the checkpoint's chunks do not cover this rank's "
+                          f"box at {list(offs)} of {list(lens)}; the checkpoint is incomplete")
+    start = offs[0] if offs else 0
+    return Target(key=key, dtype=d0.dtype, global_shape=d0.global_shape, start=start,
+                  stop=start + (lens[0] if lens else 1), box=box), picked, ""
 
 
 def plan_node(records: Mapping[int, ShardRecord], needs: Sequence[Need], *, ckpt_id: str,
@@ -325,5 +394,5 @@ def _own(p: Placed, base: int) -> Placed:
     return Placed(record=p.record, holder=-1, offset=base + p.offset)
 
 
-__all__ = ["Need", "Placed", "RankPlan", "Read", "Target", "guess_nodes", "need_of",
+__all__ = ["Chunk", "Need", "Placed", "RankPlan", "Read", "Target", "guess_nodes", "need_of",
            "plan_node", "uncovered", "wanted_nodes"]

@@ -14,6 +14,9 @@ every dataset lands in whose buffer) and each rank assembles:
 - replicated tensors in full (any N → M);
 - dim-0 sharded tensors: the rows its current state declares (:class:`~.state.RowShard`),
   from whichever old pieces overlap them (any N → M with the same global shape);
+- DTensor chunks: the box its current state holds, from the old boxes that intersect it; with
+  no current state (an offline reader, :func:`hpcrun.drill.states.load_state`) the whole
+  global tensor;
 - rank-local tensors and the meta tree (incl. RNG) from old rank ``r % N`` — rank-local tensors
   only when N == M, else :class:`~hpcrun.errors.ReshardError` naming the tensor and both layouts.
 """
@@ -29,13 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcrun.checkpoint.chunks import Box, intersect, relative, volume
 from hpcrun.checkpoint.device import HostLanding
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest, ShardRecord
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
 from hpcrun.checkpoint.readplan import RankPlan, Target
 from hpcrun.checkpoint.shards import ShardSource, read_datasets
 from hpcrun.checkpoint.stage import torch_dtype
-from hpcrun.checkpoint.state import META_KEY, TensorLeaf
+from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
 from hpcrun.errors import CorruptCheckpointError, ReshardError
 
 
@@ -117,7 +121,7 @@ def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
 
 
 def _as_tensor(raw: np.ndarray, d: DatasetRecord) -> torch.Tensor:
-    shape = (d.row_stop - d.row_start, *d.global_shape[1:]) if d.global_shape else ()
+    shape = d.shape
     if not raw.size:
         return torch.empty(shape, dtype=torch_dtype(d.dtype))
     return torch.from_numpy(raw).view(torch_dtype(d.dtype)).view(shape)
@@ -133,7 +137,8 @@ def assemble(m: Manifest, plan: GatherPlan, gathered: Sequence[np.ndarray], *, r
     """This rank's tensors by key and its meta tree, from the exchanged buffers.
 
     Args:
-        rows: the current state's ROW leaves (which rows this rank holds now).
+        rows: the current state's ROW and CHUNK leaves (which rows or box this rank holds
+            now; a chunked tensor without a leaf is assembled whole).
 
     Raises:
         ReshardError: a tensor cannot be placed on the new layout.
@@ -154,6 +159,8 @@ def assemble(m: Manifest, plan: GatherPlan, gathered: Sequence[np.ndarray], *, r
     for key, parts in pieces.items():
         if parts[0][0].placement == "row":
             tensors[key] = _rows_for(key, parts, rows.get(key), m, rank, world_size)
+        elif parts[0][0].placement == "chunk":
+            tensors[key] = _box_for(key, parts, rows.get(key), m, world_size)
         else:
             tensors[key] = _whole(parts)
     return tensors, meta
@@ -207,6 +214,29 @@ def _rows_for(key: str, parts: list[tuple[DatasetRecord, torch.Tensor]],
     return out
 
 
+def _box_for(key: str, parts: list[tuple[DatasetRecord, torch.Tensor]],
+             leaf: TensorLeaf | None, m: Manifest, world_size: int) -> torch.Tensor:
+    """The box ``leaf`` holds (the whole tensor without a leaf) from the old boxes."""
+    d0, t0 = parts[0]
+    if leaf is not None and tuple(leaf.global_shape) != tuple(d0.global_shape):
+        raise ReshardError(f"tensor {key!r} has global shape {list(d0.global_shape)} in the "
+                           f"checkpoint but {list(leaf.global_shape)} now "
+                           f"({_layouts(m, world_size)}); only the sharding may change")
+    box: Box = ((leaf.offsets, tuple(leaf.tensor.shape)) if leaf is not None
+                else ((0,) * len(d0.global_shape), tuple(d0.global_shape)))
+    out = torch.empty(box[1], dtype=t0.dtype)
+    filled = 0
+    for d, t in parts:
+        if (x := intersect(box, (d.offsets, d.lengths))) is not None:
+            out[relative(x, box[0])] = t[relative(x, d.offsets)]
+            filled += volume(x[1])
+    if filled != volume(box[1]):
+        raise CorruptCheckpointError(f"tensor {key!r}: the chunks of {m.ckpt_id} cover "
+                                     f"{filled} of the {volume(box[1])} elements needed; the "
+                                     "checkpoint is incomplete")
+    return out
+
+
 def _old_start(m: Manifest, rank: int, key: str) -> int:
     for d in m.shards[rank].datasets:
         if d.key == key:
@@ -243,6 +273,26 @@ def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:
     return torch.empty(target.shape, dtype=dtype)
 
 
+def _land_box(landing: HostLanding, dest: torch.Tensor, box: Box, src: torch.Tensor,
+              d: DatasetRecord) -> None:
+    if (x := intersect(box, (d.offsets, d.lengths))) is not None:
+        landing.copy_into(dest[relative(x, box[0])], src[relative(x, d.offsets)])
+
+
+def as_state_values(tensors: Mapping[str, torch.Tensor],
+                    leaves: Mapping[str, TensorLeaf]) -> dict[str, Any]:
+    """The restored values a state's ``load_state_dict`` gets: for a DTensor leaf, the DTensor
+    itself (its local tensor was filled in place, or is empty); plain tensors as they are."""
+    out: dict[str, Any] = dict(tensors)
+    for key, leaf in leaves.items():
+        if leaf.placement is Placement.CHUNK:
+            if key in tensors and tensors[key] is not leaf.tensor:
+                landing = HostLanding()
+                landing.copy_into(leaf.tensor, tensors[key])
+            out[key] = leaf.source
+    return out
+
+
 def build_tensors(plan: RankPlan, own: np.ndarray, shared: Sequence[np.ndarray],
                   leaves: Mapping[str, TensorLeaf], *, landing: HostLanding | None = None,
                   ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -263,6 +313,9 @@ def build_tensors(plan: RankPlan, own: np.ndarray, shared: Sequence[np.ndarray],
             buf = own if p.holder < 0 else shared[p.holder]
             d = p.record
             src = _as_tensor(buf[p.offset:p.offset + d.nbytes], d)
+            if target.box is not None:
+                _land_box(landing, dest, target.box, src, d)
+                continue
             if not target.global_shape:
                 landing.copy_into(dest, src)
                 continue

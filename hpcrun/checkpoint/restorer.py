@@ -248,7 +248,8 @@ class RestoreShell:
         if not self.comm.all_true(ok) or m is None or plan is None or buf is None:
             return None
         gathered = self.comm.all_gather_bytes(buf, plan.sizes)
-        rows = {k: leaf for k, leaf in leaves.items() if leaf.placement is Placement.ROW}
+        rows = {k: leaf for k, leaf in leaves.items()
+                if leaf.placement in (Placement.ROW, Placement.CHUNK)}
         tensors, meta = assemble(m, plan, gathered, rank=self.layout.rank,
                                  world_size=self.layout.world_size, rows=rows)
         return Loaded(ckpt_id=m.ckpt_id, step=m.step, extra=dict(m.extra), tensors=tensors,

@@ -34,11 +34,14 @@ from hpcrun.checkpoint.stage import (
     storage_dtype,
     torch_dtype,
 )
+from hpcrun.checkpoint.state import Placement
 from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 SHARD_FORMAT = "hpcrun-shard"
-SHARD_SCHEMA_VERSION = 1
+SHARD_SCHEMA_VERSION = 2
+"""2: chunk datasets (DTensor boxes) carry ``offsets``, ``lengths`` and ``placements``
+attributes; version-1 shards read unchanged."""
 SMALL_DATASET = 64 << 10
 """Datasets below this many bytes are written through h5py (not worth an aligned extent)."""
 CHECKSUMS = ("xxh3", "sha256")
@@ -105,6 +108,10 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str
     ds.attrs.update({"key": p.key, "dtype": p.dtype, "placement": str(p.placement),
                      "global_shape": json.dumps(list(p.global_shape)),
                      "row_start": p.row_start, "row_stop": p.row_stop, "checksum": digest})
+    if p.placement is Placement.CHUNK:
+        ds.attrs.update({"offsets": json.dumps(list(p.offsets)),
+                         "lengths": json.dumps(list(p.lengths)),
+                         "placements": json.dumps(list(p.placements))})
     return int(offset)
 
 
@@ -160,7 +167,8 @@ def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
     p = sp.piece
     return DatasetRecord(key=p.key, h5path=_h5path(p.key), placement=str(p.placement),
                          dtype=p.dtype, global_shape=p.global_shape, row_start=p.row_start,
-                         row_stop=p.row_stop, offset=offset, nbytes=p.nbytes, checksum=digest)
+                         row_stop=p.row_stop, offset=offset, nbytes=p.nbytes, checksum=digest,
+                         offsets=p.offsets, lengths=p.lengths, placements=p.placements)
 
 
 def _corrupt(path: Path | str, what: str) -> CorruptCheckpointError:
@@ -219,7 +227,7 @@ class LocalShard:
 
 def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: str) -> None:
     ds = f.get(d.h5path)
-    shape = (d.row_stop - d.row_start, *d.global_shape[1:]) if d.global_shape else ()
+    shape = d.shape
     storage = storage_dtype(torch_dtype(d.dtype))
     if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype != storage:
         raise _corrupt(path, f"dataset {d.h5path!r} is missing or not {storage}{list(shape)}")

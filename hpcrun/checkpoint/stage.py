@@ -80,10 +80,18 @@ class Piece:
     """First global row in this piece."""
     row_stop: int
     """One past the last global row."""
+    offsets: tuple[int, ...] = ()
+    """CHUNK: global offset of the box in every dimension."""
+    lengths: tuple[int, ...] = ()
+    """CHUNK: the box's extent in every dimension (its stored shape)."""
+    placements: tuple[str, ...] = ()
+    """CHUNK: the DTensor's placements, as text."""
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Shape of the piece as stored."""
+        if self.placement is Placement.CHUNK:
+            return self.lengths
         if not self.global_shape:
             return ()
         return (self.row_stop - self.row_start, *self.global_shape[1:])
@@ -142,7 +150,19 @@ def plan_pieces(flat: FlatState, *, rank: int, world_size: int) -> list[Piece]:
             pieces.append(_piece(leaf, leaf.row_start, leaf.row_start + leaf.tensor.shape[0]))
         elif leaf.placement is Placement.LOCAL:
             pieces.append(_piece(leaf, 0, rows_of(leaf.global_shape)))
+        elif leaf.placement is Placement.CHUNK and leaf.writer:
+            pieces.append(_chunk(leaf))
     return pieces
+
+
+def _chunk(leaf: TensorLeaf) -> Piece:
+    """A DTensor box, written by one of its replicas (the leaf's ``writer``)."""
+    lengths = tuple(leaf.tensor.shape)
+    start = leaf.offsets[0] if lengths else 0
+    return Piece(key=leaf.key, placement=Placement.CHUNK, dtype=dtype_name(leaf.tensor.dtype),
+                 global_shape=leaf.global_shape, row_start=start,
+                 row_stop=start + (lengths[0] if lengths else 1), offsets=leaf.offsets,
+                 lengths=lengths, placements=leaf.placements)
 
 
 def _piece(leaf: TensorLeaf, start: int, stop: int) -> Piece:

@@ -15,6 +15,9 @@ Placement of a tensor leaf says who holds it:
 - :class:`RowShard`: this rank holds rows ``[row_start, row_start + len)`` of a tensor whose
   global first dimension is ``global_rows`` (dim-0 sharding); may be resharded.
 - :class:`RankLocal`: a value private to this rank; restored only onto the same world size.
+- a DTensor (FSDP2, tensor parallel, HSDP): this rank's local chunk, an N-D box of the global
+  tensor at the offsets DTensor itself computes (:mod:`hpcrun.checkpoint.chunks`); replicas
+  along ``Replicate`` mesh dims write one copy. Any other tensor subclass is refused.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class Placement(StrEnum):
     REPLICATED = "replicated"
     ROW = "row"
     LOCAL = "local"
+    CHUNK = "chunk"
+    """An N-D box of a DTensor (its offsets and lengths recorded per chunk)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -88,6 +93,14 @@ class TensorLeaf:
     """Shape of the whole tensor."""
     row_start: int = 0
     """Global index of this rank's first row (ROW only)."""
+    offsets: tuple[int, ...] = ()
+    """CHUNK: global offset of this rank's box in every dimension."""
+    placements: tuple[str, ...] = ()
+    """CHUNK: the DTensor's placements on its mesh, as text (``Shard(dim=0)``)."""
+    writer: bool = True
+    """CHUNK: whether this rank writes the box (one replica of each unique box does)."""
+    source: Any = None
+    """CHUNK: the DTensor itself (handed back to ``load_state_dict`` on restore)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,6 +132,8 @@ class _Flattener:
 
     def encode(self, value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                return self.encode_subclass(value, path)
             self.add(path, value, Placement.REPLICATED, tuple(value.shape))
             return {"__t__": path}
         if isinstance(value, np.ndarray):
@@ -134,6 +149,19 @@ class _Flattener:
             return {"__t__": path}
         return self.encode_plain(value, path)
 
+    def encode_subclass(self, value: torch.Tensor, path: str) -> Any:
+        from hpcrun.checkpoint.chunks import local_box
+
+        box = local_box(value, path)  # CheckpointError for a subclass that is not a DTensor
+        if path in self.leaves:
+            raise CheckpointError(f"two state entries map to the logical key {path!r}; "
+                                  "rename one")
+        self.leaves[path] = TensorLeaf(
+            key=path, tensor=box.local.detach(), placement=Placement.CHUNK,
+            global_shape=box.global_shape, offsets=box.offsets, placements=box.placements,
+            writer=box.writer, source=value)
+        return {"__t__": path}
+
     def encode_plain(self, value: Any, path: str) -> Any:
         if value is None or isinstance(value, bool | int | str):
             return value
@@ -146,6 +174,10 @@ class _Flattener:
             return items if isinstance(value, list) else {"__tuple__": items}
         if isinstance(value, Mapping):
             return self.encode_mapping(value, path)
+        if type(value).__name__ == "ShardedTensor":  # torch's older sharding, not a Tensor
+            raise CheckpointError(
+                f"cannot checkpoint {path!r}: a ShardedTensor is not supported; shard the "
+                "model with FSDP2 fully_shard or tensor parallel (DTensor) instead")
         raise CheckpointError(
             f"cannot checkpoint {path!r}: a {type(value).__name__} is neither a tensor nor a JSON "
             "value; convert it in state_dict() (hpcrun never pickles)")
@@ -177,6 +209,18 @@ def flatten_state(state: Mapping[str, Any]) -> FlatState:
         sd = obj.state_dict() if hasattr(obj, "state_dict") else obj
         meta[name] = flat.encode(sd, _escape(name))
     return FlatState(leaves=flat.leaves, meta=meta)
+
+
+def prepare_restore(state: Mapping[str, Any]) -> bool:
+    """Let each object that has ``prepare_restore()`` make its restore targets (a sharded
+    optimizer creates its DTensor state), once a checkpoint is known to be restored; whether
+    any did."""
+    prepared = False
+    for obj in state.values():
+        if callable(prep := getattr(obj, "prepare_restore", None)):
+            prep()
+            prepared = True
+    return prepared
 
 
 def decode_tree(node: Any, tensors: Mapping[str, torch.Tensor]) -> Any:

@@ -54,7 +54,7 @@ def test_shard_is_plain_hdf5_with_true_dtype_and_checksums(run_dir, incarnation)
     res = incarnation().save(1, saved, blocking=True)
     [path] = _shard_files(run_dir, res.ckpt_id)
     with h5py.File(path, "r") as f:
-        assert f.attrs["format"] == "hpcrun-shard" and f.attrs["schema_version"] == 1
+        assert f.attrs["format"] == "hpcrun-shard" and f.attrs["schema_version"] == 2
         assert f.attrs["step"] == 1 and f.attrs["rank"] == 0
         emb = f["model/emb"]
         assert emb.dtype == np.uint16 and emb.attrs["dtype"] == "bfloat16"
