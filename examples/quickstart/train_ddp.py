@@ -1,6 +1,6 @@
 """Train a small next-token model with DDP under torchrun: the "before" of docs/quickstart.md.
 
-    torchrun --nproc-per-node 2 train_ddp.py --steps 300
+    torchrun --standalone --nproc-per-node 2 train_ddp.py --steps 300
 
 Rank 0 saves snapshot.pt every --save-every steps; started again, the script resumes from it.
 """
