@@ -130,3 +130,11 @@ class SdcAction(StrEnum):
 
     FAIL = "fail"              # the run fails, naming the step and its batch
     SKIP_BATCH = "skip_batch"  # the step's update is dropped; the skip is logged
+
+
+class Tracker(StrEnum):
+    """The experiment tracker rank 0 logs step metrics to (the spec's ``observe.tracker``)."""
+
+    TENSORBOARD = "tensorboard"  # one log dir under the run directory
+    WANDB = "wandb"              # Weights & Biases; WANDB_MODE=offline keeps it local
+    MLFLOW = "mlflow"            # $MLFLOW_TRACKING_URI, else a file store in the run directory

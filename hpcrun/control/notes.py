@@ -34,6 +34,7 @@ __all__ = [
     "RequeueSentNote",
     "RestoreFellBackNote",
     "SegmentNote",
+    "TrackerNote",
     "UnknownNote",
     "decode_note",
 ]
@@ -57,6 +58,7 @@ class NoteEvent(StrEnum):
     KNOWN_GOOD = "known_good"                        # a replica check passed after a commit
     BATCH_SKIPPED = "batch_skipped"                  # a suspect step's update was dropped
     PARTNER_COPY = "partner_copy"                    # a node's tier-0 shards copied to its partner
+    TRACKER = "tracker"                              # the run's experiment-tracker run
 
 
 class DebrisKind(StrEnum):
@@ -420,6 +422,34 @@ class PartnerCopyNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TrackerNote(NotePayload):
+    """The experiment-tracker run an incarnation's rank 0 logs to (``observe.tracker``): one
+    per hpcrun run, found again by every later incarnation."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.TRACKER
+    tracker: str
+    """``tensorboard``, ``wandb`` or ``mlflow``."""
+    run_ref: str
+    """The tracker's id of the run."""
+    location: str
+    """Where the tracker keeps it (a log dir or a tracking URI)."""
+    watermark: int
+    """Newest step the tracker held: when the incarnation opened it, or when it closed it."""
+    closed: bool = False
+    """Written when the incarnation closed the tracker (else when it opened it)."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"tracker": self.tracker, "run_ref": self.run_ref, "location": self.location,
+                "watermark": self.watermark, "closed": self.closed}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"tracker": f.text("tracker"), "run_ref": f.text("run_ref"),
+                "location": f.text("location"), "watermark": f.integer("watermark"),
+                "closed": f.flag("closed", False)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownNote(NotePayload):
     """A note of an event this version does not know; ``extra`` holds the rest of it."""
 
@@ -445,6 +475,9 @@ _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
     DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
     SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote, PartnerCopyNote)}
+
+
+_BY_EVENT[NoteEvent.TRACKER.value] = TrackerNote
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

@@ -53,6 +53,7 @@ from hpcrun.vocab import (
     FaultClass,
     ResumeContract,
     SdcAction,
+    Tracker,
 )
 
 SPEC_SCHEMA_VERSION = 1
@@ -220,6 +221,24 @@ class DistSpec:
     def __post_init__(self) -> None:
         checks = Checks()
         check_bounds(self, checks)
+        checks.done()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObserveSpec:
+    """Where the run's step metrics go besides hpcrun's own status, report and export."""
+
+    tracker: Tracker | None = None
+    """``tensorboard``, ``wandb`` or ``mlflow``: rank 0 logs each step's metrics to one tracker
+    run per hpcrun run, across requeues, restarts and spare swaps (``hpcrun.observe.tracker``);
+    None: no tracker. The tracker's package must be installed where the run is submitted."""
+    project: str = "hpcrun"
+    """The wandb project or MLflow experiment the tracker run belongs to."""
+
+    def __post_init__(self) -> None:
+        checks = Checks()
+        checks(bool(self.project.strip()), "project", "a non-empty name", self.project,
+               "set observe.project to the wandb project or MLflow experiment")
         checks.done()
 
 
@@ -412,6 +431,8 @@ class RunSpec:
     """User names allowed to cancel besides the owner."""
     dist: DistSpec = field(default_factory=DistSpec, metadata=ADDITIVE)
     """Process group backend and collective timeouts (omitted from the digest when default)."""
+    observe: ObserveSpec = field(default_factory=ObserveSpec, metadata=ADDITIVE)
+    """The experiment tracker step metrics go to (omitted from the digest when default)."""
     config: Mapping[str, Any] = field(default_factory=dict)
     """Free-form user config handed to ``main(ctx)`` (JSON values only)."""
     code: CodeVersion | None = None

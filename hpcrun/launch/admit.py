@@ -135,6 +135,8 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
             env=dict(site.env) if site is not None else {}))
         findings += probe_data(spec, request.verify_data, storage=storage)
         findings += probe_init_from(spec)
+        findings += probe_tracker(spec, target, runner=runner,
+                                  env=dict(site.env) if site is not None else {})
         findings += membership_findings(spec, backend)
     else:
         findings.append(Skipped(check=CheckKind.ENTRYPOINT, what="entrypoint and data not "
@@ -218,6 +220,34 @@ def probe_init_from(spec: RunSpec) -> list[Finding]:
         return [problem_of(CheckKind.SPEC, exc)]
     return [Passed(check=CheckKind.SPEC, what=f"checkpoint.init_from {path} is {src.fmt} "
                    f"({len(src.files)} files, {digest[:19]}…)")]
+
+
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+                    "mlflow": ("mlflow", "mlflow-skinny")}
+"""``observe.tracker`` → (the module rank 0 imports, the pip package that provides it)."""
+_HAS_MODULE = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) " \
+              "else 3)"
+
+
+def probe_tracker(spec: RunSpec, target: ProbeTarget, *, runner: CommandRunner,
+                  env: Mapping[str, str]) -> list[Finding]:
+    """``observe.tracker``: its package is importable by the job's interpreter."""
+    if spec.observe.tracker is None:
+        return []
+    module, package = TRACKER_PACKAGES[spec.observe.tracker.value]
+    try:
+        result = runner.run([target.python, "-c", _HAS_MODULE, module], env=env or None,
+                            timeout=ENTRYPOINT_TIMEOUT_S)
+    except SchedulerError as exc:
+        return [Skipped(check=CheckKind.SPEC, what=f"observe.tracker {module} not checked: the "
+                        f"job's interpreter cannot be run on this node ({exc})")]
+    if result.returncode != 0:
+        return [Problem(check=CheckKind.SPEC,
+                        what=f"observe.tracker is {module} but {target.python} cannot import "
+                             f"{module!r}", expected=f"the {package} package installed",
+                        fix=f"pip install {package} (or `pip install hpcrun[trackers]`) in "
+                            "the job's environment, or remove observe.tracker")]
+    return [Passed(check=CheckKind.SPEC, what=f"observe.tracker {module} is importable")]
 
 
 def probe_entrypoint(entrypoint: str, target: ProbeTarget, *, runner: CommandRunner,

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ArgumentError
@@ -97,12 +97,22 @@ def span_bounds(event: Event) -> tuple[float, float]:
 _STOP = object()
 
 
+class EventObserver(Protocol):
+    """Sees every event the writer thread wrote (rank 0's tracker feed,
+    :class:`hpcrun.observe.tracker.StepLogger`), and is closed after the last one."""
+
+    def __call__(self, event: Event) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class EventWriter:
     """Writes one rank's (or agent's) events from a background thread; ``emit`` never blocks."""
 
     def __init__(self, path: Path, *, run_id: str, generation: int, rank: int, node: str,
                  dataset_id: str = "", versions: Mapping[str, str] | None = None,
-                 clock: Clock = SYSTEM_CLOCK, max_queue: int = 10000) -> None:
+                 clock: Clock = SYSTEM_CLOCK, max_queue: int = 10000,
+                 observer: EventObserver | None = None) -> None:
         if max_queue < 1:
             raise ArgumentError(f"max_queue must be >= 1 event, got {max_queue}")
         self.path = Path(path)
@@ -110,6 +120,7 @@ class EventWriter:
             "run_id": run_id, "generation": generation, "rank": rank, "node": node,
             "dataset_id": dataset_id, "versions": dict(versions or {})}
         self._clock = clock
+        self._observer = observer
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._dropped = 0
         self._closed = False
@@ -153,6 +164,8 @@ class EventWriter:
         with contextlib.suppress(queue.Full):  # a dead writer thread must not hang close
             self._queue.put(_STOP, timeout=timeout)
         self._thread.join(timeout)
+        if self._observer is not None and not self._thread.is_alive():
+            self._observer.close()
 
     def __enter__(self) -> EventWriter:
         return self
@@ -169,11 +182,19 @@ class EventWriter:
                     if batch:
                         out.write("".join(self._serialise(e) for e in batch))
                         out.flush()
+                        self._observe(batch)
                     if stop:
                         return
         except OSError as exc:
             # Telemetry must never take training down: stop writing, let emit count drops.
             self.error = exc
+
+    def _observe(self, batch: list[Event]) -> None:
+        """Hand the written events to the observer, off the training thread (it guards its
+        own errors: a tracker never stops the event log)."""
+        if self._observer is not None:
+            for e in batch:
+                self._observer(e)
 
     def _serialise(self, event: Event) -> str:
         try:

@@ -148,6 +148,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     from hpcrun.observe.events import EventKind, EventWriter
     from hpcrun.observe.hang import install_stack_dump, stacks_path
     from hpcrun.observe.heartbeat import RankHeartbeat
+    from hpcrun.observe.tracker import rank_tracker
     from hpcrun.runtime import faults
     from hpcrun.runtime.context import Context
     from hpcrun.runtime.nodeobs import rank_events_path
@@ -188,9 +189,12 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
             injections, rank=env.rank, restart=inc.restart_count, attempt=inc.attempt),
         peers=_peers(inc, spec, env.nodes, log),
     )
+    tracker = rank_tracker(spec.observe.tracker, rank=env.rank, run_dir=inc.run_dir,
+                           run_id=inc.run_id, project=spec.observe.project, log=log,
+                           generation=inc.generation, holder=inc.holder)
     events = EventWriter(rank_events_path(inc, env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
-                         dataset_id=spec.data.dataset_id or "")
+                         dataset_id=spec.data.dataset_id or "", observer=tracker)
     events.emit(EventKind.RANK_START, 0, backend=groups.backend, device=str(groups.device),
                  cpus=bound, pg_init_timeout_s=settings.timeouts.init_s,
                  step_timeout_s=settings.timeouts.step_s,

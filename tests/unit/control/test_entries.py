@@ -56,6 +56,7 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
+from hpcrun.control.notes import TrackerNote
 from hpcrun.control.record import fold_record
 from hpcrun.errors import RecordError
 from hpcrun.vocab import FaultClass, RunState, Tier
@@ -123,6 +124,9 @@ PAYLOADS: dict[str, EntryPayload] = {
                                                 "for 5 s"),
     "note_partner_copy": PartnerCopyNote(ckpt_id="g000003-s0000000100-a", owner="n2",
                                          held_by="n3", bytes=1048576, complete=True),
+    "note_tracker": TrackerNote(tracker="mlflow", run_ref="8f2c1d0e9a7b4c3d",
+                                location="file:///runs/tiny-1/tracker/mlruns", watermark=40,
+                                closed=True),
     "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,
                               signature="sdc:n2", detail="silent data corruption on n2"),
 }
