@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["TERMINAL", "AsyncPolicy", "Backend", "CadenceKind", "ChecksumAlgorithm",
-           "DistBackend", "FaultClass", "ResumeContract", "RunState", "SdcAction", "Tier"]
+__all__ = ["TERMINAL", "AsyncPolicy", "Backend", "CadenceKind", "CheckpointFormat",
+           "ChecksumAlgorithm", "DistBackend", "FaultClass", "ResumeContract", "RunState",
+           "SdcAction", "Tier"]
 
 
 class RunState(StrEnum):
@@ -100,6 +101,14 @@ class ChecksumAlgorithm(StrEnum):
 
     XXH3 = "xxh3"
     SHA256 = "sha256"
+
+
+class CheckpointFormat(StrEnum):
+    """A checkpoint format outside hpcrun's own: what ``hpcrun ckpt export`` writes and what
+    ``ctx.restore(init_from=...)`` (the spec's ``checkpoint.init_from``) reads."""
+
+    DCP = "dcp"                  # a torch.distributed.checkpoint directory
+    SAFETENSORS = "safetensors"  # Hugging Face safetensors: one file, or shards and an index
 
 
 class AsyncPolicy(StrEnum):

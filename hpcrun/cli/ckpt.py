@@ -221,3 +221,12 @@ def gc_cmd(run: str, keep_last: int, older_than: float, dry_run: bool) -> None:
         click.echo(f"{verb} debris {name}")
     if not report.retired and not report.debris:
         click.echo("nothing to collect")
+
+
+def _add_export() -> None:
+    from hpcrun.cli.ckpt_export import export_cmd
+
+    ckpt.add_command(export_cmd)
+
+
+_add_export()

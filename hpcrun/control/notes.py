@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from hpcrun.control.payload import EntryKind, EntryPayload, FieldReader, present
+from hpcrun.vocab import CheckpointFormat
 
 __all__ = [
     "BatchSkippedNote",
@@ -59,6 +60,7 @@ class NoteEvent(StrEnum):
     BATCH_SKIPPED = "batch_skipped"                  # a suspect step's update was dropped
     PARTNER_COPY = "partner_copy"                    # a node's tier-0 shards copied to its partner
     TRACKER = "tracker"                              # the run's experiment-tracker run
+    INIT_FROM = "init_from"                          # a run started from an outside checkpoint
 
 
 class DebrisKind(StrEnum):
@@ -422,6 +424,31 @@ class PartnerCopyNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class InitFromNote(NotePayload):
+    """A run with no checkpoint of its own started from a DCP or safetensors checkpoint
+    (``checkpoint.init_from`` / ``ctx.restore(init_from=...)``)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.INIT_FROM
+    path: str
+    """The source as given."""
+    format: CheckpointFormat
+    """Its format."""
+    digest: str
+    """``sha256:<hex>`` over its files' names and bytes."""
+    tensors: int
+    """Tensors loaded into the run's state."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format.value, "digest": self.digest,
+                "tensors": self.tensors}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"path": f.text("path"), "format": f.choice("format", CheckpointFormat),
+                "digest": f.text("digest"), "tensors": f.integer("tensors")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrackerNote(NotePayload):
     """The experiment-tracker run an incarnation's rank 0 logs to (``observe.tracker``): one
     per hpcrun run, found again by every later incarnation."""
@@ -474,7 +501,8 @@ class UnknownNote(NotePayload):
 _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
     CreatedNote, NodeExitNote, PeerLostNote, RequeueSentNote, RequeueLeftToSlurmNote,
     DrainErrorNote, FaultInjectedNote, RestoreFellBackNote, LogDebrisNote, LogDebrisMovedNote,
-    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote, PartnerCopyNote)}
+    SegmentNote, DependencyNote, KnownGoodNote, BatchSkippedNote, PartnerCopyNote,
+    InitFromNote)}
 
 
 _BY_EVENT[NoteEvent.TRACKER.value] = TrackerNote

@@ -164,9 +164,17 @@ class CheckpointPolicy:
     """Recovery time objective: most seconds from failure to training again."""
     checksum: ChecksumAlgorithm = field(default=ChecksumAlgorithm.XXH3, metadata=ADDITIVE)
     """Shard checksum: ``xxh3`` (fast) or ``sha256`` (cryptographic, for audits)."""
+    init_from: str | None = field(default=None, metadata=ADDITIVE)
+    """A checkpoint made elsewhere the run starts from while it has none of its own: a DCP
+    directory, or Hugging Face safetensors (a ``.safetensors`` file, its ``.index.json``, or a
+    directory holding one); an absolute path, checked at submit. Once the run commits, every
+    restore uses its own checkpoints (docs/interop.md)."""
 
     def __post_init__(self) -> None:
         checks = Checks()
+        checks(self.init_from is None or os.path.isabs(os.path.expanduser(self.init_from)),
+               "init_from", "an absolute path", self.init_from,
+               "write the full path of the DCP directory or safetensors file")
         if self.cadence == CadenceKind.EVERY_STEPS:
             checks(self.every_steps is not None and self.every_steps >= 1, "every_steps",
                    "an integer >= 1 for cadence every_steps", self.every_steps,

@@ -16,13 +16,20 @@ check against silent data corruption (:mod:`hpcrun.runtime.sdc_guard`), and a fi
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.entries import CursorPayload, KnownGoodNote, ProgressPayload, StatePayload
+from hpcrun.control.entries import (
+    CursorPayload,
+    InitFromNote,
+    KnownGoodNote,
+    ProgressPayload,
+    StatePayload,
+)
 from hpcrun.control.log import RunLog
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
@@ -139,8 +146,15 @@ class Context:
         handed over at the end, ``hpcrun.lite.save(state)``)."""
         self._state = dict(state)
 
-    def restore(self, **state: Any) -> int:
-        """Register ``state`` for checkpoints and load the newest committed checkpoint into it."""
+    def restore(self, *, init_from: str | os.PathLike[str] | None = None, **state: Any) -> int:
+        """Register ``state`` for checkpoints and load the newest committed checkpoint into it.
+
+        While the run has no committed checkpoint of its own, ``init_from`` (else the spec's
+        ``checkpoint.init_from``), a DCP directory or Hugging Face safetensors, is loaded into
+        the registered model (and, from DCP, optimizer) instead, and the run log notes it with
+        its digest (:mod:`hpcrun.checkpoint.initfrom`); once the run commits, it is never read
+        again. Collective.
+        """
         self._state = dict(state)
         self._restored = True
         with self._events.span("restore", self._p.step):
@@ -152,6 +166,8 @@ class Context:
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier,
                               bytes_read=result.bytes_read, files_read=result.files_read,
                               peer_bytes=result.peer_bytes)
+        elif (source := init_from or self._spec.checkpoint.init_from) is not None:
+            self._init_from(os.fspath(source))
         self._cadence = self._new_cadence(self._p.step)
         self._sdc.start(self._state)
         return self._p.step
@@ -316,7 +332,24 @@ class Context:
         self._p.my_tokens = 0
 
     def _extra(self) -> dict[str, Any]:
-        return {"tokens": self._p.tokens}
+        from hpcrun.checkpoint.initfrom import param_names
+
+        # the optimizers' parameter names let an export key their state by name
+        names = param_names(self._state)
+        return {"tokens": self._p.tokens, **({"param_names": names} if names else {})}
+
+    def _init_from(self, source: str) -> None:
+        """Load the outside checkpoint ``source`` into the registered state (no checkpoint of
+        the run's own exists); rank 0 notes it in the run log with its digest."""
+        from hpcrun.checkpoint.initfrom import load_init, source_digest
+
+        with self._events.span("restore", self._p.step, init_from=source):
+            loaded = load_init(source, self._state, group=self._group)
+        if self.rank == 0:
+            self._log.publish_entry(
+                InitFromNote(path=source, format=loaded.source.fmt,
+                             digest=source_digest(loaded.source), tensors=loaded.tensors),
+                generation=self.generation, holder=self.inc.holder)
 
     def _save(self, *, blocking: bool) -> None:
         if self.rank == 0:

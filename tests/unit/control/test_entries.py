@@ -26,6 +26,7 @@ from hpcrun.control.entries import (
     FencePayload,
     HeartbeatPayload,
     JobPayload,
+    InitFromNote,
     KnownGoodNote,
     LogDebrisMovedNote,
     LogDebrisNote,
@@ -59,7 +60,7 @@ from hpcrun.control.log import RunLog
 from hpcrun.control.notes import TrackerNote
 from hpcrun.control.record import fold_record
 from hpcrun.errors import RecordError
-from hpcrun.vocab import FaultClass, RunState, Tier
+from hpcrun.vocab import CheckpointFormat, FaultClass, RunState, Tier
 
 GOLDEN = Path(__file__).parent / "golden"
 ACCEPT = "HPCRUN_ACCEPT_GOLDEN"
@@ -116,6 +117,8 @@ PAYLOADS: dict[str, EntryPayload] = {
                                        "stop with a commit; requeue"),
     "note_restore_fell_back": RestoreFellBackNote(restored="g000002-s0000000050-a",
                                                   skipped=("g000003-s0000000100-a",)),
+    "note_init_from": InitFromNote(path="/shared/exports/run-a.dcp", format=CheckpointFormat.DCP,
+                                   digest="sha256:" + "ab" * 32, tensors=76),
     "note_known_good": KnownGoodNote(ckpt_id="g000002-s0000000050-a", step=50, checked_step=60),
     "note_batch_skipped": BatchSkippedNote(step=37, batch="36",
                                            detail="the replay computes the same results"),
