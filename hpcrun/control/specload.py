@@ -203,7 +203,6 @@ def check_json_value(value: Any, key: str, checks: Checks) -> None:
                type(value).__name__, "use plain YAML scalars")
 
 
-
 # -- building a dataclass from a mapping --------------------------------------------------------
 
 @functools.cache
