@@ -27,6 +27,7 @@ from hpcrun.checkpoint.readplan import need_of
 from hpcrun.checkpoint.restore import as_state_values
 from hpcrun.checkpoint.restorer import Loaded, PeerSource, RestoreShell
 from hpcrun.checkpoint.retention import collect_run, restorable
+from hpcrun.checkpoint.sharded import wrap_sharded
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
 from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
 from hpcrun.checkpoint.state import (
@@ -168,7 +169,7 @@ class Checkpointer:
             self._finalize()
         t0 = self._clock.monotonic()
         info = self._info(step, extra)
-        flat = flatten_state(state)
+        flat = flatten_state(wrap_sharded(state))
         meta = {**flat.meta, RNG_FIELD: capture_rng()}
         pieces = plan_pieces(flat, rank=self.layout.rank, world_size=self.layout.world_size)
         staged = stage(flat, pieces, canonical_json(meta), self._buffer)
@@ -338,6 +339,7 @@ class Checkpointer:
         entries = self._log.read()
         if self.fence_slot >= 0:
             entries = [e for e in entries if e.slot < self.fence_slot]
+        state = wrap_sharded(state)  # FSDP2/TP modules and optimizers: DTensor state dicts
         leaves = flatten_state(state).leaves  # refuses what cannot be saved, before any step
         candidates = restorable(entries)  # after an sdc fault: known-good only
         if not candidates:

@@ -32,6 +32,7 @@ __all__ = [
     "PartnerCopyNote",
     "PeerLostNote",
     "RequeueLeftToSlurmNote",
+    "ReplicaCheckOffNote",
     "RequeueSentNote",
     "RestoreFellBackNote",
     "SegmentNote",
@@ -58,6 +59,7 @@ class NoteEvent(StrEnum):
     DEPENDENCY = "dependency"                        # the run waits for upstream runs
     KNOWN_GOOD = "known_good"                        # a replica check passed after a commit
     BATCH_SKIPPED = "batch_skipped"                  # a suspect step's update was dropped
+    REPLICA_CHECK_OFF = "replica_check_off"          # no rank has a replica to compare with
     PARTNER_COPY = "partner_copy"                    # a node's tier-0 shards copied to its partner
     TRACKER = "tracker"                              # the run's experiment-tracker run
     INIT_FROM = "init_from"                          # a run started from an outside checkpoint
@@ -394,6 +396,23 @@ class BatchSkippedNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicaCheckOffNote(NotePayload):
+    """The SDC replica check found no replicas (a sharded model whose mesh has no replicate
+    dims): it is off for this incarnation; the canary and loss checks stay on."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.REPLICA_CHECK_OFF
+    detail: str = ""
+    """Why, for people."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"detail": f.text("detail", "")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PartnerCopyNote(NotePayload):
     """One node's tier-0 shards of a checkpoint, copied to (and held by) its partner node."""
 
@@ -506,6 +525,7 @@ _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
 
 
 _BY_EVENT[NoteEvent.TRACKER.value] = TrackerNote
+_BY_EVENT[NoteEvent.REPLICA_CHECK_OFF.value] = ReplicaCheckOffNote
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpcrun.control.entries import BatchSkippedNote, FaultPayload
+from hpcrun.control.entries import BatchSkippedNote, FaultPayload, ReplicaCheckOffNote
 from hpcrun.errors import DataError, HpcrunError, NonFiniteError, SdcEchoError, SdcError
 from hpcrun.runtime import sdc
 from hpcrun.vocab import FaultClass, SdcAction
@@ -63,16 +63,47 @@ def fingerprint(tensors: Iterable[torch.Tensor]) -> str:
 
     sums = []
     for t in tensors:
-        flat = t.detach().contiguous().reshape(-1)
+        flat = _local(t).detach().contiguous().reshape(-1)
         if flat.numel() == 0:
             continue
         words = flat.view(getattr(torch, _WORD[flat.element_size()]))
-        wide = words.to(torch.int64)
-        sums.append(torch.stack([wide.sum(), (wide * wide).sum()]))
+        # int64 words and their squares, a slice at a time: the transient memory stays within
+        # the tensor's own bytes (or 64 KiB); wrapping sums add up the same by slices
+        step = max(4096, flat.numel() * flat.element_size() // 16)
+        acc = torch.zeros(2, dtype=torch.int64, device=flat.device)
+        for i in range(0, words.numel(), step):
+            wide = words[i:i + step].to(torch.int64)
+            acc += torch.stack([wide.sum(), (wide * wide).sum()])
+        sums.append(acc)
     if not sums:
         return "empty"
     values = torch.cat(sums).cpu().tolist()
     return hashlib.blake2b(struct.pack(f"<{len(values)}q", *values), digest_size=16).hexdigest()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local part (this rank's shard); a plain tensor as it is."""
+    from hpcrun.checkpoint.chunks import is_dtensor
+
+    return t.to_local() if is_dtensor(t) else t  # type: ignore[attr-defined, no-any-return]
+
+
+def shard_signature(tensors: Iterable[torch.Tensor]) -> str:
+    """Which shard of the parameters this rank holds: every DTensor's global offset and local
+    shape (a plain tensor: its shape). Ranks with equal signatures are replicas."""
+    from hpcrun.checkpoint.chunks import is_dtensor
+
+    parts = []
+    for t in tensors:
+        if is_dtensor(t):
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            shape, offset = compute_local_shape_and_global_offset(
+                t.shape, t.device_mesh, t.placements)  # type: ignore[attr-defined]
+            parts.append(f"{list(offset)}{list(shape)}")
+        else:
+            parts.append(f"{list(t.shape)}")
+    return hashlib.blake2b(";".join(parts).encode(), digest_size=16).hexdigest()
 
 
 def exchange_fingerprints(mine: str, *, world_size: int, group: Any = None) -> list[str]:
@@ -137,7 +168,10 @@ class SdcGuard:
         self.rank, self.node, self.world_size = rank, node, world_size
         self._log, self._inc, self._events, self._clock = log, incarnation, events, clock
         self._device, self._group = device, group
-        self.groups = sdc.replica_groups(world_size, replica_groups)
+        self._groups = sdc.replica_groups(world_size, replica_groups)
+        self._groups_given = replica_groups is not None
+        self._off = False
+        """No rank has a replica (a sharded model without replicate dims): nothing to compare."""
         self._state: Mapping[str, Any] = {}
         self._step_fn: Callable[[Any], Any] | None = None
         self._window: list[_Step] = []
@@ -156,6 +190,16 @@ class SdcGuard:
         return self.policy.enabled
 
     @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The replica groups fingerprints are compared in."""
+        return self._groups
+
+    @groups.setter
+    def groups(self, groups: tuple[tuple[int, ...], ...]) -> None:
+        """Set by the user (``ctx.set_replica_groups``): kept over what the mesh says."""
+        self._groups, self._groups_given, self._off = groups, True, False
+
+    @property
     def can_replay(self) -> bool:
         """Whether the step is registered (``ctx.run_step``), so a window can be replayed."""
         return self._step_fn is not None
@@ -166,6 +210,24 @@ class SdcGuard:
         self._state = state
         if self.enabled:
             self.canary()
+            if not self._groups_given:
+                self._mesh_groups()
+
+    def _mesh_groups(self) -> None:
+        """COLLECTIVE: replica groups from the shards the ranks hold (DDP: one group; FSDP
+        or TP: the ranks along the mesh's replicate dims); none at all turns the check off,
+        said once in the run log."""
+        signatures = self._gather(shard_signature(parameters_of(self._state)))
+        by_shard: dict[str, list[int]] = {}
+        for rank, sig in enumerate(signatures):
+            by_shard.setdefault(sig, []).append(rank)
+        self._groups = tuple(tuple(g) for g in by_shard.values())
+        self._off = len(signatures) > 1 and all(len(g) == 1 for g in self._groups)
+        if self._off and self.rank == 0:
+            self._log.append_entry(ReplicaCheckOffNote(
+                detail="no replicas to compare: replica check off (every rank holds a "
+                       "different shard; the canary and loss checks stay on)"),
+                generation=self._inc.generation, holder=self._inc.holder)
 
     def run_step(self, fn: Callable[[Any], Any], batch: Any, step: int) -> Any:
         """Run the user's step on ``batch``, keeping what a replay needs."""
@@ -204,13 +266,14 @@ class SdcGuard:
         if not self.enabled:
             return False
         self._canary_if_due()
-        if not (suspect or force or self.due(step)):
+        if not (suspect or force or self.due(step)) or (self._off and not suspect):
             return False
         self._checked = step
         t0 = self._clock.monotonic()
         mine = fingerprint(parameters_of(self._state))
         fps = exchange_fingerprints(mine, world_size=self.world_size, group=self._group)
-        if len(set(fps)) == 1 and not suspect:  # the common case: one tiny all-gather
+        agree = all(len({fps[r] for r in g if r < len(fps)}) <= 1 for g in self._groups)
+        if agree and not suspect:  # the common case: one tiny all-gather
             self._passed()
             self._events.emit("sdc_check", step, dur_s=self._clock.monotonic() - t0, ok=True)
             return True
@@ -262,7 +325,8 @@ class SdcGuard:
         """Load the known state and run the window's steps again with the same inputs (every
         rank at once: a DDP step is collective); ``skip`` leaves that step's batch out."""
         assert self._step_fn is not None and self._snapshot is not None
-        first = [p.detach().clone() for p in parameters_of(self._state)]  # rare: a suspect
+        # rare (a suspect): this rank's shards, to host memory, never a second device copy
+        first = [_local(p).detach().to("cpu", copy=True) for p in parameters_of(self._state)]
         self._load_snapshot(self._snapshot)
         losses = []
         for s in self._window:
@@ -320,16 +384,19 @@ class SdcGuard:
 
     # -- snapshot ------------------------------------------------------------------------------
     def _take_snapshot(self) -> dict[str, Any]:
-        """The registered modules' and optimizers' state (cloned on their device) and the RNG
-        streams: the known state a replay starts from."""
+        """The registered modules' and optimizers' tensors copied to host memory (pinned for a
+        device; the previous snapshot's buffers reused), the optimizers' hyperparameters and
+        the RNG streams: the known state a replay starts from. Nothing is copied on the
+        device."""
         import torch
 
         from hpcrun.checkpoint.state import capture_rng
 
+        old = self._snapshot or {}
         snap: dict[str, Any] = {"rng": capture_rng()}
         for name, obj in self._state.items():
             if isinstance(obj, torch.nn.Module | torch.optim.Optimizer):
-                snap[name] = copy.deepcopy(obj.state_dict())
+                snap[name] = _host_snapshot(obj, old.get(name))
         return snap
 
     def _load_snapshot(self, snap: Mapping[str, Any]) -> None:
@@ -337,8 +404,7 @@ class SdcGuard:
 
         for name, saved in snap.items():
             if name != "rng":
-                # a copy: the optimizer would otherwise adopt the snapshot's tensors
-                self._state[name].load_state_dict(copy.deepcopy(saved))
+                _load_host_snapshot(self._state[name], saved)
         restore_rng(snap["rng"])
 
     # -- canary --------------------------------------------------------------------------------
@@ -369,13 +435,63 @@ class SdcGuard:
         flip_bit(max(params, key=lambda p: p.numel()), index=0, bit=bit)
 
 
+@dataclass(kw_only=True, slots=True)
+class _HostCopy:
+    live: list[torch.Tensor]
+    """The object's own tensors (a DTensor's local part), filled in place on a replay."""
+    host: list[torch.Tensor]
+    """Their values in host memory."""
+    groups: list[dict[str, Any]]
+    """An optimizer's hyperparameters (lr, ...) per param group."""
+    empty: bool
+    """An optimizer without state yet (a replay clears the state it built)."""
+
+
+def _tensors_of(obj: Any) -> list[torch.Tensor]:
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return [_local(t) for t in [*obj.parameters(), *obj.buffers()]]
+    return [_local(v) for st in obj.state.values() for v in st.values()
+            if isinstance(v, torch.Tensor)]
+
+
+def _host_snapshot(obj: Any, old: _HostCopy | None) -> _HostCopy:
+    import torch
+
+    live = [t.detach() for t in _tensors_of(obj)]
+    reuse = old.host if old is not None and len(old.host) == len(live) else []
+    host = []
+    for i, t in enumerate(live):
+        buf = reuse[i] if reuse and reuse[i].shape == t.shape and reuse[i].dtype == t.dtype \
+            else torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        buf.copy_(t)
+        host.append(buf)
+    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+              for g in getattr(obj, "param_groups", [])]
+    return _HostCopy(live=live, host=host, groups=groups,
+                     empty=not getattr(obj, "state", True))
+
+
+def _load_host_snapshot(obj: Any, saved: _HostCopy) -> None:
+    if saved.empty:
+        obj.state.clear()  # the optimizer had no state: its first replayed step builds it
+    else:
+        for t, h in zip(saved.live, saved.host, strict=True):
+            t.copy_(h)
+    for g, hyper in zip(getattr(obj, "param_groups", []), saved.groups, strict=True):
+        g.update(copy.deepcopy(hyper))
+
+
 def _distance(first: Sequence[torch.Tensor], again: Sequence[torch.Tensor]) -> float:
-    """The largest absolute difference between two parameter lists (float64, on device)."""
+    """The largest absolute difference between two parameter lists (float64, on device;
+    this rank's shards)."""
 
     worst = 0.0
-    for a, b in zip(first, again, strict=True):
+    for a, b in zip(map(_local, first), map(_local, again), strict=True):
         if a.is_floating_point() and a.numel():
-            worst = max(worst, float((a.double() - b.detach().double()).abs().max()))
+            again_host = b.detach().to(a.device)
+            worst = max(worst, float((a.double() - again_host.double()).abs().max()))
     return worst
 
 
