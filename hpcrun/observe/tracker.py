@@ -266,7 +266,7 @@ def _wandb_records(data: bytes) -> Iterator[Any]:
         buf += data[pos + 7:pos + 7 + size]
         pos += 7 + size
         if kind in (1, 4):  # FULL, LAST
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
             try:
                 record.ParseFromString(buf)
             except Exception:  # a torn or foreign record ends what can be read
