@@ -78,12 +78,12 @@ class Regressor(pl.LightningModule):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, prog_bar=False)
-        return loss
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Counted here, not in on_train_batch_end: the callbacks' batch-end hooks (hpcrun's
+        # commit among them) run before the module's, and must see this batch as taken.
         loader = self.trainer.train_dataloader
         if isinstance(loader, SeededBatches):
             loader.took(batch_idx)
+        return loss
 
     def on_train_epoch_start(self) -> None:
         loader = self.trainer.train_dataloader

@@ -8,8 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
-
 from examples.lightning.model import Regressor, SeededBatches, synthetic_data
 from hpcrun.integrations import lightning as hl  # hpcrun
 
@@ -17,7 +15,7 @@ from hpcrun.integrations import lightning as hl  # hpcrun
 def main(ctx: Any) -> None:
     cfg = ctx.config
     seed = int(cfg.get("seed", 0))
-    torch.manual_seed(seed)  # the same initial weights on every rank
+    pl.seed_everything(seed, verbose=False)  # python, numpy, torch: the same on every rank
     features = int(cfg.get("features", 8))
     x, y = synthetic_data(seed=seed, samples=int(cfg.get("samples", 512)), features=features)
     loader = SeededBatches(x, y, batch_size=int(cfg.get("batch_size", 8)), seed=seed,
