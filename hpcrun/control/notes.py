@@ -25,6 +25,7 @@ __all__ = [
     "KnownGoodNote",
     "LogDebrisMovedNote",
     "LogDebrisNote",
+    "NoRestoreNote",
     "NodeExitNote",
     "NodeStatus",
     "NoteEvent",
@@ -62,6 +63,7 @@ class NoteEvent(StrEnum):
     REPLICA_CHECK_OFF = "replica_check_off"          # no rank has a replica to compare with
     PARTNER_COPY = "partner_copy"                    # a node's tier-0 shards copied to its partner
     TRACKER = "tracker"                              # the run's experiment-tracker run
+    NO_RESTORE = "no_restore"                        # steps ran with no state registered
     INIT_FROM = "init_from"                          # a run started from an outside checkpoint
 
 
@@ -496,6 +498,24 @@ class TrackerNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class NoRestoreNote(NotePayload):
+    """An incarnation finished its first step without ``ctx.restore`` / ``hpcrun.lite.restore``:
+    no state is registered, so no checkpoint will be committed and a preemption loses all
+    progress (rank 0 writes it once per incarnation)."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.NO_RESTORE
+    step: int
+    """The first step the ranks reported."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"step": f.integer("step")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownNote(NotePayload):
     """A note of an event this version does not know; ``extra`` holds the rest of it."""
 
@@ -525,6 +545,7 @@ _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
 
 
 _BY_EVENT[NoteEvent.TRACKER.value] = TrackerNote
+_BY_EVENT[NoteEvent.NO_RESTORE.value] = NoRestoreNote
 _BY_EVENT[NoteEvent.REPLICA_CHECK_OFF.value] = ReplicaCheckOffNote
 
 

@@ -192,6 +192,35 @@ def spec_rpo(run_dir: Path) -> float | None:
         return None
 
 
+NO_RESTORE_WARNING = ("no checkpoint will be committed; a preemption will lose all progress "
+                      "(step {step} ran with no state registered: call ctx.restore or "
+                      "hpcrun.lite.restore before the loop)")
+
+
+def run_warnings(run_dir: Path) -> tuple[str, ...]:
+    """What the ranks warned about in the run log, one line each: the newest ``no_restore``
+    note (steps ran with no state registered, so no checkpoint will ever be committed)."""
+    from hpcrun.control.fencing import fold_fences
+    from hpcrun.control.log import EntryKind, RunLog
+    from hpcrun.control.notes import NoRestoreNote, decode_note
+    from hpcrun.control.payload import PayloadError
+
+    try:
+        valid = fold_fences(RunLog(run_dir).read())[1]
+    except Exception:  # status must still render without the log
+        return ()
+    newest: NoRestoreNote | None = None
+    for e in valid:
+        if e.kind != EntryKind.NOTE or e.payload.get("event") != "no_restore":
+            continue
+        try:
+            note = decode_note(e.payload)
+        except PayloadError:
+            continue
+        newest = note if isinstance(note, NoRestoreNote) else newest
+    return (NO_RESTORE_WARNING.format(step=newest.step),) if newest is not None else ()
+
+
 def spec_script_mode(run_dir: Path) -> bool:
     """Whether the run's ranks run a plain script (False when the spec cannot be loaded)."""
     try:
@@ -250,7 +279,7 @@ def collect_status(run_dir: Path, *, now: float | None = None,
     record = (read_record or default_record_reader)(run_dir)
     facts = facts_from_record(record, rpo_s=rpo_s)
     facts = replace(facts, checkpoints=with_commit_times(run_dir, facts.checkpoints),
-                    script_mode=spec_script_mode(run_dir))
+                    script_mode=spec_script_mode(run_dir), warnings=run_warnings(run_dir))
     at = time.time() if now is None else now
     with _no_cycle_collection():
         rs = read_run_summary(run_dir) if use_run_summary else None

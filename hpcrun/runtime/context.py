@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from hpcrun.control.entries import (
     StatePayload,
 )
 from hpcrun.control.log import RunLog
+from hpcrun.control.notes import NoRestoreNote
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
 from hpcrun.runtime import faults, preemption
@@ -74,6 +76,8 @@ class _Progress:
     """Step of the last replica check that passed."""
     step_started: float = 0.0
     validated: bool = False
+    unrestored_noted: bool = False
+    """Whether this incarnation already warned that no state is registered."""
     in_step: bool = False
     input_wait_s: float | None = None
     """Input wait timed by ``ctx.input_wait()`` during the current step (None: none timed)."""
@@ -264,6 +268,7 @@ class Context:
         self._heartbeat(step=self._p.step, step_time_s=dur)
         self._cadence.observe_step(self._p.step, dur)
         self._finish_async(self._ckpt.poll())
+        self._note_if_unrestored()
         self._validate_once()
         self._fire_injections(slow=False)
 
@@ -420,6 +425,20 @@ class Context:
         with self._events.span("ckpt_commit", self._p.step, reason="final"):
             self._ensure_committed()
         self._check_replicas(force=True)  # the final commit is known-good if replicas agree
+
+    def _note_if_unrestored(self) -> None:
+        """At this incarnation's first step with no state registered (``ctx.restore`` /
+        ``hpcrun.lite.restore`` never called): one warning line in each rank's log, and rank 0
+        notes it in the run log, where status reads it."""
+        if self._p.unrestored_noted or self._state:
+            return
+        self._p.unrestored_noted = True
+        print(f"hpcrun: warning: step {self._p.step} finished but no state is registered "
+              "(ctx.restore / hpcrun.lite.restore was never called): no checkpoint will be "
+              "committed; a preemption will lose all progress", file=sys.stderr, flush=True)
+        if self.rank == 0:
+            self._log.publish_entry(NoRestoreNote(step=self._p.step),
+                                    generation=self.generation, holder=self.inc.holder)
 
     def _validate_once(self) -> None:
         # RUNNING means a step was validated after any restore: rank 0 says so once per

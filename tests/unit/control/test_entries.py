@@ -57,7 +57,7 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
-from hpcrun.control.notes import TrackerNote
+from hpcrun.control.notes import NoRestoreNote, TrackerNote
 from hpcrun.control.record import fold_record
 from hpcrun.errors import RecordError
 from hpcrun.vocab import CheckpointFormat, FaultClass, RunState, Tier
@@ -130,6 +130,7 @@ PAYLOADS: dict[str, EntryPayload] = {
     "note_tracker": TrackerNote(tracker="mlflow", run_ref="8f2c1d0e9a7b4c3d",
                                 location="file:///runs/tiny-1/tracker/mlruns", watermark=40,
                                 closed=True),
+    "note_no_restore": NoRestoreNote(step=1),
     "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,
                               signature="sdc:n2", detail="silent data corruption on n2"),
 }

@@ -55,3 +55,19 @@ def test_a_script_that_reports_steps_gets_the_usual_figures() -> None:
 def test_an_entrypoint_run_before_its_first_step_is_not_called_a_silent_script() -> None:
     text = render_text(_view("STARTING", _silent_events()[:3], script_mode=False))
     assert "progress    no step reported yet" in text and STEPS_NOT_REPORTED not in text
+
+
+def test_status_warns_when_steps_ran_with_no_state_registered(tmp_path) -> None:
+    from hpcrun.control.log import RunLog
+    from hpcrun.control.notes import NoRestoreNote
+    from hpcrun.observe.collect import collect_status
+    from tests.unit.observe.builders import make_run
+
+    run = make_run(tmp_path)
+    assert "no checkpoint will be committed" not in render_text(collect_status(run).view)
+    log = RunLog(run)
+    fence = log.read()[-1]
+    log.publish_entry(NoRestoreNote(step=1), generation=fence.generation, holder=fence.holder)
+    text = render_text(collect_status(run).view)
+    assert ("warning     no checkpoint will be committed; a preemption will lose all progress "
+            "(step 1 ran with no state registered") in text
