@@ -32,6 +32,7 @@ from hpcrun.control.elastic import (
 )
 from hpcrun.errors import ConfigError
 from hpcrun.launch.jobsetup import merge_sbatch_extra, render_container
+from hpcrun.launch.scriptslots import directive, env_name, guarded_setup, one_line, word
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.site import SiteConfig
 
@@ -158,8 +159,9 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
             ``--nodes=min_nodes-nodes`` (:func:`~hpcrun.control.elastic.sbatch_nodes`).
 
     Raises:
-        ConfigError: the spec asks for more GPUs per node than the site has, or its
-            ``resources.sbatch_extra`` names an unknown option or one hpcrun sets itself.
+        ConfigError: the spec asks for more GPUs per node than the site has, its
+            ``resources.sbatch_extra`` names an unknown option or one hpcrun sets itself, or a
+            value is not one line of printable text (it would end its ``#SBATCH`` line).
     """
     r = spec.resources
     args: list[tuple[str, str]] = [
@@ -189,7 +191,9 @@ def sbatch_args(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     args += [(key, value) for key, value in (("dependency", dependency), ("array", array))
              if value]
     args += merge_sbatch_extra(site.sbatch_extra, spec.resources.sbatch_extra)
-    return args
+    # both ways in write these as `#SBATCH --key=value` lines: each value is one line
+    return [(one_line(k, key="sbatch option"), one_line(v, key=f"sbatch --{k}"))
+            for k, v in args]
 
 
 def _checked_gpus(spec: RunSpec, site: SiteConfig) -> int:
@@ -217,8 +221,12 @@ def _placement(spec: RunSpec, site: SiteConfig, exclude: Sequence[str],
 
 
 def format_flag(key: str, value: str) -> str:
-    """``--key=value`` (shell-quoted as sbatch reads it), or ``--key`` for a bare flag."""
-    return f"--{key}" if value == BARE else f"--{key}={shlex.quote(value)}"
+    """``--key=value`` (shell-quoted as sbatch reads it), or ``--key`` for a bare flag.
+
+    Raises:
+        ConfigError: the value is not one line (it would end the directive).
+    """
+    return directive(key, value, bare=BARE)
 
 
 def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
@@ -242,12 +250,17 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
         site.container, [*step.srun_args(), *agent_output_flags(step, run_dir)],
         python or site.python or shlex.quote(sys.executable))
     context = {
-        "run_name": spec.name, "site_name": site.name, "spec_id": spec.spec_id, "op_id": op_id,
+        "run_name": one_line(spec.name, key="name"),
+        "site_name": one_line(site.name, key="site name"),
+        "spec_id": spec.spec_id, "op_id": one_line(op_id, key="operation id"),
         "sbatch_lines": [format_flag(k, v) for k, v in flags],
-        "modules": list(site.modules), "env": sorted(site.env.items()),
-        "setup": list(site.setup),
-        "run_dir": str(run_dir), "signal": site.signal_name(),
-        "srun_args": srun_args, "python": interpreter,
+        "modules": [word(m, key=f"site modules[{i}]") for i, m in enumerate(site.modules)],
+        "env": [(env_name(k), word(v, key=f"site env.{k}")) for k, v in sorted(site.env.items())],
+        "setup": [guarded_setup(line, key=f"site setup[{i}]")
+                  for i, line in enumerate(site.setup)],
+        "run_dir": word(run_dir, key="run directory"), "signal": site.signal_name(),
+        "srun_args": [one_line(a, key="srun argument") for a in srun_args],
+        "python": one_line(interpreter, key="site python"),
         "agent_count": agent_count_exports(spec),
         "job_exit": job_exit_lines(run_dir),
     }

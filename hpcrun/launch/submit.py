@@ -26,7 +26,6 @@ preemption grace time until the agent installs its own SIGTERM handler.
 from __future__ import annotations
 
 import re
-import shlex
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ from hpcrun.launch.sbatch import (
     job_logs_dir,
     sbatch_args,
 )
+from hpcrun.launch.scriptslots import env_name, guarded_setup, word
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.site import SiteConfig
 from hpcrun.runner import CommandRunner
@@ -69,12 +69,13 @@ def setup_lines(site: SiteConfig, *, run_dir: Path, op_id: str,
     preemption signal sent to the batch shell no longer ends the job under the agents before
     they commit. The agents get the signal from Slurm directly (``--signal`` without ``B:``).
     """
-    lines = [f"module load {shlex.quote(m)}" for m in site.modules]
-    lines += [f"{line} || {{ echo \"hpcrun: site setup line failed\" >&2; exit 1; }}"
-              for line in site.setup]
+    lines = [f"module load {word(m, key=f'site modules[{i}]')}"
+             for i, m in enumerate(site.modules)]
+    lines += [guarded_setup(line, key=f"site setup[{i}]") for i, line in enumerate(site.setup)]
     exports = {"HPCRUN_RUN_DIR": str(run_dir), "HPCRUN_SITE": site.name, "HPCRUN_OP_ID": op_id}
     exports.update(sorted(site.env.items()))
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
+    lines += [f"export {env_name(name)}={word(value, key=f'env {name}')}"
+              for name, value in exports.items()]
     lines += job_exit_lines(run_dir)
     sig = site.signal_name()
     lines += list(agents)  # an elastic job: one agent per granted node

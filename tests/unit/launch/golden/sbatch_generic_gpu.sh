@@ -25,8 +25,8 @@
 set -uo pipefail
 
 # Site modules.
-module load cuda/12.4 || { echo "hpcrun: module load cuda/12.4 failed" >&2; exit 1; }
-module load nccl/2.21 || { echo "hpcrun: module load nccl/2.21 failed" >&2; exit 1; }
+module load cuda/12.4 || { echo "hpcrun: module load failed:" cuda/12.4 >&2; exit 1; }
+module load nccl/2.21 || { echo "hpcrun: module load failed:" nccl/2.21 >&2; exit 1; }
 
 export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
 export HPCRUN_SITE=generic-gpu
@@ -47,11 +47,12 @@ hpcrun_job_exit() {
 }
 trap hpcrun_job_exit EXIT
 
-# Site setup, before the agents start; a failing line ends the job. Activation scripts (conda,
-# venv) read unset variables, so -u is off while they run.
+# Site setup, before the agents start; a failing line ends the job (each line is eval'ed whole,
+# so a comment or a `;` in it cannot cut the guard off). Activation scripts (conda, venv) read
+# unset variables, so -u is off while they run.
 set +u
-export HF_HOME=/lustre/$USER/hf-cache || { echo "hpcrun: site setup line failed:" 'export HF_HOME=/lustre/$USER/hf-cache' >&2; exit 1; }
-ulimit -n 65536 || { echo "hpcrun: site setup line failed:" 'ulimit -n 65536' >&2; exit 1; }
+eval 'export HF_HOME=/lustre/$USER/hf-cache' || { echo "hpcrun: site setup line failed:" 'export HF_HOME=/lustre/$USER/hf-cache' >&2; exit 1; }
+eval 'ulimit -n 65536' || { echo "hpcrun: site setup line failed:" 'ulimit -n 65536' >&2; exit 1; }
 set -u
 
 # Preemption: Slurm sends SIGUSR1 to the job steps (--signal without B:), so every agent

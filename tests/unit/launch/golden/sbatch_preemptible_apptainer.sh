@@ -23,7 +23,7 @@
 set -uo pipefail
 
 # Site modules.
-module load cuda/12.4 || { echo "hpcrun: module load cuda/12.4 failed" >&2; exit 1; }
+module load cuda/12.4 || { echo "hpcrun: module load failed:" cuda/12.4 >&2; exit 1; }
 
 export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
 export HPCRUN_SITE=preemptible
@@ -42,10 +42,11 @@ hpcrun_job_exit() {
 }
 trap hpcrun_job_exit EXIT
 
-# Site setup, before the agents start; a failing line ends the job. Activation scripts (conda,
-# venv) read unset variables, so -u is off while they run.
+# Site setup, before the agents start; a failing line ends the job (each line is eval'ed whole,
+# so a comment or a `;` in it cannot cut the guard off). Activation scripts (conda, venv) read
+# unset variables, so -u is off while they run.
 set +u
-module load apptainer/1.3 || { echo "hpcrun: site setup line failed:" 'module load apptainer/1.3' >&2; exit 1; }
+eval 'module load apptainer/1.3' || { echo "hpcrun: site setup line failed:" 'module load apptainer/1.3' >&2; exit 1; }
 set -u
 
 # Preemption: Slurm sends SIGUSR2 to the job steps (--signal without B:), so every agent

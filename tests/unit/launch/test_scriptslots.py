@@ -1,0 +1,129 @@
+"""No value of a spec or a site config can add a directive, split an argument or disarm a guard.
+
+Property tests over random text in every slot a value reaches in the job script: either the
+value is refused (one ConfigError naming its key) because it holds a control character, or
+``bash -n`` accepts the script, its ``#SBATCH`` block holds exactly the directives hpcrun meant,
+and a failing setup line still ends the job whatever text follows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpcrun.errors import ConfigError, HpcrunError
+from hpcrun.launch.sbatch import format_flag, render_sbatch, sbatch_args
+from hpcrun.launch.scriptslots import env_name, guarded_setup, one_line, word
+from hpcrun.launch.site import SiteConfig, load_site
+from hpcrun.launch.submit import setup_lines
+from tests.unit.launch.test_sbatch import make_spec
+
+RUN_DIR = Path("/shared/runs/tiny-1")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SLOW = settings(max_examples=40, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+# text with the characters that break scripts, plus anything else
+NASTY = st.text(alphabet=st.sampled_from(list("ab $`'\"\\;&|#\n\r\t\x00()*?<>{}=-")) |
+                st.characters(codec="utf-8"), min_size=1, max_size=24)
+
+
+def _bash_ok(script: str) -> bool:
+    return subprocess.run(["bash", "-n"], input=script.encode(), capture_output=True,
+                          check=False).returncode == 0
+
+
+def _directives(script: str) -> list[str]:
+    return [ln.removeprefix("#SBATCH ") for ln in script.splitlines()
+            if ln.startswith("#SBATCH")]
+
+
+def _render(spec_over: dict[str, object], site: SiteConfig) -> tuple[str, list[str]] | None:
+    try:
+        spec = make_spec(**spec_over)
+        script = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="tiny.submit.0",
+                               python="/usr/bin/python3")
+    except (ConfigError, HpcrunError):
+        return None
+    meant = [format_flag(k, v) for k, v in sbatch_args(spec, site, run_dir=RUN_DIR,
+                                                         op_id="tiny.submit.0")]
+    return script, meant
+
+
+@SLOW
+@given(value=NASTY, slot=st.sampled_from(["partition", "account", "qos", "constraint"]))
+def test_a_spec_value_in_a_directive_is_refused_or_stays_one_directive(value: str,
+                                                                       slot: str) -> None:
+    out = _render({slot: value}, load_site("testbed"))
+    if out is None:
+        assert CONTROL.search(value) or not value.strip(), repr(value)
+        return
+    script, meant = out
+    assert not CONTROL.search(value)
+    assert _bash_ok(script)
+    assert _directives(script) == meant
+
+
+@SLOW
+@given(value=NASTY, slot=st.sampled_from(["modules", "env", "setup"]))
+def test_a_site_value_is_refused_or_leaves_the_script_well_formed(value: str, slot: str) -> None:
+    change = {"modules": {"modules": (value,)}, "env": {"env": {"SITE_VAR": value}},
+              "setup": {"setup": (value,)}}[slot]
+    site = dataclasses.replace(load_site("testbed"), **change)  # type: ignore[arg-type]
+    spec = make_spec()
+    try:
+        script = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="op", python="python3")
+        lines = setup_lines(site, run_dir=RUN_DIR, op_id="op")
+    except ConfigError as exc:
+        allowed = CONTROL if slot != "setup" else re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+        assert allowed.search(value), (value, exc)
+        return
+    assert _bash_ok(script) and _bash_ok("\n".join(lines))
+    assert _directives(script) == [format_flag(k, v) for k, v in sbatch_args(
+        spec, site, run_dir=RUN_DIR, op_id="op")]
+
+
+@SLOW
+@given(tail=st.text(alphabet=st.sampled_from(list("ab $`'\";&|#()\\\n")), max_size=20))
+def test_a_failing_setup_line_ends_the_job_whatever_follows_it(tail: str) -> None:
+    script = f"{guarded_setup('false # ' + tail)}\necho reached\n"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    assert out.returncode == 1 and "reached" not in out.stdout
+    assert "site setup line failed" in out.stderr
+
+
+def test_a_setup_line_with_a_comment_keeps_its_guard() -> None:
+    # the guard used to be appended after the line: `false # note || { ... exit 1; }` lost it
+    out = subprocess.run(["bash", "-c", guarded_setup("false # load the compiler") + "\nexit 7"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 1
+
+
+def test_setup_lines_export_into_the_job_shell() -> None:
+    out = subprocess.run(["bash", "-c", guarded_setup("export HPCRUN_PROBE=$((6*7))") +
+                          '\necho "$HPCRUN_PROBE"'], capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "42"
+
+
+@pytest.mark.parametrize("bad", ["batch\n#SBATCH --uid=0", "a\rb", "nul\x00", "tab\there"])
+def test_a_control_character_is_one_error_naming_the_key(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"^partition .* holds the control character"):
+        one_line(bad, key="partition")
+
+
+def test_a_word_survives_the_shell_as_one_argument() -> None:
+    value = "a b; $(touch /tmp/x) `id` 'q' \"d\""
+    out = subprocess.run(["bash", "-c", f"printf '%s|' {word(value, key='v')}"],
+                         capture_output=True, text=True, check=False)
+    assert out.stdout == value + "|"
+
+
+@pytest.mark.parametrize("name", ["1X", "X Y", "X=1;id", "", "A-B"])
+def test_an_env_name_that_is_not_a_variable_is_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match="is not a variable name"):
+        env_name(name)
