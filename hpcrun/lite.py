@@ -81,7 +81,7 @@ def restore(state: Mapping[str, Any]) -> int:
     Raises:
         EnvError: the script's default process group is not formed yet.
     """
-    session = _current(start=True)
+    session = _current()
     if session is None:
         return 0
     return session.ctx.restore(**dict(state))
@@ -120,7 +120,7 @@ def report(step: int, **metrics: float) -> None:
 def save(state: Mapping[str, Any] | None = None) -> None:
     """Commit the final state at the last reported step (collective). ``state`` replaces the
     registered state when given (a script that never called :func:`restore`)."""
-    session = _current(start=state is not None)
+    session = _current()
     if session is None or session.closed:
         return
     if state is not None and not session.ctx.restored:
@@ -131,7 +131,10 @@ def save(state: Mapping[str, Any] | None = None) -> None:
 
 # -- the session -----------------------------------------------------------------------------
 
-def _current(*, start: bool = False) -> _Session | None:
+def _current() -> _Session | None:
+    """This rank's session, opened by the first call (None outside hpcrun). A script that
+    reports steps without :func:`restore` runs with no state registered: its first step
+    warns that no checkpoint will be committed."""
     if _session:
         return _session[0]
     environ = dict(os.environ)
@@ -140,9 +143,6 @@ def _current(*, start: bool = False) -> _Session | None:
             _warned.append(True)
             print(_WARNING, file=sys.stderr)
         return None
-    if not start:
-        raise EnvError("hpcrun.lite: should_stop/report called before lite.restore(state); "
-                       "call lite.restore once, after init_process_group and before the loop")
     _session.append(_open(environ))
     return _session[0]
 
