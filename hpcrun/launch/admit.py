@@ -146,6 +146,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
     if site is not None:
         findings += _storage_findings(site, backend, runs_root, environ, storage)
     if spec is not None and site is not None and backend == "slurm":
+        findings += _script_findings(spec, site)
         findings += _scheduler_findings(spec, site, runner, request.user)
     return Admission(spec=spec, site=site, backend=backend, runs_root=runs_root, notice=notice,
                      report=assemble(findings))
@@ -379,6 +380,19 @@ def backend_findings(spec: RunSpec, site: SiteConfig) -> list[Finding]:
 
 
 # -- scheduler ----------------------------------------------------------------------------------
+
+def _script_findings(spec: RunSpec, site: SiteConfig) -> list[Finding]:
+    """Both job scripts render: every value fits its slot (:mod:`hpcrun.launch.scriptslots`)."""
+    from hpcrun.launch.sbatch import render_sbatch
+    from hpcrun.launch.submit import setup_lines
+
+    try:
+        render_sbatch(spec, site, run_dir=Path("/admission"), op_id="admission")
+        setup_lines(site, run_dir=Path("/admission"), op_id="admission")
+    except ConfigError as exc:
+        return [problem_of(CheckKind.SITE, exc)]
+    return [Passed(check=CheckKind.SITE, what="the job script renders: every value fits its slot")]
+
 
 def _scheduler_findings(spec: RunSpec, site: SiteConfig, runner: CommandRunner,
                         user: str) -> list[Finding]:

@@ -127,3 +127,27 @@ def test_a_word_survives_the_shell_as_one_argument() -> None:
 def test_an_env_name_that_is_not_a_variable_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match="is not a variable name"):
         env_name(name)
+
+
+def test_submit_refuses_a_site_value_that_would_break_the_script_before_anything_exists(
+        tmp_path: Path) -> None:
+    import yaml
+
+    from hpcrun.launch.site import SITE_CONFIGS_ENV
+    from hpcrun.testing.runs import hpcrun, write_spec
+
+    site = yaml.safe_load((Path(__file__).parents[3] / "site_configs" / "testbed.yaml")
+                          .read_text())
+    site.update(name="hostile", modules=["gcc\n#SBATCH --uid=0"])
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "hostile.yaml").write_text(yaml.safe_dump(site))
+    spec = write_spec(tmp_path / "run.yaml", {"name": "tiny", "site": "hostile",
+                                              "entrypoint": "examples.tiny_lm.train:main"})
+    runs = tmp_path / "runs"
+    done = hpcrun("submit", str(spec), "--dry-run", "--backend", "slurm",
+                  env={SITE_CONFIGS_ENV: str(sites), "HPCRUN_RUNS": str(runs)},
+                  cwd=Path(__file__).parents[3])
+    assert done.returncode == 2, done.stderr
+    assert "site modules[0] 'gcc\\n#SBATCH --uid=0' holds the control character" in done.stderr
+    assert not runs.exists() or not any(runs.iterdir())
