@@ -128,7 +128,7 @@ def decode_header(prefix: bytes, path: Path) -> tuple[dict[str, Any], int]:
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy().data) if flat.numel() else memoryview(b"")
 
 
 def write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]],

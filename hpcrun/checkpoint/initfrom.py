@@ -22,6 +22,7 @@ parameters, which every checkpoint carries so an export can key the optimizer by
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,15 +213,18 @@ def _load_dcp(src: InitSource, model: torch.nn.Module, optim: torch.optim.Optimi
     found = {k[len(prefix):]: tuple(getattr(v, "size", ())) for k, v in meta.items()
              if k.startswith(prefix) and not _is_optim_key(k)}
     with_optim = optim is not None and any(k.startswith("optim.") for k in meta)
-    msd, osd = get_state_dict(model, optim if with_optim else [])
+    optims: list[torch.optim.Optimizer] = [optim] if optim is not None and with_optim else []
+    msd, osd = get_state_dict(model, optims)
     check_keys(found, {k: _shape(v) for k, v in msd.items() if isinstance(v, torch.Tensor)},
                source=str(src.path))
     target: dict[str, Any] = {"model": msd} if prefix else dict(msd)
     if with_optim:
         target["optim"] = osd
     no_dist = group is None or not torch.distributed.is_initialized()
-    dcp.load(target, checkpoint_id=str(src.path), process_group=group, no_dist=no_dist)
-    set_state_dict(model, optim if with_optim else [],
+    with warnings.catch_warnings():  # "assuming ... a single process": a one-rank run
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        dcp.load(target, checkpoint_id=str(src.path), process_group=group, no_dist=no_dist)
+    set_state_dict(model, optims,
                    model_state_dict=target["model"] if prefix else {k: target[k] for k in msd},
                    optim_state_dict=target["optim"] if with_optim else {})
     return InitResult(source=src, tensors=len(msd) + _count(osd if with_optim else {}),

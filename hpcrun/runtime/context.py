@@ -150,7 +150,7 @@ class Context:
         handed over at the end, ``hpcrun.lite.save(state)``)."""
         self._state = dict(state)
 
-    def restore(self, *, init_from: str | os.PathLike[str] | None = None, **state: Any) -> int:
+    def restore(self, *, init_from: Any = None, **state: Any) -> int:
         """Register ``state`` for checkpoints and load the newest committed checkpoint into it.
 
         While the run has no committed checkpoint of its own, ``init_from`` (else the spec's
@@ -158,6 +158,10 @@ class Context:
         the registered model (and, from DCP, optimizer) instead, and the run log notes it with
         its digest (:mod:`hpcrun.checkpoint.initfrom`); once the run commits, it is never read
         again. Collective.
+
+        Args:
+            init_from: a path (``str`` or ``os.PathLike``) or None (typed loosely so that
+                ``restore(**states)`` with a mapping of states type-checks).
         """
         self._state = dict(state)
         self._restored = True
