@@ -168,6 +168,9 @@ class StatusView:
     """ETTR, breakdown and throughputs, as the report computes them (None without events)."""
     metrics: MetricSeries | None = None
     """The training metrics the steps reported (loss first), each step once."""
+    reported_step: int = 0
+    """The newest step the current generation's ranks reported (the slowest rank's), which
+    runs ahead of ``facts.step`` (the newest committed) between commits."""
     steps_reported: bool = True
     """Whether the ranks reported any step; False for a plain script that never does (status
     then shows no step and no ETTR: ``steps not reported by the script``)."""
@@ -331,6 +334,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
         alerts=tuple(a.message for a in alerts),
         nodes=node_progress(heartbeats, last_steps, now), figures=figures,
         metrics=s.metric_series(),
+        reported_step=min((st for st, _ in last_steps.values()), default=0),
         steps_reported=facts.step > 0 or (figures is not None and figures.steps_reported))
 
 
@@ -399,6 +403,9 @@ def render_text(view: StatusView) -> str:
 
 def _progress_line(view: StatusView) -> str:
     f = view.facts
+    if view.steps_reported and f.step == 0 and view.reported_step > 0:
+        return (f"progress    step {view.reported_step} reported, none committed"
+                + _recent_rate(view))
     if view.steps_reported:
         return f"progress    step {f.step}  tokens {f.tokens:,}" + _recent_rate(view)
     if f.state in ACTIVE_STATES and not f.script_mode:

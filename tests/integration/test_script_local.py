@@ -162,3 +162,22 @@ def test_lite_script_stops_at_a_boundary_and_resumes_exactly(tmp_path: Path) -> 
     assert stop, "the stop committed no checkpoint"
     diff = cli(tmp_path, "ckpt", "diff", str(whole), str(cut))
     assert diff.returncode == 0, diff.stdout + diff.stderr
+
+
+def test_steps_without_restore_are_warned_in_the_rank_log_and_status(tmp_path: Path) -> None:
+    code = ("import torch.distributed as d; import hpcrun.lite as lite; "
+            "d.init_process_group('gloo')\n"
+            "for step in range(5):\n"
+            "    if lite.should_stop(): break\n"
+            "    lite.report(step + 1, loss=1.0 / (step + 1))\n"
+            "d.destroy_process_group()")
+    spec = {"name": "no-restore", "command": [sys.executable, "-c", code], "site": "local",
+            "resources": {"nodes": 2, "tasks_per_node": 1, "time_limit_min": 5}}
+    run = submit(tmp_path, spec)
+    assert str(read_record(run).state) == "SUCCEEDED"
+    for rank in (0, 1):
+        assert rank_log(run, rank).count("no checkpoint will be committed") == 1
+    text = status_text(tmp_path, run)
+    assert "warning     no checkpoint will be committed; a preemption will lose all progress" \
+        in text
+    assert "progress    step 5 reported, none committed" in text
