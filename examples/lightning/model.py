@@ -45,8 +45,8 @@ class SeededBatches:
         return len(self.x) // (self.batch_size * self.world_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(len(self.x),
-                               generator=torch.Generator().manual_seed(self.seed * 1000 + self.epoch))
+        gen = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
+        order = torch.randperm(len(self.x), generator=gen)
         start, self._start = self._start, 0
         for i in range(start, len(self)):
             first = (i * self.world_size + self.rank) * self.batch_size

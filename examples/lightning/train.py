@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+
 from examples.lightning.model import Regressor, SeededBatches, synthetic_data
 from hpcrun.integrations import lightning as hl  # hpcrun
 

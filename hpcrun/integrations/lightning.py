@@ -242,7 +242,8 @@ def fit(ctx: Context, trainer: pl.Trainer, model: pl.LightningModule,
         EnvError: the trainer was not built with :func:`trainer_kwargs`.
         CheckpointError: ``ckpt_path`` was passed (hpcrun chooses what to resume from).
     """
-    callback = next((c for c in trainer.callbacks if isinstance(c, HpcrunCallback)), None)
+    callbacks: list[Callback] = getattr(trainer, "callbacks", [])  # a property Lightning adds
+    callback = next((c for c in callbacks if isinstance(c, HpcrunCallback)), None)
     if callback is None:
         raise EnvError("the Trainer has no HpcrunCallback; build it with "
                        "L.Trainer(**hpcrun.integrations.lightning.trainer_kwargs(ctx), ...)")

@@ -29,13 +29,6 @@ def _spec(**config: Any) -> dict[str, Any]:
     return spec
 
 
-def _lightning_meta(run: Path) -> dict[str, Any]:
-    """The Lightning loop state of the run's newest commit (rank 0's meta tree)."""
-    out = cli(run.parent, "ckpt", "ls", run.name, "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
 def test_preempted_trainer_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     whole = submit(tmp_path / "a", _spec())
     record = read_record(whole)

@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("lightning", reason="pip install 'lightning>=2.4,<2.7'")
 
-import lightning.pytorch as pl  # noqa: E402  (after the skip)
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
 
-from examples.lightning.model import Regressor, SeededBatches, synthetic_data  # noqa: E402
-from hpcrun.errors import CheckpointError, EnvError  # noqa: E402
-from hpcrun.integrations import lightning as hl  # noqa: E402
-from hpcrun.launch.env import DistEnv  # noqa: E402
+from examples.lightning.model import Regressor, SeededBatches, synthetic_data
+from hpcrun.errors import CheckpointError, EnvError
+from hpcrun.integrations import lightning as hl
+from hpcrun.launch.env import DistEnv
 
 
 @dataclass
@@ -99,7 +99,7 @@ def test_environment_is_hpcruns_gang() -> None:
     assert (ce.main_address, ce.main_port, ce.creates_processes_externally) == (
         "n0", env.master_port, True)
     ce.set_world_size(4)
-    with pytest.raises(EnvError, match="world size .* 8 but hpcrun started 4.*trainer_kwargs"):
+    with pytest.raises(EnvError, match=r"world size .* 8 but hpcrun started 4.*trainer_kwargs"):
         ce.set_world_size(8)
 
 
