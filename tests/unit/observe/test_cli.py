@@ -80,3 +80,14 @@ def test_unknown_run_is_one_clear_line(runs: tuple[CliRunner, Path]) -> None:
     out = runner.invoke(cli, ["status", "nope"])
     assert out.exit_code != 0
     assert "hpcrun list" in str(out.exception)
+
+
+def test_metrics_of_a_run_that_reported_none_is_one_line_and_an_error(
+        runs: tuple[CliRunner, Path]) -> None:
+    from hpcrun.errors import RecordError
+
+    runner, _ = runs
+    out = runner.invoke(cli, ["metrics", "demo-1", "--csv"])
+    assert out.exit_code != 0 and isinstance(out.exception, RecordError)  # main maps it
+    assert "reported no numeric metric yet" in str(out.exception)
+    assert "ctx.step_done(loss=" in str(out.exception)
