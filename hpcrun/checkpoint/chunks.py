@@ -115,7 +115,8 @@ def local_box(value: torch.Tensor, path: str) -> LocalBox:
             "from state_dict()")
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    mesh, placements = value.device_mesh, tuple(value.placements)
+    dt: Any = value  # a DTensor: mesh, placements and local part are its own attributes
+    mesh, placements = dt.device_mesh, tuple(dt.placements)
     if any(p.is_partial() for p in placements):
         raise CheckpointError(
             f"cannot checkpoint {path!r}: the DTensor has a Partial placement (a pending "
@@ -125,16 +126,33 @@ def local_box(value: torch.Tensor, path: str) -> LocalBox:
         raise CheckpointError(f"cannot checkpoint {path!r}: this rank is not on the DTensor's "
                               f"mesh {mesh}; register only state this rank holds")
     shape, offsets = compute_local_shape_and_global_offset(value.shape, mesh, placements)
-    local = value.to_local()
+    local = dt.to_local()
     if tuple(local.shape) != tuple(shape):
         raise CheckpointError(
             f"cannot checkpoint {path!r}: its local tensor {list(local.shape)} is not one box "
             f"of {list(value.shape)} under {list(map(str, placements))}; use Shard/Replicate "
             "placements whose local part is contiguous in the global tensor")
-    rep = [i for i, p in enumerate(placements) if p.is_replicate()]
+    coords, sizes, rep = _replica_space(mesh, placements)
     return LocalBox(local=local, global_shape=tuple(value.shape), offsets=tuple(offsets),
                     placements=tuple(str(p) for p in placements),
-                    writer=volume(shape) > 0 and is_writer(coordinate, mesh.shape, rep, path))
+                    writer=volume(shape) > 0 and is_writer(coords, sizes, rep, path))
+
+
+def _replica_space(mesh: Any, placements: Sequence[Any],
+                   ) -> tuple[list[int], tuple[int, ...], list[int]]:
+    """(coordinate, mesh shape, replicate dims) in which a box's replicas are counted.
+
+    A DTensor on a submesh (FSDP2's ``dp`` of a ``(dp, tp)`` mesh) has copies along the root
+    mesh's other dims: those count as replicate dims too, so one copy writes. A submesh
+    without dim names is taken alone (its copies each write; restore reads one)."""
+    rep = [i for i, p in enumerate(placements) if p.is_replicate()]
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    names, root_names = mesh.mesh_dim_names, root.mesh_dim_names
+    if root is mesh or not names or not root_names or not set(names) <= set(root_names):
+        return list(mesh.get_coordinate()), tuple(mesh.shape), rep
+    mine = {root_names.index(n): i for i, n in enumerate(names)}
+    rep_root = [d for d in range(root.ndim) if d not in mine or mine[d] in rep]
+    return list(root.get_coordinate()), tuple(root.shape), rep_root
 
 
 __all__ = ["Box", "LocalBox", "covered", "intersect", "is_dtensor", "is_writer", "local_box",

@@ -346,7 +346,9 @@ def _chunk_target(key: str, parts: Sequence[tuple[int, int, DatasetRecord]], nee
                           f"checkpoint but {list(shape)} now "
                           f"({_layouts(old_world, new_world)}); only the sharding may change")
     box = (tuple(offs), tuple(lens))
-    picked = [p for p in parts if intersect(box, (p[2].offsets, p[2].lengths)) is not None]
+    # copies of a box (written by each copy of a submesh without dim names) are read once
+    unique = {(p[2].offsets, p[2].lengths): p for p in reversed(parts)}
+    picked = [p for b, p in unique.items() if intersect(box, b) is not None]
     if covered(box, [(p[2].offsets, p[2].lengths) for p in picked]) < volume(lens):
         return None, [], (f"tensor {key!r}: the checkpoint's chunks do not cover this rank's "
                           f"box at {list(offs)} of {list(lens)}; the checkpoint is incomplete")

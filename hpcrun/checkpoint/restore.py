@@ -225,8 +225,11 @@ def _box_for(key: str, parts: list[tuple[DatasetRecord, torch.Tensor]],
     box: Box = ((leaf.offsets, tuple(leaf.tensor.shape)) if leaf is not None
                 else ((0,) * len(d0.global_shape), tuple(d0.global_shape)))
     out = torch.empty(box[1], dtype=t0.dtype)
-    filled = 0
+    filled, seen = 0, set()
     for d, t in parts:
+        if (d.offsets, d.lengths) in seen:
+            continue  # another copy of a box already taken
+        seen.add((d.offsets, d.lengths))
         if (x := intersect(box, (d.offsets, d.lengths))) is not None:
             out[relative(x, box[0])] = t[relative(x, d.offsets)]
             filled += volume(x[1])
