@@ -16,13 +16,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("examples", "benchmarks")
 
-# Imports each named module, catching everything, and prints {module: "Error: message"} as JSON.
+# Imports each named module (``pkg.mod``), or runs each script (``path/to/x.py``: a folder without
+# ``__init__.py`` holds plain scripts that import their siblings) under a name other than
+# ``__main__`` with its folder first on sys.path, catching everything; prints {name: "Error: ..."}.
 _PROBE = """
-import importlib, json, sys, traceback
+import importlib, json, runpy, sys, traceback
 failed = {}
 for name in sys.argv[1:]:
+    before = set(sys.modules)
     try:
-        importlib.import_module(name)
+        if name.endswith(".py"):
+            folder = name.rsplit("/", 1)[0]
+            sys.path.insert(0, folder)
+            try:
+                runpy.run_path(name, run_name="__probe__")
+            finally:
+                sys.path.remove(folder)
+                for new in set(sys.modules) - before:  # siblings: another folder has its own
+                    if getattr(sys.modules[new], "__file__", "").startswith(folder):
+                        del sys.modules[new]
+        else:
+            importlib.import_module(name)
     except BaseException as exc:
         failed[name] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
 print(json.dumps(failed))
@@ -30,11 +44,16 @@ print(json.dumps(failed))
 
 
 def module_names(root: Path, packages: tuple[str, ...]) -> list[str]:
-    """Dotted names of every ``.py`` module under ``packages`` (``__init__`` as its package)."""
+    """Dotted names of every module under ``packages`` (``__init__`` as its package), and the
+    paths of the plain scripts (``.py`` files in folders without an ``__init__.py``)."""
     names = []
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
-            rel = path.relative_to(root).with_suffix("")
+            rel = path.relative_to(root)
+            if not (path.parent / "__init__.py").exists():
+                names.append(str(rel))
+                continue
+            rel = rel.with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
             names.append(".".join(parts))
     return names
@@ -53,8 +72,11 @@ def test_the_walk_finds_the_demo_and_the_benchmark_entries() -> None:
     assert {"examples.tiny_lm.demo", "benchmarks.__main__", "benchmarks.gpu.check"} <= set(names)
 
 
-def test_the_probe_reports_a_module_that_does_not_import() -> None:
-    assert set(import_failures(["json", "examples.no_such_module"])) == {"examples.no_such_module"}
+def test_the_probe_reports_a_module_or_a_script_that_does_not_import(tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("from sibling_that_is_not_there import x\n")
+    failed = import_failures(["json", "examples.no_such_module", str(script)])
+    assert set(failed) == {"examples.no_such_module", str(script)}
 
 
 def test_every_example_and_benchmark_module_imports() -> None:
