@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hpcrun.checkpoint.cadence import CadencePolicy, CadenceTimer
-from hpcrun.control.spec import SdcPolicy
+from hpcrun.control.spec import CheckpointPolicy, SdcPolicy
 from hpcrun.data import DataPipeline, MixtureSpec
 from hpcrun.runtime.context import Context
 
@@ -57,7 +57,8 @@ def _context(events: _Events) -> Context:
     env = SimpleNamespace(rank=1, local_rank=0, node_rank=0, world_size=1)
     inc = SimpleNamespace(generation=1, holder="h", restart_count=0, attempt=0, node="n0")
     policy = CadencePolicy(kind="every_steps", every_steps=1000)  # type: ignore[arg-type]
-    return Context(env=env, incarnation=inc, spec=SimpleNamespace(config={}, sdc=SdcPolicy()),  # type: ignore[arg-type]
+    spec = SimpleNamespace(config={}, sdc=SdcPolicy(), checkpoint=CheckpointPolicy())
+    return Context(env=env, incarnation=inc, spec=spec,  # type: ignore[arg-type]
                    log=SimpleNamespace(), checkpointer=_Checkpointer(),  # type: ignore[arg-type]
                    cadence=lambda start: CadenceTimer(policy, start_step=start), events=events,
                    stop=SimpleNamespace(is_set=False), heartbeat=lambda **kw: None,
