@@ -144,3 +144,64 @@ def test_fit_refuses_a_trainer_without_hpcrun_and_a_ckpt_path(group: Any) -> Non
     trainer = pl.Trainer(logger=False, **hl.trainer_kwargs(ctx, environ=_env()))  # type: ignore[arg-type]
     with pytest.raises(CheckpointError, match="drop ckpt_path"):
         hl.fit(ctx, trainer, Regressor(), ckpt_path="last.ckpt")  # type: ignore[arg-type]
+
+
+class SavesMidway(pl.Callback):
+    """Calls ``trainer.save_checkpoint`` once, after step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.at:
+            trainer.save_checkpoint("ignored.ckpt")
+
+
+def test_trainer_save_checkpoint_is_a_commit_at_the_current_step(group: Any,
+                                                                 tmp_path: Path) -> None:
+    ctx = RecordingContext()
+    kw = hl.trainer_kwargs(ctx, environ=_env())  # type: ignore[arg-type]
+    kw["callbacks"].append(SavesMidway(at=2))
+    x, y = synthetic_data(seed=0, samples=64, features=8)
+    trainer = pl.Trainer(max_steps=4, logger=False, enable_progress_bar=False,
+                         default_root_dir=tmp_path, use_distributed_sampler=False, **kw)
+    hl.fit(ctx, trainer, Regressor(), train_dataloaders=SeededBatches(  # type: ignore[arg-type]
+        x, y, batch_size=8, seed=0))
+    assert [c for c in ctx.calls if c[0] == "commit"] == [("commit", 2), ("commit", 4)]
+    assert not list(tmp_path.rglob("*.ckpt"))  # no file of Lightning's own
+
+
+def test_checkpoint_io_loads_only_the_commit_hpcrun_restored() -> None:
+    state = hl.LightningState()
+    io = hl.HpcrunCheckpointIO(RecordingContext(), state)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError, match="not the commit hpcrun restored"):
+        io.load_checkpoint("hpcrun:step-3")
+    state.load_state_dict({"global_step": 3})
+    assert io.load_checkpoint("hpcrun:step-3") == {"global_step": 3}
+    with pytest.raises(CheckpointError, match="without ckpt_path"):
+        io.load_checkpoint("/tmp/last.ckpt")
+
+
+def test_inside_a_slurm_step_lightning_neither_takes_the_environment_nor_sigusr1(
+        group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                        "SLURM_NODEID": "0", "SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "train",
+                        "SLURM_NODELIST": "n0"}.items():
+        monkeypatch.setenv(name, value)
+    before = signal.getsignal(signal.SIGUSR1)
+    seen: list[Any] = []
+
+    class Probe(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            seen.append((type(trainer._accelerator_connector.cluster_environment),
+                         signal.getsignal(signal.SIGUSR1)))
+
+    ctx = RecordingContext()
+    kw = hl.trainer_kwargs(ctx, environ=_env())  # type: ignore[arg-type]
+    kw["callbacks"].append(Probe())
+    x, y = synthetic_data(seed=0, samples=64, features=8)
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False,
+                         use_distributed_sampler=False, **kw)
+    hl.fit(ctx, trainer, Regressor(), train_dataloaders=SeededBatches(  # type: ignore[arg-type]
+        x, y, batch_size=8, seed=0))
+    assert seen == [(hl.HpcrunEnvironment, before)] * 2
