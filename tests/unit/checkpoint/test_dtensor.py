@@ -29,6 +29,7 @@ from hpcrun.checkpoint.manifest import (
 from hpcrun.checkpoint.readplan import Need, plan_node
 from hpcrun.checkpoint.restore import build_tensors
 from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
+from hpcrun.drill.states import find_committed, load_state
 from hpcrun.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -178,6 +179,11 @@ def gang_dirs(tmp_path: Path) -> tuple[Path, Path]:
 def test_fsdp2_reshards_2_to_4_and_3_uneven(gang_dirs) -> None:
     run, out = gang_dirs
     _gang("save", "fsdp", 2, run, out)
+    # the offline reader (ckpt diff, drill --restore, export) sees the global tensors
+    saved = np.load(out / "saved.npz")
+    for size in (1, 3):
+        got = load_state(run, find_committed(run), world_size=size)
+        assert all(r.tensors[k] == saved[k].tobytes() for r in got.ranks for k in saved.files)
     _gang("restore", "fsdp", 4, run, out)
     _same(out, "restored-4")
     _gang("restore", "fsdp", 3, run, out)
