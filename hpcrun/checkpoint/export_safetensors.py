@@ -15,6 +15,8 @@ Pure: :func:`plan_files` (which keys go into which file, by size), :func:`build_
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
 import struct
 from collections.abc import Mapping, Sequence
@@ -143,22 +145,28 @@ def write_file(path: Path, tensors: Sequence[tuple[str, torch.Tensor]],
 
 
 def read_file(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of one safetensors file, by key.
+    """Every tensor of one safetensors file, by key, mapped from the file (copy-on-write pages:
+    nothing is read twice into memory, and the tensors stay valid after the file closes).
 
     Raises:
         CheckpointError: the file is not safetensors or a tensor's bytes are out of bounds.
     """
-    data = path.read_bytes()
-    header, start = decode_header(data, path)
-    out = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        out[key] = _tensor_of(key, info, data, start, path)
-    return out
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            decode_header(b"", path)
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    header, start = decode_header(data[:8 + _header_len(data)], path)
+    return {key: _tensor_of(key, info, data, start, path)
+            for key, info in header.items() if key != "__metadata__"}
 
 
-def _tensor_of(key: str, info: Any, data: bytes, start: int, path: Path) -> torch.Tensor:
+def _header_len(data: mmap.mmap) -> int:
+    n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else 0
+    return min(int(n), MAX_HEADER_BYTES + 1)
+
+
+def _tensor_of(key: str, info: Any, data: mmap.mmap, start: int, path: Path) -> torch.Tensor:
     try:
         dtype = TORCH_DTYPES[info["dtype"]]
         shape = [int(s) for s in info["shape"]]
@@ -166,17 +174,14 @@ def _tensor_of(key: str, info: Any, data: bytes, start: int, path: Path) -> torc
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: tensor {key!r} has a malformed header entry "
                               f"{info!r}") from exc
-    count = 1
-    for s in shape:
-        count *= s
     size = torch.empty((), dtype=dtype).element_size()
-    if not 0 <= a <= b <= len(data) - start or b - a != count * size:
+    if not 0 <= a <= b <= len(data) - start or b - a != math.prod(shape) * size:
         raise CheckpointError(f"{path}: tensor {key!r} has offsets [{a}, {b}) that do not fit "
                               f"its shape {shape} or the file; the file is truncated or corrupt")
-    raw = bytearray(data[start + a:start + b])
-    if not raw:
+    if a == b:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    raw = torch.frombuffer(data, dtype=torch.uint8, count=b - a, offset=start + a)
+    return raw.view(dtype).reshape(shape)
 
 
 def read_index(path: Path) -> dict[str, torch.Tensor]:
