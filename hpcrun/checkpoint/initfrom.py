@@ -97,6 +97,22 @@ def _safetensors_files(path: Path) -> list[Path]:
     return [path, *(path.parent / n for n in names)]
 
 
+def check_readable(src: InitSource) -> None:
+    """Open each file of ``src`` and read its first bytes (what submit checks: cheap at any
+    size; the digest is taken when the run loads it).
+
+    Raises:
+        CheckpointError: a file cannot be read.
+    """
+    for f in src.files:
+        try:
+            with open(f, "rb") as fh:
+                fh.read(8)
+        except OSError as exc:
+            raise CheckpointError(f"init_from {src.path}: cannot read {f} ({exc.strerror}); "
+                                  "check the path and its permissions") from exc
+
+
 def source_digest(src: InitSource) -> str:
     """``sha256:`` over each file's name and bytes, in name order (what the run log records).
 
