@@ -39,14 +39,18 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import lightning.pytorch as pl
-from lightning.fabric.plugins import CheckpointIO
-from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy
-
 from hpcrun.errors import CheckpointError, EnvError
 from hpcrun.launch.env import DistEnv
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins import CheckpointIO
+    from lightning.fabric.plugins.environments import ClusterEnvironment
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.strategies import DDPStrategy
+except ImportError as exc:  # the optional extra
+    raise EnvError(f"hpcrun.integrations.lightning needs Lightning, which does not import "
+                   f"({exc}); install it with pip install 'hpcrun[lightning]'") from exc
 
 if TYPE_CHECKING:
     from hpcrun.runtime.context import Context

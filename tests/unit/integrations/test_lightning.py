@@ -205,3 +205,16 @@ def test_inside_a_slurm_step_lightning_neither_takes_the_environment_nor_sigusr1
     hl.fit(ctx, trainer, Regressor(), train_dataloaders=SeededBatches(  # type: ignore[arg-type]
         x, y, batch_size=8, seed=0))
     assert seen == [(hl.HpcrunEnvironment, before)] * 2
+
+
+def test_without_lightning_the_import_names_the_extra() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['lightning'] = None\n"
+            "try:\n    import hpcrun.integrations.lightning\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.startswith("EnvError hpcrun.integrations.lightning needs Lightning")
+    assert "pip install 'hpcrun[lightning]'" in done.stdout
