@@ -82,8 +82,10 @@ def main(ctx: Any) -> None:
         optim.step()
         return float(loss.item())
 
+    # the ranks of a tp group share one batch: only the first counts its tokens
+    counts = ctx.config.get("parallel", "fsdp") != "tp" or ctx.rank % TP == 0
     for _step in ctx.steps(int(ctx.config["steps"])):
         batch = next(data)
         loss = ctx.run_step(train_step, batch)
-        ctx.step_done(tokens=int(batch["tokens"][:, 1:].numel()), loss=loss)
+        ctx.step_done(tokens=int(batch["tokens"][:, 1:].numel()) if counts else 0, loss=loss)
     data.close()
