@@ -428,7 +428,9 @@ class SdcGuard:
         """Fault injection (``sdc@step=N,rank=R``): flip one bit of this rank's parameters."""
         from hpcrun.runtime.faults import flip_bit
 
-        params = [p for p in parameters_of(self._state) if p.is_floating_point() and p.numel()]
+        # this rank's own shard of a DTensor parameter (its local tensor is what it computes)
+        params = [t for p in parameters_of(self._state)
+                  if (t := _local(p)).is_floating_point() and t.numel()]
         if not params:
             raise HpcrunError("sdc fault injection found no floating-point parameters among "
                               "the registered state; register the model with ctx.restore")
