@@ -333,10 +333,13 @@ def _record_local_job(run_dir: Path, pid: int) -> None:
 def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
     rc = proc.wait()
     from hpcrun.control.record import read_record
+    from hpcrun.observe.collect import spec_script_mode
+    from hpcrun.observe.figures import STEPS_NOT_REPORTED
 
     record = read_record(run_dir)
-    click.echo(f"{run_dir.name}: {record.state} at step {record.step} "
-               f"(generation {record.generation})")
+    where = (STEPS_NOT_REPORTED if record.step == 0 and spec_script_mode(run_dir)
+             else f"at step {record.step}")
+    click.echo(f"{run_dir.name}: {record.state} {where} (generation {record.generation})")
     return rc
 
 

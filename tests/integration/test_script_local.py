@@ -107,6 +107,18 @@ def test_plain_script_survives_a_preemption_and_resumes_through_its_own_file(
     assert "step 0" not in text and "ETTR 0.0%" not in text
 
 
+def test_submit_wait_of_a_silent_script_does_not_say_step_0(tmp_path: Path) -> None:
+    spec = {"name": "silent", "command": [sys.executable, "-c", "print('trained')"],
+            "site": "local", "resources": {"nodes": 1, "tasks_per_node": 1, "time_limit_min": 5}}
+    root = tmp_path
+    path = root / "run.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = cli(root, "submit", str(path), "--backend", "local", "--wait")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].endswith(
+        "SUCCEEDED steps not reported by the script (generation 1)"), out.stdout
+
+
 def test_a_killed_script_rank_is_restarted_in_the_allocation(tmp_path: Path) -> None:
     ckpt = tmp_path / "ddp.pt"
     spec = example_spec("run.yaml", ["--steps", str(STEPS), "--ckpt", str(ckpt),
