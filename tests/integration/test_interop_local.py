@@ -43,8 +43,14 @@ def entry(t):
 
 LOAD_SAFETENSORS = NO_HPCRUN + """
 from safetensors.torch import load_file
+import os
 out = sys.argv[1]
-index = json.load(open(out + "/model.safetensors.index.json"))
+if os.path.exists(out + "/model.safetensors.index.json"):
+    index = json.load(open(out + "/model.safetensors.index.json"))
+else:  # small enough for one file: no index
+    from safetensors import safe_open
+    with safe_open(out + "/model.safetensors", "pt") as f:
+        index = {"weight_map": {k: "model.safetensors" for k in f.keys()}}
 got = {}
 for name in sorted(set(index["weight_map"].values())):
     for key, t in load_file(out + "/" + name).items():
@@ -217,3 +223,31 @@ def test_a_requeued_run_restores_its_own_checkpoint_not_the_init_source(
     assert running[0].payload.get("restored_step") in (0, None)
     assert running[-1].generation >= 2 and running[-1].payload["restored_step"] >= 5
     assert find_committed(run_b).step == 16
+
+
+def _fsdp_spec(parallel: str, ranks: int, steps: int, **overrides: Any) -> dict[str, Any]:
+    return local_spec(entrypoint="examples.fsdp_lm.train:main", nodes=1, tasks_per_node=ranks,
+                      steps=steps, every_steps=4, config={"parallel": parallel, **overrides.pop(
+                          "config", {})}, **overrides)
+
+
+def test_an_fsdp2_run_exports_whole_and_a_tp_run_starts_from_it(tmp_path: Path) -> None:
+    """examples/fsdp_lm: FSDP2 over 2 ranks is exported (global tensors from its chunks) and
+    loads outside hpcrun bit-equal; a TP x FSDP2 run on 4 ranks starts from its DCP export."""
+    run_a = submit(tmp_path / "a", _fsdp_spec("fsdp", 2, 8))
+    assert str(read_record(run_a).state) == "SUCCEEDED"
+    st_out, dcp_out = tmp_path / "a.safetensors", tmp_path / "a.dcp"
+    for fmt, out in (("safetensors", st_out), ("dcp", dcp_out)):
+        done = cli(run_a.parent, "ckpt", "export", run_a.name, "--format", fmt, "-o", str(out))
+        assert done.returncode == 0, done.stderr
+    a = _reference(load_state(run_a, find_committed(run_a)))
+    model = {k.removeprefix("model/"): v for k, v in a.items() if k.startswith("model/")}
+    assert not (st_out / "model.safetensors.index.json").exists()
+    assert _outside_python(LOAD_SAFETENSORS, str(st_out), cwd=tmp_path) == model
+    run_b = submit(tmp_path / "b", _fsdp_spec("tp", 4, 0, config={"seed": 5},
+                                              checkpoint={"init_from": str(dcp_out)}))
+    assert str(read_record(run_b).state) == "SUCCEEDED"
+    b = _reference(load_state(run_b, find_committed(run_b)))
+    shared = [k for k in a if k.startswith(("model/", "optim/state/"))]
+    assert len(shared) > len(model) and {k: b[k] for k in shared} == {k: a[k] for k in shared}
+    assert [n.payload["format"] for n in _init_notes(run_b)] == ["dcp"]
