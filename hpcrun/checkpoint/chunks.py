@@ -101,6 +101,13 @@ def is_dtensor(value: Any) -> bool:
     return dtensor is not None and isinstance(value, dtensor)
 
 
+def dtensor_box(dt: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The local shape and global offset of DTensor ``dt``'s local part, as DTensor itself
+    reports them to DCP (its public ``__create_chunk_list__``: one chunk per DTensor)."""
+    [chunk] = dt.__create_chunk_list__()
+    return tuple(int(n) for n in chunk.sizes), tuple(int(n) for n in chunk.offsets)
+
+
 def local_box(value: torch.Tensor, path: str) -> LocalBox:
     """This rank's box of the DTensor ``value`` at state path ``path``.
 
@@ -113,8 +120,6 @@ def local_box(value: torch.Tensor, path: str) -> LocalBox:
             f"cannot checkpoint {path!r}: a {type(value).__name__} is a tensor subclass hpcrun "
             "does not know; return a plain tensor, a DTensor, RowShard or RankLocal for it "
             "from state_dict()")
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     dt: Any = value  # a DTensor: mesh, placements and local part are its own attributes
     mesh, placements = dt.device_mesh, tuple(dt.placements)
     if any(p.is_partial() for p in placements):
@@ -125,7 +130,7 @@ def local_box(value: torch.Tensor, path: str) -> LocalBox:
     if coordinate is None:
         raise CheckpointError(f"cannot checkpoint {path!r}: this rank is not on the DTensor's "
                               f"mesh {mesh}; register only state this rank holds")
-    shape, offsets = compute_local_shape_and_global_offset(value.shape, mesh, placements)
+    shape, offsets = dtensor_box(dt)
     local = dt.to_local()
     if tuple(local.shape) != tuple(shape):
         raise CheckpointError(

@@ -91,15 +91,12 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def shard_signature(tensors: Iterable[torch.Tensor]) -> str:
     """Which shard of the parameters this rank holds: every DTensor's global offset and local
     shape (a plain tensor: its shape). Ranks with equal signatures are replicas."""
-    from hpcrun.checkpoint.chunks import is_dtensor
+    from hpcrun.checkpoint.chunks import dtensor_box, is_dtensor
 
     parts = []
     for t in tensors:
         if is_dtensor(t):
-            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-            shape, offset = compute_local_shape_and_global_offset(
-                t.shape, t.device_mesh, t.placements)  # type: ignore[attr-defined]
+            shape, offset = dtensor_box(t)
             parts.append(f"{list(offset)}{list(shape)}")
         else:
             parts.append(f"{list(t.shape)}")

@@ -57,7 +57,7 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
-from hpcrun.control.notes import NoRestoreNote, TrackerNote
+from hpcrun.control.notes import NoRestoreNote, ReplicaCheckOffNote, TrackerNote
 from hpcrun.control.record import fold_record
 from hpcrun.errors import RecordError
 from hpcrun.vocab import CheckpointFormat, FaultClass, RunState, Tier
@@ -131,6 +131,8 @@ PAYLOADS: dict[str, EntryPayload] = {
                                 location="file:///runs/tiny-1/tracker/mlruns", watermark=40,
                                 closed=True),
     "note_no_restore": NoRestoreNote(step=1),
+    "note_replica_check_off": ReplicaCheckOffNote(
+        detail="no replicas to compare: replica check off"),
     "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,
                               signature="sdc:n2", detail="silent data corruption on n2"),
 }
