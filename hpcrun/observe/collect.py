@@ -197,28 +197,39 @@ NO_RESTORE_WARNING = ("no checkpoint will be committed; a preemption will lose a
                       "hpcrun.lite.restore before the loop)")
 
 
+REPLICA_CHECK_OFF_WARNING = ("sdc: no replicas to compare: replica check off (a sharded model "
+                             "without replicate dims; the canary and loss checks stay on)")
+
+
 def run_warnings(run_dir: Path) -> tuple[str, ...]:
-    """What the ranks warned about in the run log, one line each: the newest ``no_restore``
-    note (steps ran with no state registered, so no checkpoint will ever be committed)."""
+    """What the ranks noted in the run log that a user must know, one line each: the newest
+    ``no_restore`` note (steps ran with no state registered, so no checkpoint will ever be
+    committed) and a ``replica_check_off`` note (the SDC replica check found no replicas)."""
     from hpcrun.control.fencing import fold_fences
     from hpcrun.control.log import EntryKind, RunLog
-    from hpcrun.control.notes import NoRestoreNote, decode_note
+    from hpcrun.control.notes import NoRestoreNote, ReplicaCheckOffNote, decode_note
     from hpcrun.control.payload import PayloadError
 
     try:
         valid = fold_fences(RunLog(run_dir).read())[1]
     except Exception:  # status must still render without the log
         return ()
-    newest: NoRestoreNote | None = None
+    newest: dict[type, Any] = {}
     for e in valid:
-        if e.kind != EntryKind.NOTE or e.payload.get("event") != "no_restore":
+        if e.kind != EntryKind.NOTE or e.payload.get("event") not in ("no_restore",
+                                                                      "replica_check_off"):
             continue
         try:
             note = decode_note(e.payload)
         except PayloadError:
             continue
-        newest = note if isinstance(note, NoRestoreNote) else newest
-    return (NO_RESTORE_WARNING.format(step=newest.step),) if newest is not None else ()
+        newest[type(note)] = note
+    out = []
+    if NoRestoreNote in newest:
+        out.append(NO_RESTORE_WARNING.format(step=newest[NoRestoreNote].step))
+    if ReplicaCheckOffNote in newest:
+        out.append(REPLICA_CHECK_OFF_WARNING)
+    return tuple(out)
 
 
 def spec_script_mode(run_dir: Path) -> bool:
