@@ -333,14 +333,33 @@ def _scalar(tp: Any, value: Any, path: str, problems: list[FieldProblem]) -> Any
         return value
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            return _bounded_number(float(value), path, problems)
         problems.append(FieldProblem(path, "a number", value, "write a number"))
         return None
     if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
-        return value
+        return _bounded_number(value, path, problems) if tp is int else value
     problems.append(FieldProblem(path, f"a {tp.__name__}", value,
                                  f"write {path} as a {tp.__name__}"))
     return None
+
+
+MAX_DURATION_S = (2**31 - 1) // 1000
+"""The longest duration a ``*_s`` key may hold: a C int of milliseconds (about 24.8 days), what
+the timeouts of sockets, gloo and NCCL accept; more overflows in the allocation, not at submit."""
+
+
+def _bounded_number(value: int | float, path: str, problems: list[FieldProblem]) -> Any:
+    """``value`` when it is finite and, for a duration (a key ending in ``_s``), within what the
+    consumers of durations accept; None after recording the problem."""
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(FieldProblem(path, "a finite number", value,
+                                     "write a finite value (or null where the key allows none)"))
+        return None
+    if path.endswith("_s") and abs(value) > MAX_DURATION_S:
+        problems.append(FieldProblem(path, f"at most {MAX_DURATION_S} s (24.8 days)", value,
+                                     "write a shorter duration"))
+        return None
+    return value
 
 
 # -- the canonical form -------------------------------------------------------------------------
