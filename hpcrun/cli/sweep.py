@@ -82,7 +82,8 @@ def _plan(req: SweepRequest) -> tuple[Path, Any]:
                   else (req.spec_path, SweepPlan()))
     grid = plan.grid + req.axes + tuple(parse_grid_option(g) for g in req.grid)
     return base, replace(plan, grid=grid, points=plan.points + req.points,
-                         max_parallel=req.max_parallel or plan.max_parallel)
+                         max_parallel=req.max_parallel if req.max_parallel is not None
+                         else plan.max_parallel)
 
 
 def _read_yaml(path: Path) -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,10 @@ class SweepPlan:
     """Points running at once (None: as many as the scheduler allows)."""
 
     def __post_init__(self) -> None:
-        if self.max_parallel is not None and self.max_parallel < 1:
+        bad = self.max_parallel is not None and (
+            not isinstance(self.max_parallel, int) or isinstance(self.max_parallel, bool)
+            or self.max_parallel < 1)
+        if bad:
             raise SpecError(f"max_parallel: expected an integer >= 1, found "
                             f"{self.max_parallel!r}; leave it out for no limit")
 
@@ -137,17 +141,27 @@ def _points_of(raw: Any, path: Path) -> tuple[Mapping[str, Any], ...]:
     return tuple({str(k): v for k, v in p.items()} for p in raw)
 
 
-def expand_points(plan: SweepPlan) -> list[dict[str, Any]]:
+MAX_POINTS = 1000
+"""Most points one sweep may have (one Slurm job array; sites cap ``MaxArraySize`` near it)."""
+
+
+def expand_points(plan: SweepPlan, *, max_points: int = MAX_POINTS) -> list[dict[str, Any]]:
     """Every point's overrides: the grid's combinations (first axis slowest), then the list.
 
     Raises:
-        SpecError: the plan has no point at all, or a grid axis has no values.
+        SpecError: the plan has no point at all, a grid axis has no values, or it has more
+            than ``max_points`` points (counted before any is built).
     """
     points: list[dict[str, Any]] = []
     for key, values in plan.grid:
         if not values:
             raise SpecError(f"sweep grid axis {key!r} has no values; an empty grid sweeps "
                             "nothing; nothing was submitted")
+    count = (math.prod(len(v) for _, v in plan.grid) if plan.grid else 0) + len(plan.points)
+    if count > max_points:
+        raise SpecError(f"the sweep has {count} points, more than the cap of {max_points}; "
+                        "split it into several sweeps or sweep fewer values; nothing was "
+                        "submitted")
     if plan.grid:
         keys = [k for k, _ in plan.grid]
         points += [dict(zip(keys, combo, strict=True))
