@@ -171,8 +171,11 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     if dry_run:
         sub = prepare_submission(spec_path, site_name, backend, runs_root, verify_data,
                                  inject=inject, cwd=repo_root_of(Path.cwd()))
+        dependency = _upstream(after)  # an --after that can never be met is refused here too
         click.echo(sub.report.render(), err=True)
         click.echo(_dry_run_text(sub))
+        if dependency.flag:
+            click.echo(f"would wait: --dependency={dependency.flag}")
         return
     done = submit_run(SubmitRequest(spec_path=Path(spec_path), backend=backend, site=site_name,
                                     runs_root=runs_root, verify_data=verify_data, inject=inject,
