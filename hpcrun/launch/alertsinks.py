@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from hpcrun.errors import ConfigError
 
-__all__ = ["AlertSinks", "alert_sinks_from_dict"]
+__all__ = ["AlertSinks", "alert_sinks_from_dict", "check_webhook", "redacted"]
 
 _KEYS = ("webhook", "email")
 
@@ -28,9 +29,8 @@ class AlertSinks:
     """Addresses mailed through ``sendmail`` (skipped, with a note, where it is missing)."""
 
     def __post_init__(self) -> None:
-        if self.webhook is not None and not self.webhook.startswith(("http://", "https://")):
-            raise ConfigError(f"alerts.webhook: expected an http:// or https:// URL, found "
-                              f"{self.webhook!r}")
+        if self.webhook is not None:
+            check_webhook(self.webhook)
         for address in self.email:
             if "@" not in address or any(c.isspace() for c in address):
                 raise ConfigError(f"alerts.email: expected mail addresses, found {address!r}")
@@ -38,6 +38,35 @@ class AlertSinks:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, as :func:`alert_sinks_from_dict` reads it."""
         return {"webhook": self.webhook, "email": list(self.email)}
+
+
+def redacted(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by ``***@``: what messages may print."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+def check_webhook(url: str) -> None:
+    """A webhook URL must be ``http(s)://host[:port]/...`` (credentials allowed: sent as HTTP
+    basic auth, never printed).
+
+    Raises:
+        ConfigError: another scheme, no host, a bad port, or whitespace/control characters.
+    """
+    shown = redacted(url)
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise ConfigError(f"alerts.webhook: {shown!r} holds whitespace or a control character; "
+                          "expected one URL")
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise ConfigError(f"alerts.webhook: expected an http:// or https:// URL with a host "
+                          f"(and a port 1-65535, if any), found {shown!r}")
 
 
 def alert_sinks_from_dict(raw: object, *, source: str) -> AlertSinks | None:

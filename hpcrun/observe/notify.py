@@ -12,9 +12,12 @@ fails is logged and retried on the next pass, and never stops the pass or the ot
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
+import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -134,19 +137,68 @@ Sender = Callable[[Delivery], None]
 """Sends one delivery; raises on failure."""
 
 
-def webhook_sender(url: str, *, timeout_s: float = 10.0) -> Sender:
-    """POST a Slack/Mattermost-compatible JSON body (``text``, plus the alert's fields)."""
+DELIVERY_DEADLINE_S = 10.0
+"""Longest one delivery may take, end to end: a sink that answers slowly (or one byte at a
+time) is given up on and retried on the next pass; it never holds the watch command longer."""
+
+
+def webhook_sender(url: str, *, timeout_s: float = DELIVERY_DEADLINE_S) -> Sender:
+    """POST a Slack/Mattermost-compatible JSON body (``text``, plus the alert's fields).
+
+    Credentials in the URL (``https://user:pass@host/...``) go as HTTP basic auth, never in the
+    request line and never in a message; the whole request, answer included, is bounded by
+    ``timeout_s``."""
+    target, auth = _split_credentials(url)
+
     def send(d: Delivery) -> None:
         body = json.dumps({"text": d.text(), "run_id": d.alert.run_id, "rule": d.alert.rule,
                            "subject": d.alert.subject, "severity": d.alert.severity,
                            "incident": d.incident}).encode()
-        request = urllib.request.Request(url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            if response.status >= 300:
-                raise DeliveryError(f"webhook answered HTTP {response.status}")
+        headers = {"Content-Type": "application/json", **auth}
+        request = urllib.request.Request(target, data=body, method="POST", headers=headers)
+        status = _within(timeout_s, lambda: _post(request, timeout_s))
+        if status >= 300:
+            raise DeliveryError(f"webhook answered HTTP {status}")
 
     return send
+
+
+def _split_credentials(url: str) -> tuple[str, dict[str, str]]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, {}
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    bare = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+    return urllib.parse.urlunsplit(bare), {"Authorization": f"Basic {token}"}
+
+
+def _post(request: urllib.request.Request, timeout_s: float) -> int:
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        response.read()
+        return int(response.status)
+
+
+def _within(seconds: float, call: Callable[[], int]) -> int:
+    """``call()``'s result, or DeliveryError once ``seconds`` have passed (the call is left to
+    its own socket timeouts in a daemon thread)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="hpcrun-alert", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise DeliveryError(f"no complete answer within {seconds:.0f} s")
+    if "error" in box:
+        raise DeliveryError(str(box["error"])) from box["error"]
+    return int(box["value"])
 
 
 def email_sender(addresses: Sequence[str], *, runner: CommandRunner) -> Sender:
