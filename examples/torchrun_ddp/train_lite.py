@@ -12,12 +12,11 @@ import argparse
 import sys
 import time
 
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from train import batch, build  # the plain script beside this one
 
 import hpcrun.lite as lite
-from train import batch, build  # the plain script beside this one
 
 
 def main() -> int:

@@ -66,7 +66,8 @@ def test_every_command_takes_a_prefix_of_the_run_id_under_the_sites_shared_path(
     assert body["state"] == body["facts"]["state"] == "RUNNING"
     ckpt_id = committed(run)[0].ckpt_id
     assert ckpt_id[:16] in _ok(env, "ckpt", "ls", ref).stdout
-    assert f"{ckpt_id} [shared] ok" in _ok(env, "ckpt", "verify", ref, ckpt_id).stdout
+    # the run goes on and retention may retire that checkpoint: verify what is kept now
+    assert "[shared] ok" in _ok(env, "ckpt", "verify", ref).stdout
     _ok(env, "logs", ref, "--rank", "0")  # tiny_lm's ranks print nothing: their files exist
     no_rank = hpcrun("logs", ref, "--rank", "9", env=env, cwd=REPO_ROOT)
     assert no_rank.returncode == 2 and f"{run}/logs; ranks with output: [0, 1]" in no_rank.stderr

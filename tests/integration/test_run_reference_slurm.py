@@ -13,7 +13,7 @@ from hpcrun.drill.states import committed
 from hpcrun.launch.site import site_configs_dir
 from hpcrun.testbed import Testbed
 from hpcrun.testing.runs import hpcrun
-from tests.integration.helpers import REPO_ROOT, RunFactory, slurm_spec
+from tests.integration.helpers import REPO_ROOT, RunFactory, paced, slurm_spec
 
 pytestmark = pytest.mark.slurm
 
@@ -22,7 +22,9 @@ def test_a_slurm_run_is_found_by_prefix_and_signalled_through_its_job(
         testbed: Testbed, runs: RunFactory, job_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPCRUN_RUNS", raising=False)  # only the factory's env sets it
-    run = runs.submit(slurm_spec(testbed, steps=200, every_steps=10, name="runref-slurm"))
+    # paced, so the run is still training when the signal arrives
+    run = runs.submit(slurm_spec(testbed, steps=200, every_steps=10, name="runref-slurm"),
+                      inject=paced(0.1, 4))
     run.wait_for("a first commit", lambda: run.record().step >= 10 and committed(run.run_dir),
                  timeout=120)
     ref = run.name[:-2]

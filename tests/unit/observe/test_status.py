@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from hpcrun.errors import RecordError
 from hpcrun.observe.collect import collect_status, run_bounded, tail_lines
 from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
 from hpcrun.observe.status import (
