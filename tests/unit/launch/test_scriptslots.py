@@ -25,7 +25,7 @@ from hpcrun.launch.submit import setup_lines
 from tests.unit.launch.test_sbatch import make_spec
 
 RUN_DIR = Path("/shared/runs/tiny-1")
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 SLOW = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 # text with the characters that break scripts, plus anything else
@@ -80,7 +80,8 @@ def test_a_site_value_is_refused_or_leaves_the_script_well_formed(value: str, sl
         script = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="op", python="python3")
         lines = setup_lines(site, run_dir=RUN_DIR, op_id="op")
     except ConfigError as exc:
-        allowed = CONTROL if slot != "setup" else re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+        allowed = CONTROL if slot != "setup" else re.compile(
+            r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
         assert allowed.search(value), (value, exc)
         return
     assert _bash_ok(script) and _bash_ok("\n".join(lines))
