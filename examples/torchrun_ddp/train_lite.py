@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch.distributed as dist
 import torch.nn.functional as F
-from train import batch, build  # the plain script beside this one
 
 import hpcrun.lite as lite
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported by name
+from train import batch, build  # the plain script beside this one
 
 
 def main() -> int:

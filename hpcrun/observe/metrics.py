@@ -152,15 +152,6 @@ def metric_series(rows: Mapping[int, Sequence[Any]]) -> MetricSeries:
                         replayed_steps=sum(1 for r in rows.values() if len(r[3]) > 1))
 
 
-def series_of_events(events: Iterable[Event]) -> MetricSeries:
-    """:func:`metric_series` of the step events among ``events``."""
-    rows: MetricRows = {}
-    for e in events:
-        if e.kind == "step":
-            fold_step_metrics(rows, e)
-    return metric_series(rows)
-
-
 def fitted_change(points: Sequence[tuple[int, float]]) -> float | None:
     """Least-squares slope times the step span of ``points`` (None with fewer than 2 steps)."""
     if len(points) < 2:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,20 +17,31 @@ from hpcrun.control.log import LogEntry
 from hpcrun.control.states import RunState
 from hpcrun.observe.export import metric_name, metrics_from_status, render_textfile
 from hpcrun.observe.metrics import (
+    MetricRows,
+    MetricSeries,
     fitted_change,
+    fold_step_metrics,
     markers_from_log,
     metric_series,
     render_csv,
     rows_from_json,
     rows_to_json,
-    series_of_events,
     status_lines,
     step_metrics,
 )
 from hpcrun.observe.status import RecordFacts, build_status, render_text, status_json
 from hpcrun.observe.summary import EventSummary, summarize_events
+from hpcrun.protocols import Event
 from tests.unit.observe.builders import step
 
+
+def series_of_events(events: Iterable[Event]) -> MetricSeries:
+    """The series the run summary folds from these step events (as status and the report)."""
+    rows: MetricRows = {}
+    for e in events:
+        if e.kind == "step":
+            fold_step_metrics(rows, e)
+    return metric_series(rows)
 
 def _run_with_a_restore() -> list:  # type: ignore[type-arg]
     """Generation 1 reaches step 6, generation 2 restores step 3 and replays 4..6 to 8."""

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from hpcrun.observe.figures import run_figures, run_timeline
-from hpcrun.observe.metrics import RunMarker, place_markers, series_of_events
+from hpcrun.observe.metrics import RunMarker, place_markers
 from hpcrun.observe.report import (
     build_report,
     commit_times,
@@ -30,6 +30,7 @@ from hpcrun.observe.status import FaultFact, RecordFacts
 from hpcrun.observe.summary import summarize_events
 from hpcrun.protocols import Event
 from tests.unit.observe.builders import ev, span, step, two_generation_log
+from tests.unit.observe.test_metrics import series_of_events
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
