@@ -38,12 +38,11 @@ test-unit: venv
 # included: real preemption with grace time, node crashes, time limits) and the browser check of
 # `hpcrun report`. This is the README's test command and what CI runs (within 60 minutes on a
 # 2-core machine). HPCRUN_REQUIRE_BROWSER=1 makes the browser test fail, not skip, without Chromium.
-# Two pytest workers: every testbed test runs in one of them, one after another (they share one
-# cluster; tests/integration/conftest.py groups them), the unit and local-backend tests in the
-# other; most testbed time is waiting on Slurm (grace times, requeues), so the two overlap.
-TEST_WORKERS ?= 2
+# Two pytest processes side by side (tests/suite.sh): every testbed test in one, one after another
+# (they share one cluster), the unit and local-backend tests in the other; most testbed time is
+# waiting on Slurm (grace times, requeues), so the two overlap.
 test: lint chromium
-	HPCRUN_REQUIRE_BROWSER=1 $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	HPCRUN_REQUIRE_BROWSER=1 tests/suite.sh $(PY) $(PYTEST_ARGS)
 
 # The fast set for iterating (about 10 minutes): unit tests and the integration tests that do not
 # wait for grace times or node failures.

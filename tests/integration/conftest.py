@@ -127,12 +127,3 @@ def runs(testbed: Testbed, job_dir: Path) -> Iterator[RunFactory]:
     yield factory
     factory.cleanup()
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (``make test``), every test on the testbed runs in one worker, one
-    after another, as they would alone: the testbed is one cluster, and its tests crash and boot
-    its nodes. The local-backend and unit tests run beside them in the other worker."""
-    del config
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("testbed"))

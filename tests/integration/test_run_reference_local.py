@@ -49,9 +49,10 @@ def test_every_command_takes_a_prefix_of_the_run_id_under_the_sites_shared_path(
         tmp_path: Path, env: dict[str, str]) -> None:
     spec = tiny_spec(manifest=tiny_manifest(), site="refsite", tasks_per_node=1, steps=STEPS,
                      every_steps=10, name="runref")
-    # Rank 0 is slowed (0.2 s per step) so the signal lands mid-run.
+    # Rank 0 is slowed (0.5 s per step: 25 s left after the first commit) so the signal, sent
+    # after the two status calls, finds the run training.
     out = _ok(env, "submit", str(write_spec(tmp_path / "run.yaml", spec)),
-              "--inject", "slow@step=1,rank=0,seconds=0.2")
+              "--inject", "slow@step=1,rank=0,seconds=0.5")
     run_id = out.stdout.split()[0]
     run = tmp_path / "shared" / run_id
     assert (run / "log").is_dir()  # the site's shared_path is the runs root
@@ -64,21 +65,20 @@ def test_every_command_takes_a_prefix_of_the_run_id_under_the_sites_shared_path(
     assert f"run         {run_id}" in status.stdout and "RUNNING" in status.stdout
     body = json.loads(_ok(env, "status", ref, "--json").stdout)
     assert body["state"] == body["facts"]["state"] == "RUNNING"
-    ckpt_id = committed(run)[0].ckpt_id
-    assert ckpt_id[:16] in _ok(env, "ckpt", "ls", ref).stdout
-    # the run goes on and retention may retire that checkpoint: verify what is kept now
-    assert "[shared] ok" in _ok(env, "ckpt", "verify", ref).stdout
-    _ok(env, "logs", ref, "--rank", "0")  # tiny_lm's ranks print nothing: their files exist
-    no_rank = hpcrun("logs", ref, "--rank", "9", env=env, cwd=REPO_ROOT)
-    assert no_rank.returncode == 2 and f"{run}/logs; ranks with output: [0, 1]" in no_rank.stderr
-
     sent = _ok(env, "signal", ref)
     assert f"sent SIGUSR1 to {run_id} (local backend)" in sent.stdout
     record = wait_for_state(run, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=120)
     assert (str(record.state), record.step) == ("SUCCEEDED", STEPS)
     seen = states(run)
-    assert seen.count("PREEMPTED") == 1 and seen.count("REQUEUED") == 1
+    assert seen.count("PREEMPTED") == 1 and seen.count("REQUEUED") == 1, seen
     assert read_record(run).requeues == 1
+
+    latest = committed(run)[-1].ckpt_id
+    assert latest[:16] in _ok(env, "ckpt", "ls", ref).stdout
+    assert "[shared] ok" in _ok(env, "ckpt", "verify", ref).stdout
+    _ok(env, "logs", ref, "--rank", "0")  # tiny_lm's ranks print nothing: their files exist
+    no_rank = hpcrun("logs", ref, "--rank", "9", env=env, cwd=REPO_ROOT)
+    assert no_rank.returncode == 2 and f"{run}/logs; ranks with output: [0, 1]" in no_rank.stderr
 
     page = tmp_path / "report.html"
     assert "wrote" in _ok(env, "report", ref, "-o", str(page)).stdout and page.stat().st_size

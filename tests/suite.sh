@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite as two pytest processes side by side. The testbed tests
+# (`-m slurm`) run one after another in one process, as they would alone: the testbed is one
+# cluster and its tests crash and boot its nodes. Everything else (lint is done before, unit and
+# local-backend tests, the browser check) runs in the other; most testbed time is waiting on
+# Slurm (grace times, requeues), so the two overlap. The second process's output is kept in
+# $LOG_DIR/local.log and printed after the first's; the exit status is the first failure's.
+# Usage: tests/suite.sh PYTHON [pytest args...]
+set -uo pipefail
+py=$1
+shift
+log_dir=${LOG_DIR:-.test-logs}
+mkdir -p "$log_dir"
+"$py" -m pytest tests -m "not slurm" "$@" >"$log_dir/local.log" 2>&1 &
+local_pid=$!
+"$py" -m pytest tests -m slurm "$@"
+slurm_rc=$?
+wait "$local_pid"
+local_rc=$?
+echo "==================== unit and local-backend tests ($log_dir/local.log) ===================="
+cat "$log_dir/local.log"
+echo "suite: testbed tests exit $slurm_rc, unit and local-backend tests exit $local_rc"
+[ "$slurm_rc" -ne 0 ] && exit "$slurm_rc"
+exit "$local_rc"
