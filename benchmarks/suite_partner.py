@@ -4,14 +4,14 @@ for ``python -m benchmarks`` (``--only partner``) or alone (``python -m benchmar
 
 One checkpoint (the Llama-shaped bf16 state of ``--size-gib``) is committed on node n0's tier 0.
 A holder agent's partner server (node n1, in its own process, as on a real node) receives n0's
-shards through the real push (:func:`~hpcrun.runtime.partnercopy.push_round`). Then, cold
+shards through the real push (:func:`~hpcrun.checkpoint.peer.push.push_round`). Then, cold
 (page cache dropped before each), side by side per repeat:
 
 - *node-local read*: the shard file read past the page cache (what a restore reads from tier 0);
 - *node-local restore*: ``Checkpointer.restore`` on n0 into the state's tensors;
 - *restore from the partner*: ``Checkpointer.restore`` on a replacement n2 whose tier 0 is
   empty, reading the lost node's shard from the holder by byte range straight into the state's
-  tensors (the peer tier, :mod:`hpcrun.runtime.peerread`, what a spare's ranks do after a swap).
+  tensors (the peer tier, :mod:`hpcrun.checkpoint.peer.read`, what a spare's ranks do after a swap).
 
 The target compares restoring from the partner with restoring from node-local storage
 (>= 0.8x the rate: the same work, another source); the rate is also shown against the raw
@@ -43,7 +43,7 @@ _HOLDER = """
 import sys
 from pathlib import Path
 from hpcrun.control.log import RunLog
-from hpcrun.runtime.partnerserver import PartnerServer
+from hpcrun.checkpoint.peer.server import PartnerServer
 run_dir, root = Path(sys.argv[1]), Path(sys.argv[2])
 with PartnerServer(run_dir, node="n1", host="127.0.0.1", node_local_root=root,
                    log=RunLog(run_dir)):
@@ -75,7 +75,7 @@ class Bench:
         return self.root / f"nvme-{node}"
 
     def checkpointer(self, node: str, *, peers: bool = False) -> Checkpointer:
-        from hpcrun.runtime.peerread import PeerShards
+        from hpcrun.checkpoint.peer.read import PeerShards
 
         holder = new_holder()
         fence = self.log.claim(holder)
@@ -102,7 +102,7 @@ class Bench:
 
     def push(self) -> None:
         """n0's shards to the holder n1, through the real push."""
-        from hpcrun.runtime.partnercopy import PushTarget, push_round
+        from hpcrun.checkpoint.peer.push import PushTarget, push_round
 
         fence = self.log.claim(holder := new_holder())
         done = push_round(PushTarget(run_dir=self.run_dir, node="n0", partner="n1",

@@ -64,7 +64,7 @@ _log = logging.getLogger(__name__)
 PeerSource = Callable[[str, ShardRecord], Sequence[tuple[str, ShardSource]]]
 """``(checkpoint id, shard record)`` → that shard's copies on the gang's nodes, nearest first:
 the restore's peer tier, for a shard this node's tier 0 lacks (the runtime provides it:
-:class:`hpcrun.runtime.peerread.PeerShards`)."""
+:class:`hpcrun.checkpoint.peer.read.PeerShards`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from hpcrun.checkpoint.partner import fold_partner_copies
+from hpcrun.checkpoint.peer.ledger import fold_partner_copies
 from hpcrun.checkpoint.tiers import check_id, fold_checkpoints, shared_root
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError

@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrun.checkpoint.partner import ring_partner
+from hpcrun.checkpoint.peer.ledger import ring_partner
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
     FaultPayload,
@@ -138,13 +138,13 @@ class Agent:
 
     @property
     def _serves_peers(self) -> bool:
-        from hpcrun.runtime.partnercopy import serves_peers
+        from hpcrun.checkpoint.peer.push import serves_peers
 
         return serves_peers(self.spec, self.node.node_local_root)
 
     @property
     def _partner_copies(self) -> bool:
-        from hpcrun.runtime.partnercopy import wanted
+        from hpcrun.checkpoint.peer.push import wanted
 
         return wanted(self.spec, self.node.node_local_root)
 
@@ -152,7 +152,7 @@ class Agent:
         """This node's partner server (holds its partner's copies, serves its tier 0 and those
         copies to the gang's restores); a node that cannot serve keeps running, its partner's
         copies then fail and say so, and restores read tier 1 instead."""
-        from hpcrun.runtime.partnerserver import PartnerServer, node_address
+        from hpcrun.checkpoint.peer.server import PartnerServer, node_address
 
         assert self.node.node_local_root is not None
         try:

@@ -5,7 +5,7 @@ process under one lock, so a drain inside training would stall the data loader's
 ``--interval`` seconds it copies this node's newly committed tier-0 shards to the shared tier
 (verified with reads that bypass the page cache) and, on the supervising node, appends the tier-1
 commit once every node has drained. With partner copies it then copies the node's newest
-checkpoint to its partner node (:mod:`hpcrun.runtime.partnercopy`), at the same priority and
+checkpoint to its partner node (:mod:`hpcrun.checkpoint.peer.push`), at the same priority and
 pace. A failing drain is noted in the log (``drain_error``) and
 retried on the next round; training goes on, and the RPO exposure grows until it succeeds.
 Every shared-tier operation runs under the site's deadline (:mod:`hpcrun.runtime.sharedtier`):
@@ -38,7 +38,7 @@ from hpcrun.runtime.sharedtier import (
 from hpcrun.storage import Storage
 
 if TYPE_CHECKING:
-    from hpcrun.runtime.partnercopy import PushTarget
+    from hpcrun.checkpoint.peer.push import PushTarget
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,7 +66,7 @@ class DrainTarget:
     tier (:mod:`hpcrun.runtime.sharedtier`)."""
     partner: str = ""
     """The node holding this node's partner copies ("" when the run keeps none): each round
-    also copies the newest checkpoint there (:mod:`hpcrun.runtime.partnercopy`)."""
+    also copies the newest checkpoint there (:mod:`hpcrun.checkpoint.peer.push`)."""
 
     def argv(self, python: str, interval_s: float) -> list[str]:
         return [python, "-m", "hpcrun.runtime.drainer", "--run-dir", str(self.run_dir),
@@ -78,7 +78,7 @@ class DrainTarget:
 
     def push_target(self) -> PushTarget:
         """This node's partner copies, pushed under the same fencing token."""
-        from hpcrun.runtime.partnercopy import PushTarget
+        from hpcrun.checkpoint.peer.push import PushTarget
 
         return PushTarget(run_dir=self.run_dir, node=self.node, partner=self.partner,
                           node_local_root=self.node_local_root, generation=self.generation,
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     log = RunLog(target.run_dir)
     reported: set[str] = set()
-    from hpcrun.runtime.partnercopy import push_round
+    from hpcrun.checkpoint.peer.push import push_round
 
     while not stopping:
         try:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.signals import StopFlag
     from hpcrun.runtime.context import Context
-    from hpcrun.runtime.peerread import PeerShards
+    from hpcrun.checkpoint.peer.read import PeerShards
 
 _FAULT_OF = (
     (StaleGenerationError, "stale"),
@@ -216,8 +216,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
 def _peers(inc: Incarnation, spec: RunSpec, gang: tuple[str, ...],
            log: RunLog) -> PeerShards | None:
     """The restore's peer tier, in a run whose agents serve their tier 0."""
-    from hpcrun.runtime.partnercopy import serves_peers
-    from hpcrun.runtime.peerread import PeerShards
+    from hpcrun.checkpoint.peer.push import serves_peers
+    from hpcrun.checkpoint.peer.read import PeerShards
 
     if inc.node_local_root is None or not serves_peers(spec, inc.node_local_root):
         return None

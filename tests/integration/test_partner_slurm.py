@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrun.checkpoint.partner import fold_partner_copies
+from hpcrun.checkpoint.peer.ledger import fold_partner_copies
 from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED

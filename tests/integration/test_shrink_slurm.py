@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrun.checkpoint.partner import fold_partner_copies
+from hpcrun.checkpoint.peer.ledger import fold_partner_copies
 from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED

@@ -2,9 +2,9 @@
 
 A rank's restore plan needs other nodes' shards: replicated tensors are written once, their
 rows split over every rank's shard, and a lost node's shards are held by its ring partner
-(:mod:`hpcrun.runtime.partnercopy`). Rather than the shared filesystem (which a checkpoint not
+(:mod:`hpcrun.checkpoint.peer.push`). Rather than the shared filesystem (which a checkpoint not
 yet drained is not even on), :class:`PeerShards` (the Checkpointer's ``peers``, in every
-multi-node run with a tier 0: :func:`~hpcrun.runtime.partnercopy.serves_peers`) names where
+multi-node run with a tier 0: :func:`~hpcrun.checkpoint.peer.push.serves_peers`) names where
 such a shard is, nearest first:
 
 1. a copy this node holds for its partner (read from its own disk, as tier 0);
@@ -12,7 +12,7 @@ such a shard is, nearest first:
 3. a complete partner copy another gang node holds (the run log's ``partner_copy`` notes).
 
 Remote copies are read through the holder's partner server
-(:mod:`~hpcrun.runtime.partnerserver`): the HDF5 header and small datasets through
+(:mod:`~hpcrun.checkpoint.peer.server`): the HDF5 header and small datasets through
 :class:`RangeFile` (cached ranged GETs), bulk datasets straight into the restore's buffer over
 parallel ranged streams, nothing written to disk. The restore verifies every byte against the
 manifest's checksums (:func:`~hpcrun.checkpoint.shards.read_datasets`), as from any tier, and
@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 
 from hpcrun.checkpoint.manifest import ShardRecord
-from hpcrun.checkpoint.partner import (
+from hpcrun.checkpoint.peer.ledger import (
     PartnerCopy,
     complete_copy,
     fold_partner_copies,
@@ -41,7 +41,7 @@ from hpcrun.checkpoint.partner import (
 from hpcrun.checkpoint.shards import LocalShard, ShardSource
 from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError
-from hpcrun.runtime.partnercopy import FETCH_STREAMS, PeerClient, fetch_ranges
+from hpcrun.checkpoint.peer.push import FETCH_STREAMS, PeerClient, fetch_ranges
 from hpcrun.vocab import Tier
 
 _log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import RunLog, new_holder
 from hpcrun.control.spec import RunSpec
 from hpcrun.errors import StaleGenerationError
-from hpcrun.runtime.partnercopy import (
+from hpcrun.checkpoint.peer.push import (
     PeerClient,
     PushTarget,
     fetch_ranges,
@@ -31,7 +31,7 @@ from hpcrun.runtime.partnercopy import (
     serves_peers,
     wanted,
 )
-from hpcrun.runtime.partnerserver import (
+from hpcrun.checkpoint.peer.server import (
     AUTH_HEADER,
     TS_HEADER,
     PartnerServer,
@@ -39,7 +39,7 @@ from hpcrun.runtime.partnerserver import (
     run_secret,
     sign,
 )
-from hpcrun.runtime.peerread import PeerShards, RemoteShard
+from hpcrun.checkpoint.peer.read import PeerShards, RemoteShard
 from hpcrun.vocab import Tier
 
 from ..checkpoint.conftest import same_state, trained

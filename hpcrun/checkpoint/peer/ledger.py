@@ -3,7 +3,7 @@
 After a tier-0 commit each gang node's agent copies its node's shards to its *partner*, the
 next node of the active gang (a ring: node i -> node i+1, the last to the first). When a node
 is lost, the restore reads its shards from the node holding a complete, verified copy (the peer
-tier, :mod:`hpcrun.runtime.peerread`), before falling back to tier 1.
+tier, :mod:`hpcrun.checkpoint.peer.read`), before falling back to tier 1.
 
 The run log says which copies exist: a ``partner_copy`` note per copy (checkpoint, whose shards,
 held by which node, bytes, complete or not), counted only under generation fencing. A copy is

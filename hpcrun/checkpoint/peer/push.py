@@ -1,21 +1,21 @@
 """Partner copies over the network between agents: the push, and the client both sides use.
 
 Node-local disks are private to their node, so a copy travels between agents: each agent of a
-multi-node run with a tier 0 runs a partner server (:mod:`hpcrun.runtime.partnerserver`), and
+multi-node run with a tier 0 runs a partner server (:mod:`hpcrun.checkpoint.peer.server`), and
 these are its clients, signing every request with the run's secret.
 
 - **push** (:func:`push_round`, called by the node's drainer after each drain round, so it runs
   at the drain's lowest priority and paced like a drain): the newest tier-0 checkpoint holding
   this node's shards, unless the partner already holds it, is sent shard by shard to the ring
-  partner (:func:`~hpcrun.checkpoint.partner.ring_partner`); the partner verifies every shard
+  partner (:func:`~hpcrun.checkpoint.peer.ledger.ring_partner`); the partner verifies every shard
   against the manifest's checksums before it keeps it (and keeps the newest
-  :data:`~hpcrun.checkpoint.partner.KEEP_PARTNER_COPIES` per owner), then the pusher publishes
+  :data:`~hpcrun.checkpoint.peer.ledger.KEEP_PARTNER_COPIES` per owner), then the pusher publishes
   a ``partner_copy`` note under its fence (complete, or not and why).
 - **read** (:class:`PeerClient`'s ``get_into``, used by the restore's peer tier,
-  :mod:`hpcrun.runtime.peerread`): byte ranges of a copy a node holds, or of its own tier-0
+  :mod:`hpcrun.checkpoint.peer.read`): byte ranges of a copy a node holds, or of its own tier-0
   shards, read straight into a restoring rank's buffer, which checks them against the manifest.
 
-Paths in requests are validated (:func:`~hpcrun.checkpoint.partner.check_relpath`), sizes
+Paths in requests are validated (:func:`~hpcrun.checkpoint.peer.ledger.check_relpath`), sizes
 must equal the manifest's, and every byte pushed is checked against the manifest before it is
 renamed into place.
 """
@@ -34,7 +34,7 @@ import numpy as np
 
 from hpcrun.checkpoint.commit import read_manifest
 from hpcrun.checkpoint.pacing import active_pacer
-from hpcrun.checkpoint.partner import (
+from hpcrun.checkpoint.peer.ledger import (
     fold_partner_copies,
     pending_push,
 )
@@ -43,7 +43,7 @@ from hpcrun.control.elastic import survives_node_loss
 from hpcrun.control.entries import PartnerCopyNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError, HpcrunError, StaleGenerationError, StorageError
-from hpcrun.runtime.partnerserver import (
+from hpcrun.checkpoint.peer.server import (
     AUTH_HEADER,
     CHUNK,
     SIZE_HEADER,

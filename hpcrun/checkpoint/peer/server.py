@@ -9,15 +9,15 @@ refused. ``PUT /v1/copy/<ckpt_id>/<owner>/rank-NNNNN.h5`` keeps a pushed shard o
 tier 0 once it matches the committed manifest (size, checksums), and retires the owner's older
 copies; ``GET`` of the same path (optionally ``?off=A&len=B``) sends with ``sendfile`` a held
 copy, or, when ``<owner>`` is this node, its own tier-0 shard (the restore's peer tier,
-:mod:`hpcrun.runtime.peerread`); the file's size comes back in ``X-Hpcrun-Size``. Paths are
-validated (:func:`~hpcrun.checkpoint.partner.check_relpath`), sizes must equal the manifest's.
+:mod:`hpcrun.checkpoint.peer.read`); the file's size comes back in ``X-Hpcrun-Size``. Paths are
+validated (:func:`~hpcrun.checkpoint.peer.ledger.check_relpath`), sizes must equal the manifest's.
 
 The server bounds its peers: the signature is checked before any header is parsed; a request's
 line and headers must arrive within ``HEADER_DEADLINE_S`` and its transfer within a deadline set
 by its size; at most ``MAX_CONNECTIONS`` are served at once (the accept loop waits for a slot);
 each PUT lands in its own temporary file (unique name, ``O_EXCL | O_NOFOLLOW``); and no link
 leads a GET or a PUT out of tier 0 or the partner root (:func:`contained`, ``O_NOFOLLOW``).
-The clients are in :mod:`hpcrun.runtime.partnercopy` and :mod:`hpcrun.runtime.peerread`.
+The clients are in :mod:`hpcrun.checkpoint.peer.push` and :mod:`hpcrun.checkpoint.peer.read`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 from hpcrun.checkpoint.commit import read_manifest
 from hpcrun.checkpoint.drain import check_shard_image
 from hpcrun.checkpoint.manifest import Manifest, ShardRecord
-from hpcrun.checkpoint.partner import check_relpath, partner_root, retired_copies
+from hpcrun.checkpoint.peer.ledger import check_relpath, partner_root, retired_copies
 from hpcrun.checkpoint.rawio import Extent, aligned_buffer, write_extents
 from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.checkpoint.tiers import node_local_root as node_local_root_of

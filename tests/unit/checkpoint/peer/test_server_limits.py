@@ -21,8 +21,8 @@ import pytest
 from hpcrun.checkpoint.manifest import ShardRecord
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CorruptCheckpointError, StorageError
-from hpcrun.runtime import partnerserver as ps
-from hpcrun.runtime.partnerserver import (
+from hpcrun.checkpoint.peer import server as ps
+from hpcrun.checkpoint.peer.server import (
     AUTH_HEADER,
     TS_HEADER,
     PartnerServer,

@@ -16,9 +16,9 @@ import pytest
 from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.entries import FaultPayload, decode
 from hpcrun.control.log import RunLog, new_holder
-from hpcrun.runtime.partnercopy import PeerClient, PushTarget, push_round
-from hpcrun.runtime.partnerserver import PartnerServer
-from hpcrun.runtime.peerread import PeerShards, RangeFile
+from hpcrun.checkpoint.peer.push import PeerClient, PushTarget, push_round
+from hpcrun.checkpoint.peer.server import PartnerServer
+from hpcrun.checkpoint.peer.read import PeerShards, RangeFile
 
 from ..checkpoint.conftest import same_state, trained
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrun.checkpoint.partner import (
+from hpcrun.checkpoint.peer.ledger import (
     PartnerCopy,
     check_relpath,
     complete_copy,
