@@ -42,7 +42,7 @@ from hpcrun.checkpoint.peer.server import (
 from hpcrun.checkpoint.peer.read import PeerShards, RemoteShard
 from hpcrun.vocab import Tier
 
-from ..checkpoint.conftest import same_state, trained
+from ..conftest import same_state, trained
 
 LOST = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="node0")
 SPARE = Layout(rank=0, world_size=1, node_rank=0, local_rank=0, num_nodes=1, node="node2")

@@ -20,7 +20,7 @@ from hpcrun.checkpoint.peer.push import PeerClient, PushTarget, push_round
 from hpcrun.checkpoint.peer.server import PartnerServer
 from hpcrun.checkpoint.peer.read import PeerShards, RangeFile
 
-from ..checkpoint.conftest import same_state, trained
+from ..conftest import same_state, trained
 
 
 def _layout(node: str) -> Layout:
