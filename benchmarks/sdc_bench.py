@@ -47,7 +47,7 @@ def _rank(rank: int, world: int, port: int, cfg: dict[str, int], steps: int,
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from hpcrun.runtime.sdc_guard import exchange_fingerprints, fingerprint
+    from hpcrun.runtime.rank.sdc_guard import exchange_fingerprints, fingerprint
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -115,7 +115,7 @@ def measure_gpu(gib: float = 1.0) -> dict[str, Any] | None:
     """Fingerprint rate of ``gib`` GiB of bf16 parameters on the GPU (None without CUDA)."""
     import torch
 
-    from hpcrun.runtime.sdc_guard import fingerprint
+    from hpcrun.runtime.rank.sdc_guard import fingerprint
 
     if not torch.cuda.is_available():
         return None

@@ -5,7 +5,7 @@ Tiny-example runs (2 nodes × 2 ranks), on the Slurm testbed when it is up (unle
 allocation) with warm rank processes and with ``HPCRUN_WARM=0`` (cold), alternated, ``repeats``
 times each, and one preemption (commit, requeue, restore). :func:`hpcrun.drill.rto.rto_splits`
 splits each recovery from the run log and the ranks' events: detect → requeue/wait → start →
-restore → first step, and the start phase into its parts (:mod:`hpcrun.runtime.startup`);
+restore → first step, and the start phase into its parts (:mod:`hpcrun.runtime.rank.startup`);
 the tables show medians.
 
 The seed's budget for a restart: detect 15 s, node swap 10 s, pod init 5 s, sharded load of
@@ -127,7 +127,7 @@ def _cell(value: float | None) -> str:
 
 def render_crash(r: dict[str, Any]) -> list[str]:
     """Rank crash, warm vs cold: medians of each phase and of each part of the start phase."""
-    from hpcrun.runtime.startup import PARTS
+    from hpcrun.runtime.rank.startup import PARTS
 
     m = r.get("crash_medians")
     if not m:

@@ -1,6 +1,6 @@
 """``hpcrun.lite``: step-boundary stops, exact commits and true figures for a plain script.
 
-A script run in script mode (``script:`` in run.yaml, :mod:`hpcrun.runtime.script`) keeps its
+A script run in script mode (``script:`` in run.yaml, :mod:`hpcrun.runtime.rank.script`) keeps its
 own loop and its own ``init_process_group``; four calls give it what ``main(ctx)`` gets::
 
     import hpcrun.lite as lite
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from hpcrun.errors import EnvError
 
 if TYPE_CHECKING:
-    from hpcrun.runtime.context import Context
+    from hpcrun.runtime.rank.context import Context
 
 __all__ = ["report", "restore", "save", "should_stop"]
 
@@ -151,8 +151,8 @@ def _open(environ: Mapping[str, str]) -> _Session:
     import torch.distributed as dist
 
     from hpcrun.launch.signals import StopFlag, signal_number, stop_on
-    from hpcrun.runtime.script import RANK_SIGNAL_ENV
-    from hpcrun.runtime.worker import build_context
+    from hpcrun.runtime.rank.script import RANK_SIGNAL_ENV
+    from hpcrun.runtime.rank.worker import build_context
 
     if not (dist.is_available() and dist.is_initialized()):
         raise EnvError("hpcrun.lite: the default process group is not initialised; call "
@@ -170,7 +170,7 @@ def _close(session: _Session, *, stopped: bool) -> None:
     """After the stop commit or the final one: finish what is in flight and tell the agent
     how this rank ended (its exit code is the script's own)."""
     from hpcrun.runtime.incarnation import Ending
-    from hpcrun.runtime.worker import write_exit_report
+    from hpcrun.runtime.rank.worker import write_exit_report
 
     ctx = session.ctx
     session.closed = True

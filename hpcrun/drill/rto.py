@@ -21,7 +21,7 @@ interrupted ─ detect ─► decided ─ requeue/wait ─► fence g' ─ start
 - *RUNNING*: rank 0's validation of the first step after the restore.
 
 The *start* phase is split further from the ranks' ``startup`` events
-(:mod:`hpcrun.runtime.startup`: hand-off, process, imports, process groups, context,
+(:mod:`hpcrun.runtime.rank.startup`: hand-off, process, imports, process groups, context,
 entrypoint, the training script's setup), as ``RtoSplit.start_parts``.
 
 RTO is *interrupted → RUNNING*; RPO is the steps lost: the last step reached in ``g`` minus the
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcrun.runtime.faults import FaultKind
-from hpcrun.runtime.startup import start_parts
+from hpcrun.runtime.rank.startup import start_parts
 
 PHASES = ("detect", "requeue_wait", "start", "restore", "first_step")
 """Phase names, in order."""
@@ -62,7 +62,7 @@ class RtoSplit:
     restored_step: int
     """Step the recovering generation restored (0 for a fresh start)."""
     start_parts: Mapping[str, float] = field(default_factory=dict)
-    """The *start* phase split (:data:`hpcrun.runtime.startup.PARTS` → median seconds over
+    """The *start* phase split (:data:`hpcrun.runtime.rank.startup.PARTS` → median seconds over
     the ranks), from their ``startup`` events; empty when the ranks emitted none."""
 
     @property

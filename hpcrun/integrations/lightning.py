@@ -53,7 +53,7 @@ except ImportError as exc:  # the optional extra
                    f"({exc}); install it with pip install 'hpcrun[lightning]'") from exc
 
 if TYPE_CHECKING:
-    from hpcrun.runtime.context import Context
+    from hpcrun.runtime.rank.context import Context
 
 __all__ = ["HpcrunCallback", "HpcrunCheckpointIO", "HpcrunDDPStrategy", "HpcrunEnvironment",
            "LightningState", "fit", "trainer_kwargs"]

@@ -183,7 +183,7 @@ def figure_rows(fig: RunFigures) -> list[tuple[str, str]]:
 
 STEPS_NOT_REPORTED = "steps not reported by the script"
 """What status, the report and the export say instead of a step or an ETTR when the ranks
-never reported a step (a plain script in script mode, :mod:`hpcrun.runtime.script`)."""
+never reported a step (a plain script in script mode, :mod:`hpcrun.runtime.rank.script`)."""
 
 
 def silent_rows(fig: RunFigures) -> list[tuple[str, str]]:

@@ -43,7 +43,7 @@ from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
-from hpcrun.runtime import preemption, script
+from hpcrun.runtime import preemption
 from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.decide import vanished_node_fault
 from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
@@ -62,6 +62,7 @@ from hpcrun.runtime.incarnation import (
 from hpcrun.runtime.logview import LogView, decoded, gang_faults
 from hpcrun.runtime.membership import LivenessBeat, initial_gang, survives_node_loss
 from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.rank import script
 from hpcrun.runtime.stepio import detach_stdio
 from hpcrun.runtime.supervisor import Supervisor, rejoin
 from hpcrun.runtime.upstream import cancel_if_upstream_broken
@@ -71,8 +72,8 @@ if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
     from hpcrun.runtime.nodeobs import NodeObserver
+    from hpcrun.runtime.rank.warm import WarmPool
     from hpcrun.runtime.requeue import Requeuer
-    from hpcrun.runtime.warm import WarmPool
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
@@ -530,7 +531,7 @@ class Agent:
 
     def _warm_pool(self) -> WarmPool | None:
         """One warm process per local rank, unless ``HPCRUN_WARM=0``."""
-        from hpcrun.runtime.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool
+        from hpcrun.runtime.rank.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool
 
         if self.environ.get(WARM_ENV, "1") == "0" or self.spec.script_mode:
             return None  # a script's imports are its own

@@ -2,9 +2,9 @@
 
 Only processes this agent started are ever signalled, by PID. Each rank runs in its own process
 group so a stop reaches the rank and its helpers (data loader workers) and nothing else. A rank
-is a warm process from the agent's :class:`~hpcrun.runtime.warm.WarmPool` when one is ready
+is a warm process from the agent's :class:`~hpcrun.runtime.rank.warm.WarmPool` when one is ready
 (interpreter and ``import torch`` already paid), else a fresh ``python -m
-hpcrun.runtime.worker``.
+hpcrun.runtime.rank.worker``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED
-from hpcrun.runtime.startup import HANDED_AT_ENV
+from hpcrun.runtime.rank.startup import HANDED_AT_ENV
 
 if TYPE_CHECKING:
-    from hpcrun.runtime.warm import WarmPool
+    from hpcrun.runtime.rank.warm import WarmPool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,9 +77,9 @@ class Gang:
                  cwd: str | None = None, preempt_signal: int = signal.SIGUSR1,
                  warm: WarmPool | None = None, argv: Sequence[str] | None = None,
                  read_exit: Callable[[RankExit], RankExit] | None = None) -> None:
-        """``argv``: a rank's command line (default ``python -m hpcrun.runtime.worker``; a
-        script run's own, :mod:`hpcrun.runtime.script`); ``read_exit``: how an observed exit
-        reads (a script's exit code means what :func:`~hpcrun.runtime.script.script_exit`
+        """``argv``: a rank's command line (default ``python -m hpcrun.runtime.rank.worker``; a
+        script run's own, :mod:`hpcrun.runtime.rank.script`); ``read_exit``: how an observed exit
+        reads (a script's exit code means what :func:`~hpcrun.runtime.rank.script.script_exit`
         says)."""
         self.ranks = ranks
         self._env_for = env_for
@@ -89,7 +89,8 @@ class Gang:
         self._cwd = cwd
         self._preempt_signal = preempt_signal
         self._warm = warm
-        self._argv = list(argv) if argv is not None else [python, "-m", "hpcrun.runtime.worker"]
+        self._argv = (list(argv) if argv is not None
+                      else [python, "-m", "hpcrun.runtime.rank.worker"])
         self._read_exit = read_exit
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self._files: list[IO[bytes]] = []

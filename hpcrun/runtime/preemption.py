@@ -120,7 +120,7 @@ def agree_at_boundary(flag: StopFlag, *, due: bool, tokens: int, suspect: bool =
     rank, one all-reduce.
 
     Collective: every rank calls it at the same step boundary. A stop, a save or the replay of
-    a suspect step (:mod:`hpcrun.runtime.sdc_guard`) is a collective, so the ranks must agree
+    a suspect step (:mod:`hpcrun.runtime.rank.sdc_guard`) is a collective, so the ranks must agree
     on each, or one would wait forever.
     """
     stop, save, summed, odd = agree_sum([int(flag.is_set), int(due), int(tokens), int(suspect)],

@@ -38,11 +38,6 @@ from hpcrun.checkpoint.peer.ledger import (
     fold_partner_copies,
     pending_push,
 )
-from hpcrun.checkpoint.tiers import CommittedCheckpoint, fold_checkpoints, tier_paths
-from hpcrun.control.elastic import survives_node_loss
-from hpcrun.control.entries import PartnerCopyNote
-from hpcrun.control.log import RunLog
-from hpcrun.errors import CheckpointError, HpcrunError, StaleGenerationError, StorageError
 from hpcrun.checkpoint.peer.server import (
     AUTH_HEADER,
     CHUNK,
@@ -54,6 +49,11 @@ from hpcrun.checkpoint.peer.server import (
     run_secret,
     sign,
 )
+from hpcrun.checkpoint.tiers import CommittedCheckpoint, fold_checkpoints, tier_paths
+from hpcrun.control.elastic import survives_node_loss
+from hpcrun.control.entries import PartnerCopyNote
+from hpcrun.control.log import RunLog
+from hpcrun.errors import CheckpointError, HpcrunError, StaleGenerationError, StorageError
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec

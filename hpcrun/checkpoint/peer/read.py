@@ -38,10 +38,10 @@ from hpcrun.checkpoint.peer.ledger import (
     fold_partner_copies,
     partner_root,
 )
+from hpcrun.checkpoint.peer.push import FETCH_STREAMS, PeerClient, fetch_ranges
 from hpcrun.checkpoint.shards import LocalShard, ShardSource
 from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError
-from hpcrun.checkpoint.peer.push import FETCH_STREAMS, PeerClient, fetch_ranges
 from hpcrun.vocab import Tier
 
 _log = logging.getLogger(__name__)

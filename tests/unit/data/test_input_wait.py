@@ -15,7 +15,7 @@ import pytest
 from hpcrun.checkpoint.cadence import CadencePolicy, CadenceTimer
 from hpcrun.control.spec import CheckpointPolicy, SdcPolicy
 from hpcrun.data import DataPipeline, MixtureSpec
-from hpcrun.runtime.context import Context
+from hpcrun.runtime.rank.context import Context
 
 DELAY_S = 0.03
 

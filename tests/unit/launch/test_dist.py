@@ -196,7 +196,7 @@ GROUPS = """
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.dist import form_groups
     from hpcrun.launch.gpu import GpuSettings
-    from hpcrun.runtime.worker import classify
+    from hpcrun.runtime.rank.worker import classify
 
     env = DistEnv.from_environ(dict(os.environ))
     groups = form_groups(env, GpuSettings.from_environ(dict(os.environ)))

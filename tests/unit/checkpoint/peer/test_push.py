@@ -17,12 +17,6 @@ import pytest
 
 from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.checkpoint.commit import read_manifest
-from hpcrun.checkpoint.tiers import fold_checkpoints
-from hpcrun.control.entries import PartnerCopyNote, decode
-from hpcrun.control.fencing import fold_fences
-from hpcrun.control.log import RunLog, new_holder
-from hpcrun.control.spec import RunSpec
-from hpcrun.errors import StaleGenerationError
 from hpcrun.checkpoint.peer.push import (
     PeerClient,
     PushTarget,
@@ -31,6 +25,7 @@ from hpcrun.checkpoint.peer.push import (
     serves_peers,
     wanted,
 )
+from hpcrun.checkpoint.peer.read import PeerShards, RemoteShard
 from hpcrun.checkpoint.peer.server import (
     AUTH_HEADER,
     TS_HEADER,
@@ -39,7 +34,12 @@ from hpcrun.checkpoint.peer.server import (
     run_secret,
     sign,
 )
-from hpcrun.checkpoint.peer.read import PeerShards, RemoteShard
+from hpcrun.checkpoint.tiers import fold_checkpoints
+from hpcrun.control.entries import PartnerCopyNote, decode
+from hpcrun.control.fencing import fold_fences
+from hpcrun.control.log import RunLog, new_holder
+from hpcrun.control.spec import RunSpec
+from hpcrun.errors import StaleGenerationError
 from hpcrun.vocab import Tier
 
 from ..conftest import same_state, trained

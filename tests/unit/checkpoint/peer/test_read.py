@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
+from hpcrun.checkpoint.peer.push import PeerClient, PushTarget, push_round
+from hpcrun.checkpoint.peer.read import PeerShards, RangeFile
+from hpcrun.checkpoint.peer.server import PartnerServer
 from hpcrun.control.entries import FaultPayload, decode
 from hpcrun.control.log import RunLog, new_holder
-from hpcrun.checkpoint.peer.push import PeerClient, PushTarget, push_round
-from hpcrun.checkpoint.peer.server import PartnerServer
-from hpcrun.checkpoint.peer.read import PeerShards, RangeFile
 
 from ..conftest import same_state, trained
 

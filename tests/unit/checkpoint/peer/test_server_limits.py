@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 
 from hpcrun.checkpoint.manifest import ShardRecord
-from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, StorageError
 from hpcrun.checkpoint.peer import server as ps
 from hpcrun.checkpoint.peer.server import (
     AUTH_HEADER,
@@ -31,6 +29,8 @@ from hpcrun.checkpoint.peer.server import (
     run_secret,
     sign,
 )
+from hpcrun.control.log import RunLog
+from hpcrun.errors import CorruptCheckpointError, StorageError
 
 CKPT = "g000001-s0000000001-x"
 

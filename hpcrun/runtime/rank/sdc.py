@@ -7,7 +7,7 @@ fingerprints; :func:`odd_replicas` names the replica that disagrees with its gro
 above ``sdc.loss_spike`` times the recent mean (:func:`loss_suspect`), is suspect too.
 
 A suspect window is replayed from the state of the last check that passed, with the same
-inputs, on every rank (:mod:`hpcrun.runtime.sdc_guard`); :func:`judge` compares what each rank
+inputs, on every rank (:mod:`hpcrun.runtime.rank.sdc_guard`); :func:`judge` compares what each rank
 computed the first time with what it computed again:
 
 - a rank whose replay differs from its own first result computed wrong once (a transient

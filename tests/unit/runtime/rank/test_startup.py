@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hpcrun.drill.rto import rto_splits
-from hpcrun.runtime.startup import HANDED_AT_ENV, PARTS, StartMarks, rank_parts, start_parts
+from hpcrun.runtime.rank.startup import HANDED_AT_ENV, PARTS, StartMarks, rank_parts, start_parts
 
 MARKS = {"handed": 100.5, "process": 100.6, "imports": 101.0, "groups": 102.0,
          "context": 102.25, "entrypoint": 102.5}

@@ -12,7 +12,7 @@ from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.record import create_run
 from hpcrun.control.spec import CheckpointPolicy, RunSpec
 from hpcrun.launch.site import SiteConfig, save_site_snapshot
-from hpcrun.runtime.worker import cadence_factory
+from hpcrun.runtime.rank.worker import cadence_factory
 from hpcrun.testing.fakes import FakeClock
 
 

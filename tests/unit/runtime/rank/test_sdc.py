@@ -20,7 +20,7 @@ from hpcrun.runtime.decide import (
     decide,
 )
 from hpcrun.runtime.incarnation import Ending
-from hpcrun.runtime.sdc import (
+from hpcrun.runtime.rank.sdc import (
     CANARY_ANSWER,
     RankResult,
     Verdict,

@@ -7,7 +7,7 @@ The *start* phase of a recovery (:mod:`hpcrun.drill.rto`: the new fence to the f
   process's pipe, or a cold spawn);
 - ``process``: until the rank's code runs (cold: interpreter start and the worker's own
   imports; warm: reading the hand-off, or the rest of its imports when it was not ready);
-- ``imports``: :func:`~hpcrun.runtime.worker.build_context`'s imports (torch, the checkpoint
+- ``imports``: :func:`~hpcrun.runtime.rank.worker.build_context`'s imports (torch, the checkpoint
   plane);
 - ``groups``: the process groups (TCPStore and gloo/NCCL rendezvous);
 - ``context``: the Checkpointer, event writer and Context;

@@ -8,7 +8,7 @@ import struct
 import torch
 
 from hpcrun.control.notes import ReplicaCheckOffNote, decode_note
-from hpcrun.runtime.sdc_guard import fingerprint, shard_signature
+from hpcrun.runtime.rank.sdc_guard import fingerprint, shard_signature
 
 
 def _one_shot(tensors: list[torch.Tensor]) -> str:

@@ -1,6 +1,6 @@
-"""Silent data corruption checks inside a rank: the effectful shell of :mod:`hpcrun.runtime.sdc`.
+"""Silent data corruption checks inside a rank: the shell of :mod:`hpcrun.runtime.rank.sdc`.
 
-The :class:`~hpcrun.runtime.context.Context` owns one :class:`SdcGuard` and calls it at each
+The :class:`~hpcrun.runtime.rank.context.Context` owns one :class:`SdcGuard` and calls it at each
 step boundary, after the ranks' boundary agreement (which also tells whether any rank saw a
 suspect loss):
 
@@ -13,7 +13,7 @@ suspect loss):
 3. when they disagree, or a rank saw a suspect loss, every rank replays the window since the
    known state with the same inputs (the user's step function registered through
    ``ctx.run_step``; the step is collective in DDP, so the whole gang replays it) and
-   :func:`hpcrun.runtime.sdc.judge` decides; :meth:`SdcGuard.act` carries the verdict out.
+   :func:`hpcrun.runtime.rank.sdc.judge` decides; :meth:`SdcGuard.act` carries the verdict out.
 
 A verdict against the hardware is logged once, by rank 0, as a FAULT ``sdc`` naming the node;
 every rank then stops with :class:`~hpcrun.errors.SdcEchoError` (an echo, not a fault of its
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpcrun.control.entries import BatchSkippedNote, FaultPayload, ReplicaCheckOffNote
 from hpcrun.errors import DataError, HpcrunError, NonFiniteError, SdcEchoError, SdcError
-from hpcrun.runtime import sdc
+from hpcrun.runtime.rank import sdc
 from hpcrun.vocab import FaultClass, SdcAction
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def parameters_of(state: Mapping[str, Any]) -> list[torch.Tensor]:
 
 def run_canary(device: Any) -> int:
     """The known-answer computation on ``device``: the checksum a correct device returns is
-    :data:`hpcrun.runtime.sdc.CANARY_ANSWER` (fp32, and fp16 too on a GPU)."""
+    :data:`hpcrun.runtime.rank.sdc.CANARY_ANSWER` (fp32, and fp16 too on a GPU)."""
     import torch
 
     a, b = (torch.from_numpy(m) for m in sdc.canary_operands())

@@ -1,7 +1,7 @@
-"""A rank's entry point: ``python -m hpcrun.runtime.worker`` (started by its node's agent).
+"""A rank's entry point: ``python -m hpcrun.runtime.rank.worker`` (started by its node's agent).
 
 Reads its identity from the environment once, bootstraps torch.distributed, builds the
-:class:`~hpcrun.runtime.context.Context`, runs the user's ``main(ctx)`` and exits with a status
+:class:`~hpcrun.runtime.rank.context.Context`, runs the user's ``main(ctx)`` and exits with a status
 its agent understands (:mod:`hpcrun.runtime.incarnation`), after leaving a short JSON exit report
 that names the fault class of a failure.
 """
@@ -28,14 +28,14 @@ from hpcrun.errors import (
     StorageError,
 )
 from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Incarnation
-from hpcrun.runtime.startup import StartMarks
+from hpcrun.runtime.rank.startup import StartMarks
 
 if TYPE_CHECKING:
+    from hpcrun.checkpoint.peer.read import PeerShards
     from hpcrun.control.log import RunLog
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.signals import StopFlag
-    from hpcrun.runtime.context import Context
-    from hpcrun.checkpoint.peer.read import PeerShards
+    from hpcrun.runtime.rank.context import Context
 
 _FAULT_OF = (
     (StaleGenerationError, "stale"),
@@ -150,9 +150,9 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     from hpcrun.observe.heartbeat import RankHeartbeat
     from hpcrun.observe.tracker import rank_tracker
     from hpcrun.runtime import faults
-    from hpcrun.runtime.context import Context
     from hpcrun.runtime.nodeobs import rank_events_path
-    from hpcrun.runtime.script import is_script_rank
+    from hpcrun.runtime.rank.context import Context
+    from hpcrun.runtime.rank.script import is_script_rank
     from hpcrun.runtime.sharedtier import site_deadline_s
     from hpcrun.storage import LOCAL_STORAGE, DeadlineStorage
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcrun.runtime.warm import WarmPool, handoff_line, read_handoff
+from hpcrun.runtime.rank.warm import WarmPool, handoff_line, read_handoff
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -50,7 +50,7 @@ def test_an_unused_warm_process_exits_cleanly_when_the_agent_lets_it_go(tmp_path
 
 def test_the_entrypoint_module_is_imported_while_warm_from_the_code_path(
         tmp_path: Path) -> None:
-    from hpcrun.runtime.warm import preimport_entrypoint
+    from hpcrun.runtime.rank.warm import preimport_entrypoint
 
     (tmp_path / "warm_probe_mod.py").write_text("LOADED = True\n")
     assert preimport_entrypoint("warm_probe_mod:main", str(tmp_path))
@@ -77,7 +77,7 @@ def test_the_gang_stamps_each_rank_s_hand_off_time_for_the_start_split(tmp_path:
     import time
 
     from hpcrun.runtime.gang import Gang
-    from hpcrun.runtime.startup import HANDED_AT_ENV
+    from hpcrun.runtime.rank.startup import HANDED_AT_ENV
 
     pool = _TakingPool()
     gang = Gang(ranks=[2, 3], env_for=lambda r: {"HPCRUN_RANK": str(r)}, log_dir=tmp_path,

@@ -10,7 +10,7 @@ from hpcrun.control.spec import RunSpec
 from hpcrun.launch.env import DistEnv
 from hpcrun.runtime.gang import RankExit
 from hpcrun.runtime.incarnation import EXIT_PREEMPTED, Ending
-from hpcrun.runtime.script import (
+from hpcrun.runtime.rank.script import (
     RANK_SIGNAL_ENV,
     Grace,
     rank_argv,

@@ -2,12 +2,12 @@
 
 A restarted rank's critical path used to begin with an interpreter start and ``import torch``
 (seconds on a loaded node). Each agent keeps one *warm* process per local rank
-(:class:`WarmPool`): ``python -m hpcrun.runtime.warm`` imports torch and the worker, then
+(:class:`WarmPool`): ``python -m hpcrun.runtime.rank.warm`` imports torch and the worker, then
 blocks on its stdin. When the gang starts, the agent writes one JSON line to it (the rank's
 environment and its log file: values only, nothing pickled) and closes the pipe; the process
 points its stdout/stderr at the rank's log, replaces its environment and runs
-:func:`hpcrun.runtime.worker.run` as a freshly spawned rank would. EOF without a line (the agent
-discarded it) exits 0. The pool refills itself after each hand-off, so the next incarnation
+:func:`hpcrun.runtime.rank.worker.run` as a freshly spawned rank would. EOF without a line (the
+agent discarded it) exits 0. The pool refills itself after each hand-off, so the next incarnation
 finds its processes already warm; a hot spare's agent keeps its own.
 """
 
@@ -52,7 +52,7 @@ class WarmPool:
         out = open(self._log_dir / f"warm-{slot}.out", "ab")  # noqa: SIM115 - the child's
         try:
             return subprocess.Popen(
-                [self._python, "-m", "hpcrun.runtime.warm"], env=self._env,
+                [self._python, "-m", "hpcrun.runtime.rank.warm"], env=self._env,
                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd,
                 start_new_session=True, preexec_fn=self._preexec)
         finally:
@@ -108,8 +108,8 @@ def _preimport(environ: Mapping[str, str]) -> None:
     import torch.distributed
 
     import hpcrun.checkpoint.checkpointer
-    import hpcrun.runtime.context
-    import hpcrun.runtime.worker  # noqa: F401
+    import hpcrun.runtime.rank.context
+    import hpcrun.runtime.rank.worker  # noqa: F401
 
     # The first optimizer built in a process imports torch's compiler stack (about 1 s of CPU,
     # measured): build a throwaway one here, off the critical path.
@@ -153,7 +153,7 @@ def main() -> None:
     _redirect(log)
     os.environ.clear()
     os.environ.update(env)
-    from hpcrun.runtime.worker import main as worker_main
+    from hpcrun.runtime.rank.worker import main as worker_main
 
     worker_main()
 

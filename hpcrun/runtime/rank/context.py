@@ -10,7 +10,7 @@ A training script builds its model, optimizer and loader, then::
 
 hpcrun does the rest at step boundaries: heartbeats, events, checkpoint cadence and commits, the
 stop agreement after a preemption signal (one tiny all-reduce per step), the replica agreement
-check against silent data corruption (:mod:`hpcrun.runtime.sdc_guard`), and a final commit.
+check against silent data corruption (:mod:`hpcrun.runtime.rank.sdc_guard`), and a final commit.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
 from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import Incarnation
-from hpcrun.runtime.sdc_guard import SdcGuard
+from hpcrun.runtime.rank.sdc_guard import SdcGuard
 from hpcrun.vocab import Tier
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class Context:
     def set_replica_groups(self, groups: Sequence[Sequence[int]] | None) -> None:
         """Which ranks hold the same parameters (None: every rank, as in DDP). With sharded
         data parallelism, each group is the ranks holding the same shard."""
-        from hpcrun.runtime.sdc import replica_groups
+        from hpcrun.runtime.rank.sdc import replica_groups
 
         self._sdc.groups = replica_groups(self.world_size, groups)
 

@@ -13,10 +13,10 @@ import torch
 from hpcrun.control.entries import BatchSkippedNote, FaultPayload
 from hpcrun.control.spec import SdcPolicy
 from hpcrun.errors import NonFiniteError, SdcEchoError, SdcError
-from hpcrun.runtime import sdc_guard
 from hpcrun.runtime.faults import flip_bit, parse_injections
-from hpcrun.runtime.sdc import CANARY_ANSWER
-from hpcrun.runtime.sdc_guard import SdcGuard, fingerprint, run_canary
+from hpcrun.runtime.rank import sdc_guard
+from hpcrun.runtime.rank.sdc import CANARY_ANSWER
+from hpcrun.runtime.rank.sdc_guard import SdcGuard, fingerprint, run_canary
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import FaultClass, SdcAction
 
