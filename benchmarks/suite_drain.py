@@ -30,7 +30,7 @@ from benchmarks.harness import drop_caches, table, verdict
 from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
 from hpcrun.control.log import RunLog, new_holder
 from hpcrun.observe.heartbeat import RankHeartbeat
-from hpcrun.runtime.drainpace import drain_heartbeat_dir
+from hpcrun.runtime.node.drainpace import drain_heartbeat_dir
 
 REPO = Path(__file__).resolve().parents[1]
 _DRAIN = """
@@ -43,7 +43,7 @@ run_dir, root, gen, holder, mode, hb = sys.argv[1:7]
 pacer = None
 if mode == "background":
     from hpcrun.checkpoint.pacing import run_in_background
-    from hpcrun.runtime.drainpace import HeartbeatPeriods
+    from hpcrun.runtime.node.drainpace import HeartbeatPeriods
     _, pacer = run_in_background(HeartbeatPeriods(Path(hb)))
     time.sleep(2.0)
 print("ready", flush=True)

@@ -8,7 +8,7 @@ spare swap and the warm restart of ``benchmarks/suite_restart.py``: :data:`PER_N
 grows with the number of nodes N or ranks R, measured here as far as one 2-vCPU machine allows
 and extrapolated:
 
-- **detect**: the staleness bound (:data:`hpcrun.runtime.membership.NODE_STALE_S`, or
+- **detect**: the staleness bound (:data:`hpcrun.runtime.node.membership.NODE_STALE_S`, or
   ``NODE_STALE_ECHO_S`` once the survivors' collectives lost a peer) plus one read period,
   plus one round of reading N liveness files (measured per file on this disk, times N);
 - **swap**: the decision and the new fence (log appends: constant in N), measured;
@@ -49,7 +49,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hpcrun.runtime.membership import (
+from hpcrun.runtime.node.membership import (
     ALIVE_EVERY_S,
     NODE_STALE_ECHO_S,
     NODE_STALE_S,

@@ -1,13 +1,13 @@
 """Typed per-rank event logs (JSON Lines) written without ever blocking training.
 
-A rank's :class:`EventWriter` writes into a node-local directory; its node's agent forwards
-those lines into ONE stream per node on the shared filesystem, ``<run_dir>/events/<node>.jsonl``
-(:mod:`hpcrun.runtime.nodeobs`), so the shared tier sees one file per node, not per rank. Every
-event line is one :class:`hpcrun.protocols.Event` carrying run ID, generation, global step,
+A rank's :class:`EventWriter` writes into a node-local directory; its node's agent forwards those
+lines into ONE stream per node on the shared filesystem, ``<run_dir>/events/<node>.jsonl``
+(:mod:`hpcrun.runtime.node.observations`), so the shared tier sees one file per node, not per rank.
+Every event line is one :class:`hpcrun.protocols.Event` carrying run ID, generation, global step,
 dataset ID, node, rank and versions; a node stream also carries the agent's heartbeat records
-(:mod:`hpcrun.observe.runsummary`), which are not events and which event readers skip. Runs
-written before node streams (``events/<node>/rank-00003.jsonl``, ``events/<node>/agent.jsonl``)
-are read the same way.
+(:mod:`hpcrun.observe.runsummary`), which are not events and which event readers skip. Runs written
+before node streams (``events/<node>/rank-00003.jsonl``, ``events/<node>/agent.jsonl``) are read the
+same way.
 
 :meth:`EventWriter.emit` only puts the event on a bounded queue; a background thread writes
 batches. When the queue is full the event is dropped and counted: a slow shared filesystem may

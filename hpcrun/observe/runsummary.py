@@ -3,8 +3,8 @@
 Each node's agent writes one event stream on the shared filesystem (``events/<node>.jsonl``:
 its ranks' event lines, forwarded verbatim, and its own heartbeat records). The node-0 agent
 folds every stream incrementally (:class:`StreamFold`) and keeps ``<run_dir>/run-summary.json``
-current by atomic replace (:mod:`hpcrun.runtime.nodeobs`). The file holds exactly the reduced
-inputs status computes its view from, so status reads O(1) files and shows the numbers it
+current by atomic replace (:mod:`hpcrun.runtime.node.observations`). The file holds exactly the
+reduced inputs status computes its view from, so status reads O(1) files and shows the numbers it
 would compute from every event:
 
 - the event fold of :mod:`hpcrun.observe.summary` (gang steps, allocations, input-wait rows)

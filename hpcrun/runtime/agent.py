@@ -1,14 +1,14 @@
 """The per-node agent: ``python -m hpcrun.runtime.agent --run-dir DIR`` (one per node).
 
 Each agent spawns its node's ranks, relays the preemption signal to them, folds their heartbeats
-into one file and their events into one stream per node (:mod:`hpcrun.runtime.nodeobs`), runs
-the node's drain in its own process, and reports how its ranks ended
-in the run log. The node-0 agent also supervises: it claims each incarnation's generation, reads
-every node's outcome, and decides between success, an in-allocation restart, a requeue and
-failure (:mod:`hpcrun.runtime.supervisor`); in a run with hot spares, a surviving agent takes
-that role over when node 0 is lost (:mod:`hpcrun.runtime.takeover`). Agents coordinate only
-through the run log: the other agents find their incarnation by its fence's holder key, and a
-newer fence tells them to stop.
+into one file and their events into one stream per node (:mod:`hpcrun.runtime.node.observations`),
+runs the node's drain in its own process, and reports how its ranks ended in the run log. The node-0
+agent also supervises: it claims each incarnation's generation, reads every node's outcome, and
+decides between success, an in-allocation restart, a requeue and failure
+(:mod:`hpcrun.runtime.supervisor`); in a run with hot spares, a surviving agent takes that role over
+when node 0 is lost (:mod:`hpcrun.runtime.takeover`). Agents coordinate only through the run log:
+the other agents find their incarnation by its fence's holder key, and a newer fence tells them to
+stop.
 """
 
 from __future__ import annotations
@@ -44,11 +44,7 @@ from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_envir
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
-from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.decide import vanished_node_fault
-from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
-from hpcrun.runtime.gang import Gang, RankExit
-from hpcrun.runtime.gpus import NodeGpus, diagnostics_dir, exit_fault
 from hpcrun.runtime.incarnation import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -59,21 +55,25 @@ from hpcrun.runtime.incarnation import (
     Incarnation,
     node_logs_dir,
 )
-from hpcrun.runtime.logview import LogView, decoded, gang_faults
-from hpcrun.runtime.membership import LivenessBeat, initial_gang, survives_node_loss
-from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.node.budget_watch import BudgetWatch
+from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
+from hpcrun.runtime.node.gang import Gang, RankExit
+from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault
+from hpcrun.runtime.node.info import NodeInfo
+from hpcrun.runtime.node.logview import LogView, decoded, gang_faults
+from hpcrun.runtime.node.membership import LivenessBeat, initial_gang, survives_node_loss
+from hpcrun.runtime.node.stepio import detach_stdio
+from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 from hpcrun.runtime.rank import script
-from hpcrun.runtime.stepio import detach_stdio
 from hpcrun.runtime.supervisor import Supervisor, rejoin
-from hpcrun.runtime.upstream import cancel_if_upstream_broken
 
 if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
-    from hpcrun.runtime.nodeobs import NodeObserver
+    from hpcrun.runtime.node.observations import NodeObserver
+    from hpcrun.runtime.node.requeue import Requeuer
     from hpcrun.runtime.rank.warm import WarmPool
-    from hpcrun.runtime.requeue import Requeuer
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
@@ -338,7 +338,7 @@ class Agent:
         return ended
 
     def _observer(self, inc: Incarnation, gang: Gang) -> NodeObserver:
-        from hpcrun.runtime.nodeobs import NodeObserver
+        from hpcrun.runtime.node.observations import NodeObserver
 
         # the run summary is node rank 0's duty: it moves with that position, a swap included
         return NodeObserver(self.run_dir, inc=inc, ranks=gang.ranks, nodes=self.node.nodes,
@@ -659,7 +659,7 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
 
 
 def _requeuer(node: NodeInfo, spec: RunSpec) -> Requeuer:
-    from hpcrun.runtime.requeue import LocalRequeuer, SlurmRequeuer
+    from hpcrun.runtime.node.requeue import LocalRequeuer, SlurmRequeuer
 
     if node.backend == "local":
         return LocalRequeuer()

@@ -51,7 +51,7 @@ from hpcrun.runtime.decisions import (
     retry_decision,
 )
 from hpcrun.runtime.incarnation import Ending
-from hpcrun.runtime.membership import NODE_STALE_S
+from hpcrun.runtime.node.membership import NODE_STALE_S
 
 if TYPE_CHECKING:
     from hpcrun.control.record import RunRecord

@@ -20,7 +20,7 @@ from hpcrun.control.entries import FaultPayload, SegmentNote
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
 from hpcrun.runtime.incarnation import Ending
-from hpcrun.runtime.membership import swap_in
+from hpcrun.runtime.node.membership import swap_in
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec

@@ -62,10 +62,11 @@ from hpcrun.runtime.decisions import (
     Succeed,
     SwapSpare,
 )
-from hpcrun.runtime.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
-from hpcrun.runtime.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
-from hpcrun.runtime.membership import (
+from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
+from hpcrun.runtime.node.info import NodeInfo
+from hpcrun.runtime.node.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
+from hpcrun.runtime.node.membership import (
     ALIVE_EVERY_S,
     NODE_STALE_ECHO_S,
     NODE_STALE_S,
@@ -74,7 +75,6 @@ from hpcrun.runtime.membership import (
     survives_node_loss,
     usable_spares,
 )
-from hpcrun.runtime.node import NodeInfo
 from hpcrun.runtime.takeover import claim_due, supervisor_of
 from hpcrun.storage import LOCAL_STORAGE
 from hpcrun.vocab import Tier
@@ -82,7 +82,7 @@ from hpcrun.vocab import Tier
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.runtime.incarnation import Incarnation
-    from hpcrun.runtime.requeue import Requeuer
+    from hpcrun.runtime.node.requeue import Requeuer
 
 NODE_EXIT_WAIT_S = 60.0
 FAULT_SETTLE_S = 2.0

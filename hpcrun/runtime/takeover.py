@@ -8,7 +8,7 @@ earlier slot stands. The newest standing claim of the job start names its superv
 agent reads the same log, so every agent agrees on who that is.
 
 When the supervising node is lost (its liveness file went stale on the watcher's own clock,
-:class:`~hpcrun.runtime.membership.LivenessWatch`), exactly one surviving agent is due to
+:class:`~hpcrun.runtime.node.membership.LivenessWatch`), exactly one surviving agent is due to
 claim: the gang node with the lowest node rank that still beats, else (no gang node left) the
 first live spare in allocation order (:func:`successor`). Agents that are not due keep
 following; if two agents claim anyway (they disagree on staleness), the log's order decides

@@ -48,7 +48,7 @@ def test_results_are_written_as_json_and_markdown(tmp_path: Path) -> None:
 
 def test_the_rto_projection_adds_what_grows_with_the_gang_to_the_per_node_figures() -> None:
     from benchmarks.scale.rto import BUDGET_S, PER_NODE, project
-    from hpcrun.runtime.membership import ALIVE_EVERY_S, NODE_STALE_ECHO_S, NODE_STALE_S
+    from hpcrun.runtime.node.membership import ALIVE_EVERY_S, NODE_STALE_ECHO_S, NODE_STALE_S
 
     measured = {"store_rendezvous": [(16, 0.01), (1024, 0.5)],
                 "store_server_cpu": [(256, 200e-6), (1024, 100e-6)],

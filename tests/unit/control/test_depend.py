@@ -139,7 +139,7 @@ def _run(root: Path, run_id: str, state: RunState | None = None) -> Path:
     (RunState.FAILED, "any", False), (RunState.CANCELLED, "ok", True)])
 def test_the_first_start_cancels_a_run_whose_upstream_did_not_succeed(
         tmp_path: Path, upstream: RunState, kind: str, cancelled: bool) -> None:
-    from hpcrun.runtime.upstream import cancel_if_upstream_broken
+    from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 
     up = _run(tmp_path, "train-1", upstream)
     down = _run(tmp_path, "eval-1")

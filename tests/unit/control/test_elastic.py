@@ -21,7 +21,7 @@ from hpcrun.control.elastic import (
 from hpcrun.control.spec import RunSpec
 from hpcrun.data.batches import replica_rows
 from hpcrun.errors import DataError, SpecError
-from hpcrun.runtime import membership
+from hpcrun.runtime.node import membership
 
 BASE = {"name": "tiny", "entrypoint": "examples.tiny_lm.train:main"}
 

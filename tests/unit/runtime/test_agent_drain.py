@@ -14,9 +14,9 @@ from hpcrun.launch.site import SiteConfig
 from hpcrun.runtime.agent import Agent
 from hpcrun.runtime.decisions import Succeed
 from hpcrun.runtime.incarnation import Incarnation
-from hpcrun.runtime.logview import decoded
-from hpcrun.runtime.node import NodeInfo
-from hpcrun.runtime.requeue import LocalRequeuer
+from hpcrun.runtime.node.info import NodeInfo
+from hpcrun.runtime.node.logview import decoded
+from hpcrun.runtime.node.requeue import LocalRequeuer
 from hpcrun.runtime.supervisor import TIER1_WAIT_S
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import Tier

@@ -14,7 +14,6 @@ from hpcrun.control.record import CheckpointRef, FaultRecord, RunRecord, create_
 from hpcrun.control.retry import FaultClass
 from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec
 from hpcrun.launch.signals import StopFlag
-from hpcrun.runtime.budget_watch import BudgetWatch
 from hpcrun.runtime.decide import (
     DecisionPolicy,
     Fail,
@@ -33,6 +32,7 @@ from hpcrun.runtime.decide import (
     root_cause,
 )
 from hpcrun.runtime.incarnation import Ending
+from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.scheduler.slurm import PastRun, SlurmJobState
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import Tier

@@ -8,7 +8,7 @@ import pytest
 
 from hpcrun.errors import EnvError
 from hpcrun.runtime.incarnation import Incarnation
-from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.node.info import NodeInfo
 
 
 def _inc(**over: object) -> Incarnation:

@@ -16,9 +16,9 @@ from hpcrun.control.record import create_run, read_record
 from hpcrun.errors import StaleGenerationError
 from hpcrun.launch.signals import StopFlag
 from hpcrun.runtime.incarnation import EXIT_USER_ERROR, AgentExit, Incarnation
-from hpcrun.runtime.logview import LogView
-from hpcrun.runtime.membership import NODE_STALE_S, LivenessWatch
-from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.node.info import NodeInfo
+from hpcrun.runtime.node.logview import LogView
+from hpcrun.runtime.node.membership import NODE_STALE_S, LivenessWatch
 from hpcrun.runtime.supervisor import Supervisor
 from hpcrun.runtime.takeover import claim_due, standing_claims, successor, supervisor_of
 from hpcrun.testing import FakeClock

@@ -215,7 +215,7 @@ def test_runs_of_a_requeued_job_captured() -> None:
 
 
 def test_requeuer_reports_the_run_before_this_one() -> None:
-    from hpcrun.runtime.requeue import SlurmRequeuer
+    from hpcrun.runtime.node.requeue import SlurmRequeuer
 
     runner = FakeRunner({"sacct": golden("sacct_runs_node_fail.txt")})
     past = SlurmRequeuer(SlurmClient(runner), "4").previous_run()

@@ -76,7 +76,7 @@ class _TakingPool:
 def test_the_gang_stamps_each_rank_s_hand_off_time_for_the_start_split(tmp_path: Path) -> None:
     import time
 
-    from hpcrun.runtime.gang import Gang
+    from hpcrun.runtime.node.gang import Gang
     from hpcrun.runtime.rank.startup import HANDED_AT_ENV
 
     pool = _TakingPool()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrun.runtime.membership import (
+from hpcrun.runtime.node.membership import (
     NODE_STALE_S,
     LivenessBeat,
     LivenessWatch,

@@ -8,9 +8,9 @@ from pathlib import Path
 from hpcrun.control.spec import RunSpec
 from hpcrun.launch.gpu import GpuSettings
 from hpcrun.launch.site import site_from_dict
-from hpcrun.runtime.gang import RankExit
-from hpcrun.runtime.gpus import NodeGpus, diagnostics_dir, exit_fault, timeout_fault
 from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.node.gang import RankExit
+from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault, timeout_fault
 from hpcrun.testing import FakeRunner
 from hpcrun.vocab import DistBackend
 

@@ -1,4 +1,4 @@
-"""A node's background drain: ``python -m hpcrun.runtime.drainer`` (started by its agent).
+"""A node's background drain: ``python -m hpcrun.runtime.node.drainer`` (started by its agent).
 
 Runs in its own process, never in a training process: h5py serialises every HDF5 call of a
 process under one lock, so a drain inside training would stall the data loader's reads. Every
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 from hpcrun.control.entries import DrainErrorNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError, StaleGenerationError
-from hpcrun.runtime.drainpace import start_background_drain
 from hpcrun.runtime.incarnation import Incarnation
-from hpcrun.runtime.node import NodeInfo
+from hpcrun.runtime.node.drainpace import start_background_drain
+from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.sharedtier import (
     DEFAULT_DEADLINE_S,
     parse_storage_injection,
@@ -69,7 +69,7 @@ class DrainTarget:
     also copies the newest checkpoint there (:mod:`hpcrun.checkpoint.peer.push`)."""
 
     def argv(self, python: str, interval_s: float) -> list[str]:
-        return [python, "-m", "hpcrun.runtime.drainer", "--run-dir", str(self.run_dir),
+        return [python, "-m", "hpcrun.runtime.node.drainer", "--run-dir", str(self.run_dir),
                 "--node", self.node, "--node-local", str(self.node_local_root),
                 "--generation", str(self.generation), "--holder", self.holder,
                 "--num-nodes", str(self.num_nodes), "--interval", str(interval_s),

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hpcrun.observe.heartbeat import RankBeat, write_rank_heartbeat
-from hpcrun.runtime.drainpace import HeartbeatPeriods, drain_heartbeat_dir, step_periods
 from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.node.drainpace import HeartbeatPeriods, drain_heartbeat_dir, step_periods
 
 
 def _beat(rank: int, step: int, ts: float) -> RankBeat:

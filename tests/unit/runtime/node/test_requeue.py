@@ -7,8 +7,8 @@ from typing import Any
 
 from hpcrun.control.spec import RunSpec
 from hpcrun.runtime.agent import _requeuer
-from hpcrun.runtime.node import NodeInfo
-from hpcrun.runtime.requeue import SlurmRequeuer
+from hpcrun.runtime.node.info import NodeInfo
+from hpcrun.runtime.node.requeue import SlurmRequeuer
 from hpcrun.scheduler.slurm import Observation, SlurmJobState
 
 

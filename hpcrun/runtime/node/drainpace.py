@@ -19,7 +19,7 @@ from hpcrun.checkpoint.pacing import PacePolicy, Priority, run_in_background
 from hpcrun.observe.heartbeat import RankBeat, read_rank_beats
 
 if TYPE_CHECKING:
-    from hpcrun.runtime.drainer import DrainTarget
+    from hpcrun.runtime.node.drainer import DrainTarget
 
 __all__ = ["HeartbeatPeriods", "drain_heartbeat_dir", "start_background_drain", "step_periods"]
 

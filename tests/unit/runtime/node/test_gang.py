@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcrun.runtime.gang import Gang
+from hpcrun.runtime.node.gang import Gang
 
 
 class _Pool:

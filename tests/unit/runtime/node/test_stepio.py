@@ -12,7 +12,7 @@ import pytest
 
 CHILD = """
 import pathlib, sys, time
-from hpcrun.runtime.stepio import detach_stdio
+from hpcrun.runtime.node.stepio import detach_stdio
 tmp = pathlib.Path(sys.argv[1])
 if sys.argv[2] == "detached":
     detach_stdio(tmp / "logs")
