@@ -529,7 +529,7 @@ class SupervisionClaimPayload(EntryPayload):
 
     Published under the fence in force (the incarnation whose supervisor vanished): a stale
     claimant's claim is void like any stale publish, and of two claims under one fence the
-    earlier slot stands (:mod:`hpcrun.runtime.takeover`).
+    earlier slot stands (:mod:`hpcrun.runtime.supervise.takeover`).
     """
 
     KIND: ClassVar[EntryKind] = EntryKind.SUPERVISE

@@ -5,10 +5,10 @@ into one file and their events into one stream per node (:mod:`hpcrun.runtime.no
 runs the node's drain in its own process, and reports how its ranks ended in the run log. The node-0
 agent also supervises: it claims each incarnation's generation, reads every node's outcome, and
 decides between success, an in-allocation restart, a requeue and failure
-(:mod:`hpcrun.runtime.supervisor`); in a run with hot spares, a surviving agent takes that role over
-when node 0 is lost (:mod:`hpcrun.runtime.takeover`). Agents coordinate only through the run log:
-the other agents find their incarnation by its fence's holder key, and a newer fence tells them to
-stop.
+(:mod:`hpcrun.runtime.supervise.supervisor`); in a run with hot spares, a surviving agent takes that
+role over when node 0 is lost (:mod:`hpcrun.runtime.supervise.takeover`). Agents coordinate only
+through the run log: the other agents find their incarnation by its fence's holder key, and a newer
+fence tells them to stop.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_envir
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, signal_number
 from hpcrun.runtime import preemption
-from hpcrun.runtime.decide import vanished_node_fault
 from hpcrun.runtime.incarnation import (
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -65,7 +64,8 @@ from hpcrun.runtime.node.membership import LivenessBeat, initial_gang, survives_
 from hpcrun.runtime.node.stepio import detach_stdio
 from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 from hpcrun.runtime.rank import script
-from hpcrun.runtime.supervisor import Supervisor, rejoin
+from hpcrun.runtime.supervise.decide import vanished_node_fault
+from hpcrun.runtime.supervise.supervisor import Supervisor, rejoin
 
 if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry

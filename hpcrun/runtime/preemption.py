@@ -12,8 +12,8 @@
 4. **Stop commit.** The ranks commit a checkpoint at that boundary (``Context._commit_and_stop``)
    and exit ``EXIT_PREEMPTED`` (:func:`rank_ending`); late signals are then ignored
    (:func:`ignore_late_signals`). Each agent drains its node's shards and notes ``preempted``.
-5. **The supervisor's decision.** :func:`hpcrun.runtime.decide.decide` sends a stopped gang to
-   :func:`decide_after_stop`: a SIGTERM from Slurm is :class:`LeaveToSlurm`; otherwise the
+5. **The supervisor's decision.** :func:`hpcrun.runtime.supervise.decide.decide` sends a stopped
+   gang to :func:`decide_after_stop`: a SIGTERM from Slurm is :class:`LeaveToSlurm`; otherwise the
    preemption goes through the retry rules to ``Requeue(preempted=True)`` (or ``Fail`` when the
    requeue budget is spent). The shell (``supervisor.py``) waits for the tier-1 commit, records
    PREEMPTED and the preemption fault, then REQUEUED.
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.retry import FaultClass
 from hpcrun.launch.signals import StopFlag, stop_on
-from hpcrun.runtime.decisions import (
+from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending
+from hpcrun.runtime.supervise.decisions import (
     DecisionPolicy,
     Fail,
     GangFault,
@@ -46,7 +47,6 @@ from hpcrun.runtime.decisions import (
     SwapSpare,
     retry_decision,
 )
-from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending
 
 if TYPE_CHECKING:
     from hpcrun.control.record import RunRecord

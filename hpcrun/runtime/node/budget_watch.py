@@ -4,7 +4,7 @@ When an incarnation starts, each agent reads what the run has used (the record's
 time, :mod:`hpcrun.control.budget`) and fixes the moment the budget runs out. Past it, the
 agent sets its stop flag as a preemption signal would: its relay tells the ranks, they agree
 to stop at the next step boundary and commit, and the supervisor's decision
-(:func:`hpcrun.runtime.decide.within_budget`) ends the run FAILED with the reason.
+(:func:`hpcrun.runtime.supervise.decide.within_budget`) ends the run FAILED with the reason.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from hpcrun.control.record import create_run
 from hpcrun.control.spec import RunSpec
 from hpcrun.launch.site import SiteConfig
 from hpcrun.runtime.agent import Agent
-from hpcrun.runtime.decisions import Succeed
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import decoded
 from hpcrun.runtime.node.requeue import LocalRequeuer
-from hpcrun.runtime.supervisor import TIER1_WAIT_S
+from hpcrun.runtime.supervise.decisions import Succeed
+from hpcrun.runtime.supervise.supervisor import TIER1_WAIT_S
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import Tier
 

@@ -11,14 +11,6 @@ import pytest
 from hpcrun.control.record import RunRecord
 from hpcrun.control.spec import RetryPolicy
 from hpcrun.errors import ArgumentError
-from hpcrun.runtime.decide import (
-    DecisionPolicy,
-    GangFault,
-    Observations,
-    Requeue,
-    RestartInAllocation,
-    decide,
-)
 from hpcrun.runtime.incarnation import Ending
 from hpcrun.runtime.rank.sdc import (
     CANARY_ANSWER,
@@ -31,6 +23,14 @@ from hpcrun.runtime.rank.sdc import (
     loss_suspect,
     odd_replicas,
     replica_groups,
+)
+from hpcrun.runtime.supervise.decide import (
+    DecisionPolicy,
+    GangFault,
+    Observations,
+    Requeue,
+    RestartInAllocation,
+    decide,
 )
 from hpcrun.vocab import FaultClass
 

@@ -19,10 +19,10 @@ from hpcrun.runtime.incarnation import EXIT_USER_ERROR, AgentExit, Incarnation
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView
 from hpcrun.runtime.node.membership import NODE_STALE_S, LivenessWatch
-from hpcrun.runtime.supervisor import Supervisor
-from hpcrun.runtime.takeover import claim_due, standing_claims, successor, supervisor_of
+from hpcrun.runtime.supervise.supervisor import Supervisor
+from hpcrun.runtime.supervise.takeover import claim_due, standing_claims, successor, supervisor_of
 from hpcrun.testing import FakeClock
-from tests.unit.runtime.test_supervisor import SPARE_SPEC, BeatingClock, RecordingRequeuer
+from tests.unit.runtime.supervise.test_supervisor import SPARE_SPEC, BeatingClock, RecordingRequeuer
 
 ALLOC = ("n0", "n1", "n2", "n3")
 

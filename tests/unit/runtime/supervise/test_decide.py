@@ -14,7 +14,9 @@ from hpcrun.control.record import CheckpointRef, FaultRecord, RunRecord, create_
 from hpcrun.control.retry import FaultClass
 from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec
 from hpcrun.launch.signals import StopFlag
-from hpcrun.runtime.decide import (
+from hpcrun.runtime.incarnation import Ending
+from hpcrun.runtime.node.budget_watch import BudgetWatch
+from hpcrun.runtime.supervise.decide import (
     DecisionPolicy,
     Fail,
     GangFault,
@@ -31,8 +33,6 @@ from hpcrun.runtime.decide import (
     requeue_unrecorded,
     root_cause,
 )
-from hpcrun.runtime.incarnation import Ending
-from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.scheduler.slurm import PastRun, SlurmJobState
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import Tier

@@ -1,10 +1,10 @@
-"""The supervisor's effectful shell: gather what happened, ask :mod:`hpcrun.runtime.decide`,
-carry the decision out.
+"""The supervisor's effectful shell: gather what happened, ask
+:mod:`hpcrun.runtime.supervise.decide`, carry the decision out.
 
 The node-0 agent's :class:`Supervisor` waits for every node's ``node_exit`` note (or the first
-fault), folds what it saw into :class:`~hpcrun.runtime.decisions.Observations`, calls
-:func:`~hpcrun.runtime.decide.decide`, and acts on the :data:`Decision`: publish states and
-results, wait for the tier-1 commit, requeue, and return the agent's exit. The other agents
+fault), folds what it saw into :class:`~hpcrun.runtime.supervise.decisions.Observations`, calls
+:func:`~hpcrun.runtime.supervise.decide.decide`, and acts on the :data:`Decision`: publish states
+and results, wait for the tier-1 commit, requeue, and return the agent's exit. The other agents
 :meth:`Supervisor.follow` the log: a newer fence for this job start means "restart with it", a
 terminal or REQUEUED state means "exit".
 """
@@ -43,25 +43,6 @@ from hpcrun.launch.sbatch import job_exit_path
 from hpcrun.launch.signals import StopFlag
 from hpcrun.observe.postrun import post_run_publisher
 from hpcrun.runtime import preemption
-from hpcrun.runtime.decide import (
-    account_for_requeue,
-    decide,
-    enough_to_decide,
-    requeue_unrecorded,
-)
-from hpcrun.runtime.decisions import (
-    Decision,
-    DecisionPolicy,
-    Fail,
-    GangFault,
-    LeaveToSlurm,
-    Observations,
-    Requeue,
-    RestartInAllocation,
-    Shrink,
-    Succeed,
-    SwapSpare,
-)
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
 from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.node.info import NodeInfo
@@ -75,7 +56,26 @@ from hpcrun.runtime.node.membership import (
     survives_node_loss,
     usable_spares,
 )
-from hpcrun.runtime.takeover import claim_due, supervisor_of
+from hpcrun.runtime.supervise.decide import (
+    account_for_requeue,
+    decide,
+    enough_to_decide,
+    requeue_unrecorded,
+)
+from hpcrun.runtime.supervise.decisions import (
+    Decision,
+    DecisionPolicy,
+    Fail,
+    GangFault,
+    LeaveToSlurm,
+    Observations,
+    Requeue,
+    RestartInAllocation,
+    Shrink,
+    Succeed,
+    SwapSpare,
+)
+from hpcrun.runtime.supervise.takeover import claim_due, supervisor_of
 from hpcrun.storage import LOCAL_STORAGE
 from hpcrun.vocab import Tier
 
@@ -104,8 +104,8 @@ def rejoin(view: LogView, node: NodeInfo, inc: Incarnation) -> AgentExit:
 
 
 class Supervisor:
-    """One agent's supervision role: decide where the log says this node supervises (node 0
-    until a surviving agent takes over, :mod:`hpcrun.runtime.takeover`), follow elsewhere."""
+    """One agent's supervision role: decide where the log says this node supervises (node 0 until a
+    surviving agent takes over, :mod:`hpcrun.runtime.supervise.takeover`), follow elsewhere."""
 
     def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
                  view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,

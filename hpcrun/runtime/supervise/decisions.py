@@ -1,10 +1,10 @@
 """What the supervisor sees and what it can decide: the typed inputs and outputs of
-:func:`hpcrun.runtime.decide.decide` (all values, no effects).
+:func:`hpcrun.runtime.supervise.decide.decide` (all values, no effects).
 
 A :class:`Decision` is one of a closed set of frozen dataclasses; the supervising agent
-(:mod:`hpcrun.runtime.supervisor`) carries it out. A new way to end an incarnation (swap a spare
-node in: :class:`SwapSpare`; shrink the gang: :class:`Shrink`) is a new variant here, a branch in
-``decide`` and a case in the shell.
+(:mod:`hpcrun.runtime.supervise.supervisor`) carries it out. A new way to end an incarnation (swap a
+spare node in: :class:`SwapSpare`; shrink the gang: :class:`Shrink`) is a new variant here, a branch
+in ``decide`` and a case in the shell.
 """
 
 from __future__ import annotations

@@ -36,7 +36,9 @@ from hpcrun.control.entries import SegmentNote
 from hpcrun.control.retry import FaultClass, classify_exit, segment_progress
 from hpcrun.control.states import RunState
 from hpcrun.runtime import preemption
-from hpcrun.runtime.decisions import (
+from hpcrun.runtime.incarnation import Ending
+from hpcrun.runtime.node.membership import NODE_STALE_S
+from hpcrun.runtime.supervise.decisions import (
     Decision,
     DecisionPolicy,
     Fail,
@@ -50,8 +52,6 @@ from hpcrun.runtime.decisions import (
     SwapSpare,
     retry_decision,
 )
-from hpcrun.runtime.incarnation import Ending
-from hpcrun.runtime.node.membership import NODE_STALE_S
 
 if TYPE_CHECKING:
     from hpcrun.control.record import RunRecord

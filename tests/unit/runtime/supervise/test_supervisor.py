@@ -16,12 +16,12 @@ from hpcrun.control.spec import RunSpec
 from hpcrun.errors import StaleGenerationError
 from hpcrun.launch.signals import StopFlag
 from hpcrun.observe.postrun import read_manifest
-from hpcrun.runtime.decisions import Fail
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incarnation
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView
 from hpcrun.runtime.node.membership import NODE_STALE_ECHO_S, NODE_STALE_S, alive_path
-from hpcrun.runtime.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, POLL_S, Supervisor
+from hpcrun.runtime.supervise.decisions import Fail
+from hpcrun.runtime.supervise.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, POLL_S, Supervisor
 from hpcrun.testing import FakeClock
 
 SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:main",

@@ -1,0 +1,1 @@
+"""hpcrun.runtime.supervise."""
