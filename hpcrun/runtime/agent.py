@@ -52,11 +52,12 @@ from hpcrun.runtime.incarnation import (
     AgentExit,
     Ending,
     Incarnation,
+    RankExit,
     node_logs_dir,
 )
 from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
-from hpcrun.runtime.node.gang import Gang, RankExit
+from hpcrun.runtime.node.gang import Gang
 from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView, decoded, gang_faults

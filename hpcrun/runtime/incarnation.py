@@ -8,9 +8,11 @@ their environment (``HPCRUN_*``), read once by :meth:`Incarnation.from_environ`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpcrun.control.notes import NodeStatus
 from hpcrun.errors import EnvError
@@ -33,6 +35,38 @@ class AgentExit:
     """Exit status of the agent when it stops here."""
     next_attempt: int | None = None
     """The in-allocation attempt to join next, or None to exit with ``status``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankExit:
+    """How one rank ended."""
+
+    rank: int
+    """Global rank."""
+    returncode: int
+    """Exit status; negative when killed by a signal (-9 is SIGKILL)."""
+    report: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The rank's own exit report (fault class, detail, step), when it left one."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.returncode == EXIT_OK
+
+    @property
+    def preempted(self) -> bool:
+        return self.returncode == EXIT_PREEMPTED
+
+    @property
+    def echo(self) -> bool:
+        """Whether it failed only because a peer went away (the cause is elsewhere)."""
+        return self.report.get("fault") == "peer_lost"
+
+    @property
+    def fault(self) -> str:
+        """Fault class: from the report, or process_crash for a signal death."""
+        if self.report.get("fault"):
+            return str(self.report["fault"])
+        return "process_crash" if self.returncode < 0 else "user_error"
 
 
 _ENV_KEYS = {
@@ -129,3 +163,17 @@ class Incarnation:
     def exit_report(self, rank: int) -> Path:
         """Where a rank leaves a JSON note on how it ended, for its agent."""
         return self.heartbeat_dir().parent.parent / "exits" / f"rank-{rank:05d}.json"
+
+
+RANK_EVENTS_NAME = "rank-{rank:05d}.jsonl"
+"""A rank's node-local event file in :func:`rank_events_dir` (``format(rank=...)``)."""
+
+
+def rank_events_dir(inc: Incarnation) -> Path:
+    """Node-local directory where this incarnation's ranks on ``inc.node`` write events."""
+    return inc.heartbeat_dir().parent.parent / "ev" / inc.node / f"g{inc.generation:04d}"
+
+
+def rank_events_path(inc: Incarnation, rank: int) -> Path:
+    """Where ``rank``'s event writer appends (node-local; its agent forwards the lines)."""
+    return rank_events_dir(inc) / RANK_EVENTS_NAME.format(rank=rank)

@@ -16,48 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED
+from hpcrun.runtime.incarnation import RankExit
 from hpcrun.runtime.rank.startup import HANDED_AT_ENV
 
 if TYPE_CHECKING:
     from hpcrun.runtime.rank.warm import WarmPool
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankExit:
-    """How one rank ended."""
-
-    rank: int
-    """Global rank."""
-    returncode: int
-    """Exit status; negative when killed by a signal (-9 is SIGKILL)."""
-    report: Mapping[str, Any] = field(default_factory=dict)
-    """The rank's own exit report (fault class, detail, step), when it left one."""
-
-    @property
-    def succeeded(self) -> bool:
-        return self.returncode == EXIT_OK
-
-    @property
-    def preempted(self) -> bool:
-        return self.returncode == EXIT_PREEMPTED
-
-    @property
-    def echo(self) -> bool:
-        """Whether it failed only because a peer went away (the cause is elsewhere)."""
-        return self.report.get("fault") == "peer_lost"
-
-    @property
-    def fault(self) -> str:
-        """Fault class: from the report, or process_crash for a signal death."""
-        if self.report.get("fault"):
-            return str(self.report["fault"])
-        return "process_crash" if self.returncode < 0 else "user_error"
 
 
 def read_exit_report(path: Path) -> dict[str, Any]:

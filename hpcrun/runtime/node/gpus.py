@@ -31,8 +31,7 @@ from hpcrun.runner import CommandRunner, SubprocessRunner
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
-    from hpcrun.runtime.incarnation import Incarnation
-    from hpcrun.runtime.node.gang import RankExit
+    from hpcrun.runtime.incarnation import Incarnation, RankExit
 
 DRIVER_GPUS_DIR = "/proc/driver/nvidia/gpus"
 LIST_ARGV = ("nvidia-smi", "-L")

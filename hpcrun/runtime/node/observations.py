@@ -1,9 +1,9 @@
 """Per-node event aggregation: ranks → their node's agent → one stream per node, one run summary.
 
 A rank's :class:`~hpcrun.observe.events.EventWriter` writes into a node-local directory
-(:func:`rank_events_path`, beside the rank heartbeats): an append to local disk from the
-writer's background thread, so ``emit`` stays a queue put and training never waits on the
-shared filesystem. The node's agent drives a :class:`NodeObserver` from its watch loop:
+(:func:`~hpcrun.runtime.incarnation.rank_events_path`, beside the rank heartbeats): an append to
+local disk from the writer's background thread, so ``emit`` stays a queue put and training never
+waits on the shared filesystem. The node's agent drives a :class:`NodeObserver` from its watch loop:
 
 - :class:`NodeStream` forwards the complete lines its ranks appended (bytes, not parsed; each
   line names its rank) into ``<run_dir>/events/<node>.jsonl`` with one append per round;
@@ -37,7 +37,7 @@ from hpcrun.observe.runsummary import (
     read_run_summary,
     run_summary_path,
 )
-from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.incarnation import RANK_EVENTS_NAME, Incarnation, rank_events_dir
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 FORWARD_INTERVAL_S = 1.0
@@ -47,17 +47,6 @@ RECORD_INTERVAL_S = 15.0
 the node's heartbeat file keeps the aggregator's faster beat for the supervisor and ``watch``."""
 SUMMARY_INTERVAL_S = 5.0
 """How often the node-0 agent replaces the run summary while the gang runs."""
-_RANK_EVENTS = "rank-{rank:05d}.jsonl"
-
-
-def rank_events_dir(inc: Incarnation) -> Path:
-    """Node-local directory where this incarnation's ranks on ``inc.node`` write events."""
-    return inc.heartbeat_dir().parent.parent / "ev" / inc.node / f"g{inc.generation:04d}"
-
-
-def rank_events_path(inc: Incarnation, rank: int) -> Path:
-    """Where ``rank``'s event writer appends (node-local; its agent forwards the lines)."""
-    return rank_events_dir(inc) / _RANK_EVENTS.format(rank=rank)
 
 
 class NodeStream:
@@ -106,7 +95,7 @@ class NodeStream:
         f = self._files.get(rank)
         if f is None:
             try:
-                f = open(self.source_dir / _RANK_EVENTS.format(rank=rank), "rb")  # noqa: SIM115
+                f = open(self.source_dir / RANK_EVENTS_NAME.format(rank=rank), "rb")  # noqa: SIM115
             except OSError:
                 return b""  # the rank has written nothing yet
             self._files[rank] = f
@@ -253,5 +242,4 @@ class NodeObserver:
             self.summary.finish()
 
 
-__all__ = ["NodeObserver", "NodeStream", "RankTails", "RunSummaryPublisher",
-           "rank_events_path"]
+__all__ = ["NodeObserver", "NodeStream", "RankTails", "RunSummaryPublisher"]

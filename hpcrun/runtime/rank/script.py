@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING
 
 from hpcrun.control.entries import StatePayload
 from hpcrun.control.states import RunState
-from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending
-from hpcrun.runtime.node.gang import RankExit
+from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending, RankExit
 from hpcrun.vocab import FaultClass
 
 if TYPE_CHECKING:

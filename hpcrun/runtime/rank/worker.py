@@ -150,7 +150,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     from hpcrun.observe.heartbeat import RankHeartbeat
     from hpcrun.observe.tracker import rank_tracker
     from hpcrun.runtime import faults
-    from hpcrun.runtime.node.observations import rank_events_path
+    from hpcrun.runtime.incarnation import rank_events_path
     from hpcrun.runtime.rank.context import Context
     from hpcrun.runtime.rank.script import is_script_rank
     from hpcrun.runtime.sharedtier import site_deadline_s

@@ -8,13 +8,12 @@ from pathlib import Path
 from hpcrun.control.spec import RunSpec
 from hpcrun.launch.gpu import GpuSettings
 from hpcrun.launch.site import site_from_dict
-from hpcrun.runtime.incarnation import Incarnation
-from hpcrun.runtime.node.gang import RankExit
+from hpcrun.runtime.incarnation import Incarnation, RankExit
 from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault, timeout_fault
 from hpcrun.testing import FakeRunner
 from hpcrun.vocab import DistBackend
 
-TOPO = (Path(__file__).parents[1] / "launch" / "golden" / "gpu" / "topo_4gpu_2numa.txt")
+TOPO = (Path(__file__).parents[2] / "launch" / "golden" / "gpu" / "topo_4gpu_2numa.txt")
 SITE = site_from_dict({"name": "g", "node_local_path": "/l", "shared_path": "/s",
                        "gpus_per_node": 4})
 SPEC = RunSpec.from_dict({"name": "t", "entrypoint": "m:f",

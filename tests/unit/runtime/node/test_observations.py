@@ -10,8 +10,8 @@ from hpcrun.observe.events import EventWriter, read_event_file
 from hpcrun.observe.heartbeat import write_rank_heartbeat
 from hpcrun.observe.runsummary import is_heartbeat_record, read_run_summary
 from hpcrun.protocols import Event
-from hpcrun.runtime.incarnation import Incarnation
-from hpcrun.runtime.node.observations import NodeObserver, NodeStream, rank_events_path
+from hpcrun.runtime.incarnation import Incarnation, rank_events_path
+from hpcrun.runtime.node.observations import NodeObserver, NodeStream
 from hpcrun.testing.fakes import FakeClock
 
 

@@ -8,8 +8,7 @@ import sys
 
 from hpcrun.control.spec import RunSpec
 from hpcrun.launch.env import DistEnv
-from hpcrun.runtime.incarnation import EXIT_PREEMPTED, Ending
-from hpcrun.runtime.node.gang import RankExit
+from hpcrun.runtime.incarnation import EXIT_PREEMPTED, Ending, RankExit
 from hpcrun.runtime.rank.script import (
     RANK_SIGNAL_ENV,
     Grace,

@@ -11,7 +11,7 @@ from typing import Any
 
 from hpcrun.runtime.rank.warm import WarmPool, handoff_line, read_handoff
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def test_the_handoff_is_one_json_line_of_values() -> None:
