@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import math
 import os
 import signal
 import subprocess
@@ -57,14 +56,18 @@ from hpcrun.runtime.incarnation import (
 )
 from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
-from hpcrun.runtime.node.gang import Gang
+from hpcrun.runtime.node.drainproc import DrainProcess
+from hpcrun.runtime.node.gang import Gang, node_ending
 from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault
+from hpcrun.runtime.node.hangwatch import hang_watch
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView, decoded, gang_faults
 from hpcrun.runtime.node.membership import LivenessBeat, initial_gang, survives_node_loss
+from hpcrun.runtime.node.requeue import Requeuer, requeuer_for
 from hpcrun.runtime.node.stepio import detach_stdio
 from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 from hpcrun.runtime.rank import script
+from hpcrun.runtime.rank.warm import all_stepped
 from hpcrun.runtime.supervise.decide import vanished_node_fault
 from hpcrun.runtime.supervise.supervisor import Supervisor, rejoin
 
@@ -73,7 +76,6 @@ if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
     from hpcrun.runtime.node.observations import NodeObserver
-    from hpcrun.runtime.node.requeue import Requeuer
     from hpcrun.runtime.rank.warm import WarmPool
 
 POLL_S = 0.2
@@ -81,7 +83,6 @@ FENCE_WAIT_S = 300.0
 FAULT_KILL_GRACE_S = 0.5
 """SIGTERM grace for the ranks of a gang that already failed: they can commit nothing (their
 next collective has lost a peer), so only exits already under way are waited for."""
-START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
 
 
 class Watched(StrEnum):
@@ -114,7 +115,7 @@ class Agent:
         self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.warm = self._warm_pool()
-        self._stopping_drainer: subprocess.Popen[bytes] | None = None
+        self.drains = DrainProcess()
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock,
@@ -126,7 +127,7 @@ class Agent:
         with contextlib.ExitStack() as stack:
             if self.warm is not None:
                 stack.callback(self.warm.close)
-            stack.callback(self._reap_drainer)
+            stack.callback(self.drains.reap)
             if survives_node_loss(self.spec):
                 if self.node.backend == "slurm":
                     detach_stdio(node_logs_dir(self.run_dir, self.node.node))
@@ -322,14 +323,14 @@ class Agent:
             if failed:
                 # no final drain round follows: report the node's exit without waiting for
                 # the drain's round in flight (reaped before the next drain starts)
-                self._terminate_drainer(drainer)
+                self.drains.terminate(drainer)
             else:
-                self._stop_drainer(drainer)
+                self.drains.stop(drainer)
             obs.close()  # the node stream's last lines, once the ranks are gone
         if isinstance(outcome, AgentExit):
             obs.finish()
             return outcome
-        status = self._node_status(gang, outcome)
+        status = node_ending(gang.exits.values()) if outcome is Watched.DONE else Ending.FAILED
         if status is not Ending.FAILED and drainer is not None:
             drain_round_safely(self._drain_target(inc), self.log, last=True)
         self._report_node_exit(inc, status)
@@ -347,7 +348,9 @@ class Agent:
 
     def _watch(self, inc: Incarnation, gang: Gang, agg: NodeObserver) -> Watched | AgentExit:
         """Supervise the ranks until they all end, one fails, or the run moves on."""
-        hang = self._hang_watch(inc, gang)
+        hang = hang_watch(inc, gang, spec=self.spec, environ=self.environ, node=self.node.node,
+                          clock=self.clock,
+                          record_fault=lambda payload: self._append_fault(inc, payload))
         try:
             return self._watch_loop(inc, gang, agg, hang)
         finally:
@@ -370,7 +373,7 @@ class Agent:
                                                        now=self.clock.monotonic()):
                 gang.kill(grace_s=FAULT_KILL_GRACE_S)  # the script had its time to save
             agg.poll()
-            if not refilled and _all_stepped(inc, gang.ranks, started):
+            if not refilled and all_stepped(inc, gang.ranks, started):
                 # the next incarnation's ranks import now, off this one's critical path
                 refilled = True
                 assert self.warm is not None
@@ -416,37 +419,6 @@ class Agent:
             self.log.append_entry(vanished_node_fault(lost).to_entry(),
                                   generation=inc.generation, holder=inc.holder)
         return bool(lost)
-
-    def _hang_watch(self, inc: Incarnation, gang: Gang) -> Callable[[], bool]:
-        from hpcrun.observe.hang import detect_hangs, never_stepped, respond_to_hang
-        from hpcrun.observe.heartbeat import NodeHeartbeat, read_rank_beats
-
-        threshold = float(self.environ.get("HPCRUN_HANG_S", "0") or 0) or _hang_threshold(
-            self.spec)
-        start_grace = float(self.environ.get("HPCRUN_START_S", "0") or 0) or max(
-            2 * threshold, START_GRACE_S)
-        if self.spec.script_mode:
-            start_grace = math.inf  # a script may never report a step: not a hang
-        started = self.clock.now()
-
-        def check() -> bool:
-            if threshold <= 0:
-                return False
-            now = self.clock.now()
-            # only this incarnation's beats count: older files are the last gang's
-            beats = {r: b for r, b in read_rank_beats(inc.heartbeat_dir()).items()
-                     if b.ts >= started - 1}
-            hangs = never_stepped(self.node.node, gang.live_ranks, beats, started=started, now=now,
-                                  grace_s=start_grace)
-            if beats:
-                hb = NodeHeartbeat(node=self.node.node, ts=now, ranks=beats)
-                hangs += detect_hangs({self.node.node: hb}, now, threshold_s=threshold)
-            return bool(respond_to_hang(
-                hangs, pids=gang.pids, kill_gang=lambda: gang.kill(grace_s=1.0),
-                record_fault=lambda payload: self._append_fault(inc, payload),
-                threshold_s=threshold, clock=self.clock))
-
-        return check
 
     # -- reporting ---------------------------------------------------------------------------
     def _record_rank_faults(self, inc: Incarnation, failed: list[RankExit]) -> None:
@@ -498,17 +470,6 @@ class Agent:
                             payload=dict(payload))
             return
         self.log.append_entry(fault, generation=inc.generation, holder=inc.holder)
-
-    @staticmethod
-    def _node_status(gang: Gang, outcome: Watched) -> Ending:
-        if outcome is not Watched.DONE:
-            return Ending.FAILED
-        exits = gang.exits.values()
-        if exits and all(e.succeeded for e in exits):
-            return Ending.SUCCEEDED
-        if exits and all(e.succeeded or e.preempted for e in exits):
-            return Ending.PREEMPTED
-        return Ending.FAILED
 
     def _report_node_exit(self, inc: Incarnation, status: Ending) -> None:
         self.log.append_entry(NodeExitNote(node=self.node.node, status=status,
@@ -584,61 +545,9 @@ class Agent:
                             partner=partner or "")
 
     def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
-        self._reap_drainer()  # never two drains of this node at once
-        if self.node.node_local_root is None:
-            return None
-        argv = self._drain_target(inc).argv(self.python, interval_s=2.0)
-        out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
-        try:
-            # niced from its start: its imports must not slow the ranks starting beside it
-            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_lowest_cpu_priority)
-        finally:
-            out.close()
-
-    def _terminate_drainer(self, proc: subprocess.Popen[bytes] | None) -> None:
-        """Ask the drain to stop after its round in flight; :meth:`_reap_drainer` waits."""
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            self._stopping_drainer = proc
-
-    def _reap_drainer(self) -> None:
-        """Wait for a drain told to stop by :meth:`_terminate_drainer` (if any)."""
-        proc, self._stopping_drainer = self._stopping_drainer, None
-        self._stop_drainer(proc)
-
-    @staticmethod
-    def _stop_drainer(proc: subprocess.Popen[bytes] | None) -> None:
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _lowest_cpu_priority() -> None:
-    """In a child before exec: nice 19 (the drain lowers the rest of its priority itself)."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-
-
-def _all_stepped(inc: Incarnation, ranks: list[int], since: float) -> bool:
-    """Whether every rank of the gang beat a step since ``since`` (restore and first step
-    done: warm processes may start importing without slowing them). Reads the ranks' own
-    beat files (K small reads a poll, until it holds), not the node file published every 5 s:
-    a crash soon after the start must find the pool refilled."""
-    from hpcrun.observe.heartbeat import read_rank_beats
-
-    beats = read_rank_beats(inc.heartbeat_dir())
-    return all(r in beats and beats[r].ts >= since - 1 for r in ranks)
-
-
-def _hang_threshold(spec: RunSpec) -> float:
-    rto = getattr(spec.checkpoint, "rto_s", None)
-    return float(rto) if rto else 600.0
+        target = self._drain_target(inc) if self.node.node_local_root is not None else None
+        return self.drains.start(target, python=self.python,
+                                 log_path=inc.logs_dir() / "drainer.out")
 
 
 def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
@@ -656,21 +565,7 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     ensure_private_dir(run_dir, what="run directory", mode=0o750)
     (run_dir / "logs" / node.node).mkdir(parents=True, exist_ok=True)
     return Agent(run_dir=run_dir, node=node, spec=spec, site=site, log=RunLog(run_dir),
-                 requeuer=_requeuer(node, spec), environ=environ)
-
-
-def _requeuer(node: NodeInfo, spec: RunSpec) -> Requeuer:
-    from hpcrun.runtime.node.requeue import LocalRequeuer, SlurmRequeuer
-
-    if node.backend == "local":
-        return LocalRequeuer()
-    from hpcrun.control.elastic import requeue_resize
-    from hpcrun.runner import SubprocessRunner
-    from hpcrun.scheduler.slurm import SlurmClient
-
-    # an elastic run's requeued job starts once min_nodes are free
-    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id,
-                         resize=requeue_resize(spec))
+                 requeuer=requeuer_for(node, spec), environ=environ)
 
 
 def agent_main(run_dir: str) -> int:

@@ -16,11 +16,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from hpcrun.runtime.incarnation import RankExit
+from hpcrun.runtime.incarnation import Ending, RankExit
 from hpcrun.runtime.rank.startup import HANDED_AT_ENV
 
 if TYPE_CHECKING:
@@ -144,3 +144,14 @@ class Gang:
         for f in self._files:
             f.close()
         self._files.clear()
+
+
+def node_ending(exits: Iterable[RankExit]) -> Ending:
+    """How a node's ranks ended, once they all exited: every one succeeded, every one succeeded
+    or stopped for a preemption, or (anything else, none at all included) failed."""
+    ended = list(exits)
+    if ended and all(e.succeeded for e in ended):
+        return Ending.SUCCEEDED
+    if ended and all(e.succeeded or e.preempted for e in ended):
+        return Ending.PREEMPTED
+    return Ending.FAILED

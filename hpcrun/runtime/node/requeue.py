@@ -22,6 +22,8 @@ from hpcrun.runtime.preemption import sigterm_ignored
 from hpcrun.scheduler.slurm import SlurmJobState
 
 if TYPE_CHECKING:
+    from hpcrun.control.spec import RunSpec
+    from hpcrun.runtime.node.info import NodeInfo
     from hpcrun.scheduler.slurm import PastRun, SlurmClient
 
 
@@ -164,3 +166,16 @@ class SlurmRequeuer:
             return None  # cannot tell: requeue, as for a time limit
         value = str(info.get("PreemptTime", "None"))
         return None if value in ("None", "Unknown", "") else value
+
+
+def requeuer_for(node: NodeInfo, spec: RunSpec) -> Requeuer:
+    """The requeuer of this node's backend: Slurm's, or the local launcher's."""
+    if node.backend == "local":
+        return LocalRequeuer()
+    from hpcrun.control.elastic import requeue_resize
+    from hpcrun.runner import SubprocessRunner
+    from hpcrun.scheduler.slurm import SlurmClient
+
+    # an elastic run's requeued job starts once min_nodes are free
+    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id,
+                         resize=requeue_resize(spec))

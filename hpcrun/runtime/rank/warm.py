@@ -22,7 +22,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcrun.runtime.incarnation import Incarnation
 
 WARM_ENV = "HPCRUN_WARM"
 """``0`` turns warm processes off (every rank is spawned cold)."""
@@ -158,6 +161,18 @@ def main() -> None:
     worker_main()
 
 
+def all_stepped(inc: Incarnation, ranks: list[int], since: float) -> bool:
+    """Whether every rank of the gang beat a step since ``since`` (restore and first step
+    done: warm processes may start importing without slowing them). Reads the ranks' own
+    beat files (K small reads a poll, until it holds), not the node file published every 5 s:
+    a crash soon after the start must find the pool refilled."""
+    from hpcrun.observe.heartbeat import read_rank_beats
+
+    beats = read_rank_beats(inc.heartbeat_dir())
+    return all(r in beats and beats[r].ts >= since - 1 for r in ranks)
+
+
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     main()
+
