@@ -1,10 +1,17 @@
 """The agents' side of a run's wall-hour and node-hour budgets: stop at the budget's end.
 
-When an incarnation starts, each agent reads what the run has used (the record's allocated
-time, :mod:`hpcrun.control.budget`) and fixes the moment the budget runs out. Past it, the
-agent sets its stop flag as a preemption signal would: its relay tells the ranks, they agree
-to stop at the next step boundary and commit, and the supervisor's decision
-(:func:`hpcrun.runtime.supervise.decide.within_budget`) ends the run FAILED with the reason.
+The budget runs out, in this order:
+
+1. **Deadline.** When an incarnation starts, each agent reads what the run has used (the
+   record's allocated time, :mod:`hpcrun.control.budget`) and fixes the moment the budget runs
+   out (:meth:`BudgetWatch.start`).
+2. **Stop.** Past it, the agent's watch loop (``agent.py``) sets its stop flag as a preemption
+   signal would (:meth:`BudgetWatch.check`).
+3. **Boundary.** Its relay tells the ranks; they agree to stop at the next step boundary and
+   commit (``preemption.py``, steps 2 to 4).
+4. **Decision.** The supervisor's decision
+   (:func:`hpcrun.runtime.supervise.decide.within_budget`) ends the run FAILED with the reason;
+   no requeue outlives the budget either.
 """
 
 from __future__ import annotations

@@ -14,6 +14,28 @@ liveness file has not *changed* for ``stale_s`` of the supervisor's own clock). 
 liveness writer (:class:`LivenessBeat`) is the one effectful part: a daemon thread that rewrites
 ``<run_dir>/alive/<node>.json`` every :data:`ALIVE_EVERY_S` for as long as the agent lives, so a
 vanished agent is told apart from one that is busy killing or draining its ranks.
+
+A gang node dies in a run with hot spares (or an elastic gang), in this order:
+
+1. **Start.** The STARTING entry names the gang (:func:`initial_gang`, in node-rank order); an
+   agent outside it is a spare: it follows the log, keeps beating and keeps its warm processes.
+   Each gang node's drainer pushes its newest tier-0 shards to its ring partner
+   (``checkpoint/peer/push.py``).
+2. **Beats stop.** The dead node's liveness file stops changing; the supervisor's
+   :class:`LivenessWatch` calls it lost after ``NODE_STALE_S`` (``NODE_STALE_ECHO_S`` once the
+   ranks logged ``peer_lost``), and the supervisor ends the incarnation (``supervise/
+   supervisor.py``), logging a ``node_failure``.
+3. **Decide.** With a live spare for each lost node and the in-allocation budget left:
+   ``SwapSpare`` (:func:`swap_in`: the spare in the lost node's position, every rank keeps its
+   id). The node is quarantined, RECOVERING names the new gang, a new fence and STARTING follow,
+   in the same job.
+4. **Restore.** The spare's ranks read the lost node's shards from the copy its partner holds
+   (``checkpoint/peer/read.py``), so the restart resumes from a checkpoint newer than tier 1's.
+5. **No spare left.** An elastic gang with at least ``membership.min_nodes`` survivors
+   shrinks instead (``Shrink``, :func:`shrink_gang`: the survivors, node ranks dense): the world
+   size is the new gang's, the restore reshards the state onto it, each rank takes
+   ``global_batch / world_size`` rows of the same global batches. Otherwise the run requeues
+   (an elastic job asks Slurm for ``min_nodes``-``nodes`` nodes).
 """
 
 from __future__ import annotations

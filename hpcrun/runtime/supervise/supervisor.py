@@ -7,6 +7,30 @@ fault), folds what it saw into :class:`~hpcrun.runtime.supervise.decisions.Obser
 and results, wait for the tier-1 commit, requeue, and return the agent's exit. The other agents
 :meth:`Supervisor.follow` the log: a newer fence for this job start means "restart with it", a
 terminal or REQUEUED state means "exit".
+
+A rank crashes, or a node of a fixed gang dies, in this order:
+
+1. **The rank ends.** A rank whose ``main`` raised leaves a JSON exit report with its fault
+   class (``rank/worker.py``'s ``classify``: a lost peer is an echo, ``peer_lost``; a collective
+   timeout is a ``hang``) and exits non-zero; a rank killed by a signal leaves none.
+2. **Its agent reports.** The agent's watch loop (``agent.py``) sees the exit
+   (``node/gang.py``'s ``Gang.poll``), logs the rank's fault under the fence (an echo only as a
+   ``peer_lost`` note), stops the node's other ranks with the short fault grace, terminates its
+   drain without a final round and notes ``node_exit`` failed. A node that dies with its agent
+   reports nothing: the others' ranks fail as echoes of the lost peer.
+3. **The other agents stop theirs.** Each sees the fault on the log (``_run_moved_on``), stops
+   its ranks and notes its own ``node_exit``.
+4. **Gather.** :meth:`Supervisor.gather` waits for every gang node's note, or after the first
+   fault :data:`FAULT_SETTLE_S` more; a node silent for :data:`NODE_EXIT_WAIT_S` is lost (a
+   ``node_failure``). Runs that survive a node loss see a dead agent sooner, from its stale
+   liveness file (``node/membership.py``).
+5. **Decide.** :func:`~hpcrun.runtime.supervise.decide.decide` picks the root cause (echoes
+   never count) and sends it through the retry rules: restart in the allocation (a new fence,
+   attempt+1: the ranks restore the newest commit), requeue with backoff, excluding a lost or
+   quarantined node, or FAILED with the reason.
+6. **Carry out.** :meth:`Supervisor.carry_out` publishes the state, requeues
+   (``node/requeue.py``) or fences the restart, which every agent joins
+   (:func:`rejoin`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,27 @@ claim: the gang node with the lowest node rank that still beats, else (no gang n
 first live spare in allocation order (:func:`successor`). Agents that are not due keep
 following; if two agents claim anyway (they disagree on staleness), the log's order decides
 (:func:`standing_claims`).
+
+The supervising node dies, in this order:
+
+1. **Beats.** In a run that survives a node loss every agent rewrites its liveness file
+   (``node/membership.py``'s ``LivenessBeat``); the supervisor's too.
+2. **Staleness.** Each following agent watches the others (``LivenessWatch``): the supervisor's
+   file unchanged for ``NODE_STALE_S`` of the watcher's own clock means it is lost.
+3. **Who claims.** The one agent :func:`claim_due` names (the :func:`successor`) publishes a
+   ``supervise`` claim under the fence in force (``Supervisor.take_over_if_lost``, called from
+   ``follow``, from a gang member whose ranks still run, ``Agent._run_moved_on``, and from an
+   agent waiting for a restart's fence, ``Agent._establish``).
+4. **Agreement.** Every agent reads the claims from the same log: :func:`supervisor_of` (the
+   newest standing claim of the job start) names the supervisor.
+5. **The claimant supervises.** It ends the incarnation (logging the lost node's
+   ``node_failure`` if its own ranks still ran), decides as node 0 would (the lost supervisor
+   is a lost node: a spare swapped in, a shrink, or a requeue), fences the restart and
+   supervises every later attempt of this job start. A lost node 0's position (rank 0,
+   ``MASTER_ADDR``, the tier-0 commit coordinator) moves with its replacement; a requeue
+   starts a new job start, supervised by its node 0. When the lost supervisor had published
+   RECOVERING but not yet fenced the restart, the claimant starts that restart instead of
+   deciding again.
 """
 
 from __future__ import annotations
