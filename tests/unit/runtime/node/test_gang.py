@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcrun.runtime.node.gang import Gang
+from hpcrun.runtime.incarnation import EXIT_PREEMPTED, Ending, RankExit
+from hpcrun.runtime.node.gang import Gang, node_ending
 
 
 class _Pool:
@@ -38,3 +39,12 @@ def test_a_rank_that_dies_after_a_poll_keeps_the_gang_pending_until_the_next_pol
         assert gang.pending == []
     finally:
         gang.kill(grace_s=0.1)
+
+
+def test_a_node_succeeded_only_when_every_rank_did_and_preempted_when_the_rest_stopped() -> None:
+    ok, stopped = RankExit(rank=0, returncode=0), RankExit(rank=1, returncode=EXIT_PREEMPTED)
+    killed = RankExit(rank=2, returncode=-9)
+    assert node_ending([ok, RankExit(rank=1, returncode=0)]) is Ending.SUCCEEDED
+    assert node_ending([ok, stopped]) is Ending.PREEMPTED
+    assert node_ending([ok, stopped, killed]) is Ending.FAILED
+    assert node_ending([]) is Ending.FAILED, "a node with no rank exit did not succeed"

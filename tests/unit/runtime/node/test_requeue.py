@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from hpcrun.control.spec import RunSpec
-from hpcrun.runtime.agent import _requeuer
 from hpcrun.runtime.node.info import NodeInfo
-from hpcrun.runtime.node.requeue import SlurmRequeuer
+from hpcrun.runtime.node.requeue import SlurmRequeuer, requeuer_for
 from hpcrun.scheduler.slurm import Observation, SlurmJobState
 
 
@@ -59,6 +58,6 @@ def test_the_agent_gives_an_elastic_run_a_requeuer_with_its_range() -> None:
                     restart_count=0, node_local_root=None, backend="slurm")
     base = {"name": "t", "entrypoint": "m:f", "resources": {"nodes": 3}}
     elastic = RunSpec.from_dict({**base, "membership": {"mode": "elastic", "min_nodes": 2}})
-    assert _requeuer(node, elastic)._resize == {  # type: ignore[union-attr]
+    assert requeuer_for(node, elastic)._resize == {  # type: ignore[union-attr]
         "NumNodes": "2-3", "NumTasks": "2"}
-    assert _requeuer(node, RunSpec.from_dict(base))._resize == {}  # type: ignore[union-attr]
+    assert requeuer_for(node, RunSpec.from_dict(base))._resize == {}  # type: ignore[union-attr]

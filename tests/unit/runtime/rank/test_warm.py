@@ -92,8 +92,8 @@ def test_the_gang_stamps_each_rank_s_hand_off_time_for_the_start_split(tmp_path:
 
 def test_the_pool_refills_once_every_rank_s_own_beat_shows_a_step(tmp_path: Path) -> None:
     from hpcrun.observe.heartbeat import write_rank_heartbeat
-    from hpcrun.runtime.agent import _all_stepped
     from hpcrun.runtime.incarnation import Incarnation
+    from hpcrun.runtime.rank.warm import all_stepped
 
     inc = Incarnation(run_dir=tmp_path, run_id="r1", generation=2, holder="h", fence_slot=0,
                       job_id="1", restart_count=0, attempt=0, node="n0",
@@ -101,10 +101,10 @@ def test_the_pool_refills_once_every_rank_s_own_beat_shows_a_step(tmp_path: Path
     started = 1000.0
     write_rank_heartbeat(inc.heartbeat_dir(), rank=0, step=5, ts=started + 2, step_time_s=0.1,
                          pid=1)
-    assert not _all_stepped(inc, [0, 1], started), "rank 1 has not stepped yet"
+    assert not all_stepped(inc, [0, 1], started), "rank 1 has not stepped yet"
     write_rank_heartbeat(inc.heartbeat_dir(), rank=1, step=1, ts=started - 30, step_time_s=0.1,
                          pid=2)
-    assert not _all_stepped(inc, [0, 1], started), "a beat of the last gang does not count"
+    assert not all_stepped(inc, [0, 1], started), "a beat of the last gang does not count"
     write_rank_heartbeat(inc.heartbeat_dir(), rank=1, step=6, ts=started + 3, step_time_s=0.1,
                          pid=2)
-    assert _all_stepped(inc, [0, 1], started)
+    assert all_stepped(inc, [0, 1], started)
