@@ -1,1 +1,1 @@
-"""hpcrun.runtime.node."""
+"""What runs in a node's agent: its ranks, GPUs, log view, liveness, drain, watches (README)."""

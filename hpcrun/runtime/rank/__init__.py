@@ -1,1 +1,1 @@
-"""hpcrun.runtime.rank."""
+"""What runs in a rank process: the worker, the Context, SDC checks, script mode (README.md)."""

@@ -1,1 +1,1 @@
-"""hpcrun.runtime.supervise."""
+"""The supervising agent: gather, decide (pure), carry out; takeover (README.md)."""
