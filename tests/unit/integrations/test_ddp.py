@@ -31,6 +31,6 @@ def test_a_cuda_rank_names_its_device_and_the_callers_arguments_pass_through() -
 
 @pytest.mark.parametrize("arg", [{"static_graph": True}, {"find_unused_parameters": False}])
 def test_bitwise_refuses_arguments_that_rebuild_the_buckets(arg: dict[str, bool]) -> None:
-    with pytest.raises(SpecError, match="rebuild the gradient buckets.*exact-order") as err:
+    with pytest.raises(SpecError, match=r"rebuild the gradient buckets.*exact-order") as err:
         ddp_kwargs(ResumeContract.BITWISE, CPU, **arg)
     assert str(next(iter(arg))) in str(err.value)
