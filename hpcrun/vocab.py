@@ -70,8 +70,9 @@ WRITTEN_TIERS = (Tier.NODE_LOCAL, Tier.SHARED)
 class ResumeContract(StrEnum):
     """What a resume promises (the spec's ``data.contract``); strongest first.
 
-    - ``bitwise``: the same trajectory bit for bit, on the same layout (also needs RNG state and
-      deterministic kernels, which are not the data plane's to give).
+    - ``bitwise``: the same trajectory bit for bit, on the same layout (also needs RNG state,
+      deterministic kernels and a reduction order a resume reproduces: DDP through
+      ``hpcrun.integrations.ddp``, which are not the data plane's to give).
     - ``exact-order``: the same global sample sequence, on any world size with G divisible by R.
     - ``exact-coverage``: every sample exactly once per epoch, on any world size.
     - ``distributional``: only the same distribution (e.g. the iterable shuffle-buffer mode);

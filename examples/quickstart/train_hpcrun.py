@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpcrun.data.pipeline import DataPipeline
+from hpcrun.integrations.ddp import ddp
 
 SEQ_LEN = 32
 
@@ -48,7 +48,7 @@ def main(ctx: Any) -> None:
                         global_batch=ctx.spec.data.global_batch, seq_len=SEQ_LEN + 1,
                         replica=ctx.rank, num_replicas=ctx.world_size, as_torch=True)
     ctx.restore(model=model, optim=optim, data=data)  # the newest committed step, if any
-    net = DDP(model) if ctx.world_size > 1 else model
+    net = ddp(ctx, model)  # DDP over the gang (the bare model for one rank)
     for _ in ctx.steps(int(ctx.config["steps"])):
         tokens = next(data)["tokens"].long()
         loss = loss_of(net, tokens)

@@ -42,7 +42,10 @@ def build() -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
     np.random.seed(0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    ddp = DistributedDataParallel(model)
+    # find_unused_parameters keeps DDP's first gradient-bucket layout for the whole run: a
+    # resumed run then reduces every step as the uninterrupted one does, bit for bit on 3+
+    # ranks too (torch otherwise rebuilds the buckets after the first step; docs/recovery.md).
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
     return ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
 
 

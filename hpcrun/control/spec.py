@@ -205,7 +205,13 @@ class DataSpec:
                                      metadata=at_least(1, fix="set data.global_batch"))
     """Samples (or packed sequences) per optimizer step."""
     contract: ResumeContract = ResumeContract.EXACT_ORDER
-    """What a resume promises about the data sequence."""
+    """What a resume promises about the data sequence. ``bitwise`` also promises the
+    uninterrupted run's bits (model, optimizer, RNG streams, cursor) on the same layout (world
+    size, ranks per node, device kind), when every RNG stream is seeded at a fresh start,
+    kernels are deterministic, DDP comes from ``hpcrun.integrations.ddp`` (one gradient-bucket
+    layout for the whole run) and each reduction runs the same collective algorithm (gloo:
+    always; NCCL: the same node topology, or ``NCCL_ALGO``/``NCCL_PROTO`` pinned); see
+    docs/recovery.md."""
 
     def __post_init__(self) -> None:
         checks = Checks()

@@ -29,7 +29,8 @@ class ContractResult:
     name: str
     """Contract name (one of :data:`CONTRACTS`)."""
     ok: bool | None
-    """True held, False broken, None not applicable to this fault or run."""
+    """True held, False broken or without evidence, None not applicable to the row (the
+    detail says why: :func:`applicable` names the contracts each row is held to)."""
     detail: str
     """One line: what was measured."""
 
@@ -68,6 +69,39 @@ class Evidence:
     """Record fold anomalies."""
 
 
+def applicable(row: MatrixRow) -> frozenset[str]:
+    """The contracts ``row`` is held to (pure); every other one is ``n/a`` for it.
+
+    A contract that applies and finds no evidence (no recovery to measure, no ledger, no
+    committed checkpoint) is broken, never ``n/a``: a drill that could not look did not pass.
+    """
+    skip = set()
+    if row.expect_cause is None:
+        skip.add("cause")
+    if row.recovery is Recovery.NONE:
+        skip |= {"state", "rpo", "rto"}
+    if not row.ledger:
+        skip |= {"samples", "cursor"}
+    if row.fault != DrillFault.STRAGGLER:
+        skip.add("straggler")
+    return frozenset(CONTRACTS) - skip
+
+
+def not_held(results: Sequence[ContractResult], row: MatrixRow) -> list[str]:
+    """``name: detail`` of every contract ``row`` is held to that did not hold (pure): broken,
+    without evidence, or missing from ``results``."""
+    got = {r.name: r for r in results}
+    return [f"{n}: {got[n].detail if n in got else 'not checked'}" for n in CONTRACTS
+            if n in applicable(row) and (n not in got or got[n].ok is not True)]
+
+
+def _no_recovery(name: str, row: MatrixRow) -> ContractResult:
+    if row.recovery is Recovery.NONE:
+        return ContractResult(name=name, ok=None, detail=f"n/a: {row.fault} must not recover")
+    return ContractResult(name=name, ok=False, detail="no evidence: no generation resumed "
+                          "validated progress (no recovery to measure)")
+
+
 def _kind(e: Any) -> str:
     return str(getattr(e, "kind", ""))
 
@@ -86,7 +120,7 @@ def check_contracts(ev: Evidence, row: MatrixRow, *, rto_budget_s: float | None 
     splits = rto_splits(valid, ev.events)
     return [
         _exit(ev, row), _cause(ev, row), _recovery(valid, row, splits),
-        _state(valid, splits), _rpo(splits, row), _rto(splits, row, rto_budget_s),
+        _state(valid, splits, row), _rpo(splits, row), _rto(splits, row, rto_budget_s),
         *_data(ev, row, splits), _fencing(ev, valid), _checkpoints(ev),
         _straggler(ev, row),
     ]
@@ -106,7 +140,8 @@ def _cause(ev: Evidence, row: MatrixRow) -> ContractResult:
     seen += [FaultClass.PREEMPTION.value for e in ev.entries
              if _kind(e) == "note" and _payload(e).get("event") == NoteEvent.SEGMENT]
     if row.expect_cause is None:
-        return ContractResult(name="cause", ok=None, detail=", ".join(sorted(set(seen))) or "-")
+        return ContractResult(name="cause", ok=None, detail=f"n/a: {row.fault} expects no fault "
+                              f"class (seen: {', '.join(sorted(set(seen))) or 'none'})")
     ok = row.expect_cause in seen
     return ContractResult(name="cause", ok=ok, detail=f"{row.expect_cause} "
                           f"{'recorded' if ok else 'not recorded'} (faults: "
@@ -134,13 +169,13 @@ def _recovery(valid: Sequence[Any], row: MatrixRow, splits: Sequence[RtoSplit]
     return ContractResult(name="recovery", ok=ok, detail=f"{detail} (expected {row.recovery})")
 
 
-def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
+def _state(valid: Sequence[Any], splits: Sequence[RtoSplit], row: MatrixRow) -> ContractResult:
     """Each recovery restored the newest checkpoint committed before its fence (after an
     ``sdc`` fault: the newest known-good one)."""
     from hpcrun.checkpoint.retention import restorable
 
-    if not splits:
-        return ContractResult(name="state", ok=None, detail="no recovery")
+    if not splits or row.recovery is Recovery.NONE:
+        return _no_recovery("state", row)
     bad = []
     for s in splits:
         fence = next(e for e in valid if _kind(e) == "fence" and e.generation == s.to_generation)
@@ -164,8 +199,8 @@ def _state(valid: Sequence[Any], splits: Sequence[RtoSplit]) -> ContractResult:
 
 
 def _rpo(splits: Sequence[RtoSplit], row: MatrixRow) -> ContractResult:
-    if not splits:
-        return ContractResult(name="rpo", ok=None, detail="no recovery")
+    if not splits or row.recovery is Recovery.NONE:
+        return _no_recovery("rpo", row)
     lost = [s.steps_lost for s in splits]
     ok = not row.graceful or max(lost) == 0
     return ContractResult(name="rpo", ok=ok, detail=f"{max(lost)} step(s) lost"
@@ -173,8 +208,8 @@ def _rpo(splits: Sequence[RtoSplit], row: MatrixRow) -> ContractResult:
 
 
 def _rto(splits: Sequence[RtoSplit], row: MatrixRow, budget: float | None) -> ContractResult:
-    if not splits:
-        return ContractResult(name="rto", ok=None, detail="no recovery")
+    if not splits or row.recovery is Recovery.NONE:
+        return _no_recovery("rto", row)
     worst = max(splits, key=lambda s: s.total_s)
     ok = budget is None or worst.total_s <= budget
     limit = f" (budget {budget:.0f} s)" if budget is not None else ""
@@ -182,10 +217,14 @@ def _rto(splits: Sequence[RtoSplit], row: MatrixRow, budget: float | None) -> Co
 
 
 def _data(ev: Evidence, row: MatrixRow, splits: Sequence[RtoSplit]) -> list[ContractResult]:
-    if ev.ledger is None or not row.ledger:
-        why = "no ledger (set config.ledger: true)" if ev.ledger is None else "not applicable"
+    if not row.ledger:
+        why = f"n/a: {row.fault} does not hold the run to its sample ledger"
         return [ContractResult(name="samples", ok=None, detail=why),
                 ContractResult(name="cursor", ok=None, detail=why)]
+    if ev.ledger is None:
+        why = "no evidence: the run kept no sample ledger (set config.ledger: true)"
+        return [ContractResult(name="samples", ok=False, detail=why),
+                ContractResult(name="cursor", ok=False, detail=why)]
     rep = check_ledger(ev.ledger, total_steps=ev.total_steps or 0, malformed=ev.ledger_malformed)
     samples_ok = not (rep.missing_steps or rep.duplicated_samples or rep.replay_mismatches)
     first: dict[int, int] = {}
@@ -214,7 +253,8 @@ def _fencing(ev: Evidence, valid: Sequence[Any]) -> ContractResult:
 
 def _checkpoints(ev: Evidence) -> ContractResult:
     if ev.newest_verifies is None:
-        return ContractResult(name="checkpoints", ok=None, detail="none committed on tier 1")
+        return ContractResult(name="checkpoints", ok=False,
+                              detail="no evidence: no checkpoint committed on tier 1")
     return ContractResult(name="checkpoints", ok=ev.newest_verifies,
                           detail="newest tier-1 commit verifies" if ev.newest_verifies
                           else f"newest committed is torn: {ev.newest_detail}"[:160])
@@ -222,7 +262,7 @@ def _checkpoints(ev: Evidence) -> ContractResult:
 
 def _straggler(ev: Evidence, row: MatrixRow) -> ContractResult:
     if row.fault != DrillFault.STRAGGLER:
-        return ContractResult(name="straggler", ok=None, detail="-")
+        return ContractResult(name="straggler", ok=None, detail=f"n/a: {row.fault} slows no rank")
     from hpcrun.observe.stragglers import find_stragglers, step_times_from_events
 
     times, nodes = step_times_from_events(ev.events)

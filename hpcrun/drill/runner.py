@@ -26,7 +26,7 @@ from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
-from hpcrun.drill.contracts import ContractResult, check_contracts
+from hpcrun.drill.contracts import ContractResult, check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
 from hpcrun.drill.rto import RtoSplit, rto_splits
@@ -63,7 +63,7 @@ class DrillResult:
         """True when every applicable contract held; None when the row did not run."""
         if self.skipped:
             return None
-        return all(c.ok is not False for c in self.contracts)
+        return not not_held(self.contracts, self.row)
 
     def contract(self, name: str) -> ContractResult | None:
         return next((c for c in self.contracts if c.name == name), None)

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import CheckpointError, EnvError
+from hpcrun.integrations.ddp import bucket_layout_kwargs
 from hpcrun.launch.env import DistEnv
 
 try:
@@ -229,6 +230,8 @@ def trainer_kwargs(ctx: Context, *, environ: Mapping[str, str] | None = None,
         ``enable_checkpointing=False``; add your own callbacks to the list.
     """
     env = DistEnv.from_environ(dict(os.environ if environ is None else environ))
+    # under data.contract bitwise, the one bucket layout a resumed run reproduces
+    ddp_kwargs = {**bucket_layout_kwargs(ctx.spec.data.contract, ddp_kwargs), **ddp_kwargs}
     state = LightningState()
     strategy = HpcrunDDPStrategy(cluster_environment=HpcrunEnvironment(env),
                                  checkpoint_io=HpcrunCheckpointIO(ctx, state), **ddp_kwargs)

@@ -61,3 +61,20 @@ def test_interrupted_run_is_bitwise_identical_to_the_uninterrupted_one(tmp_path:
     assert report.ok, report
     assert report.replayed_steps, "the node crash should have replayed steps"
     assert sorted(reference) == list(range(STEPS))
+
+
+def test_a_preempted_2x2_run_is_bitwise_identical_to_the_uninterrupted_one(tmp_path: Path
+                                                                           ) -> None:
+    """4 ranks (2 nodes x 2): the layout where a fresh DDP's first step used to reduce with
+    other buckets than the run that kept going (docs/recovery.md, "Bitwise resume and DDP
+    buckets"); the tiny example wraps its model with ``hpcrun.integrations.ddp``."""
+    spec = local_spec(steps=12, every_steps=1, tasks_per_node=2, data={"contract": "bitwise"})
+    with ThreadPoolExecutor(2) as pool:
+        ref_f = pool.submit(submit, tmp_path / "reference", spec)
+        cut_f = pool.submit(submit, tmp_path / "interrupted", spec, inject="preempt@step=4")
+        ref, cut = ref_f.result(), cut_f.result()
+    cut_rec = read_record(cut)
+    assert (str(cut_rec.state), cut_rec.step, cut_rec.segments) == ("SUCCEEDED", 12, 1)
+    a, b = load_state(ref, find_committed(ref)), load_state(cut, find_committed(cut))
+    assert a.step == b.step == 12 and len(a.ranks) == 4 and len(a.ranks[0].tensors) > 0
+    assert diff_states(a, b) == []

@@ -15,7 +15,7 @@ from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.entries import FaultInjectedNote
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
-from hpcrun.drill.contracts import check_contracts
+from hpcrun.drill.contracts import check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.partner import hide_tier1, partner_ready
@@ -111,8 +111,7 @@ def _check_partner_restore(run: TestbedRun, victim: str, partner: str, held: str
         assert tiers <= {"node_local", "peer"}, tiers
     # the drill contracts: exact samples, fencing, no torn checkpoint, a restart not a requeue
     ev = collect(run.run_dir, victim_rank=3)
-    broken = [f"{r.name}: {r.detail}" for r in check_contracts(ev, row_for(fault))
-              if r.ok is False]
+    broken = not_held(check_contracts(ev, row_for(fault)), row_for(fault))
     assert not broken, broken
     splits = [s for s in rto_splits(ev.entries, ev.events) if s.cause == "node_failure"]
     assert len(splits) == 1 and splits[0].restored_step == committed[newest_held].step

@@ -4,8 +4,9 @@ Node-local disks are private to their node, so a copy travels between agents: ea
 multi-node run with a tier 0 runs a partner server (:mod:`hpcrun.checkpoint.peer.server`), and
 these are its clients, signing every request with the run's secret.
 
-- **push** (:func:`push_round`, called by the node's drainer after each drain round, so it runs
-  at the drain's lowest priority and paced like a drain): the newest tier-0 checkpoint holding
+- **push** (:func:`push_round`, run by the node's drainer process in its own thread,
+  :func:`push_loop`, as soon as a tier-0 commit lands rather than behind the drain round, at
+  the drain's lowest priority and paced like a drain): the newest tier-0 checkpoint holding
   this node's shards, unless the partner already holds it, is sent shard by shard to the ring
   partner (:func:`~hpcrun.checkpoint.peer.ledger.ring_partner`); the partner verifies every shard
   against the manifest's checksums before it keeps it (and keeps the newest
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,15 +62,21 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
+PUSH_POLL_S = 0.5
+"""How often the pusher looks for a tier-0 commit its partner does not hold yet."""
+
 FETCH_STREAMS = 8
 """Parallel streams of one read from a peer (the node-local restore reads with as many
 threads)."""
 
 
 def wanted(spec: RunSpec, node_local_root: Path | None) -> bool:
-    """Whether a run keeps partner copies: it has a tier 0 and outlives a node loss in its
-    allocation (a spare takes the lost node's place, or the elastic gang goes on without it)."""
-    return survives_node_loss(spec) and node_local_root is not None
+    """Whether a run keeps partner copies: it has a tier 0 and either spans several nodes (a
+    node lost before its newest checkpoint drained leaves a copy on its partner, which a
+    restore reads through the peer tier instead of going back to an older tier-1 commit) or
+    outlives a node loss in its allocation (a spare takes the lost node's place, or the
+    elastic gang goes on without it)."""
+    return node_local_root is not None and (spec.resources.nodes > 1 or survives_node_loss(spec))
 
 
 def serves_peers(spec: RunSpec, node_local_root: Path | None) -> bool:
@@ -215,6 +223,24 @@ def push_round(target: PushTarget, log: RunLog, *, reported: set[str] | None = N
         return None
     _note(log, target, ckpt.ckpt_id, sent, complete=True)
     return ckpt.ckpt_id
+
+
+def push_loop(target: PushTarget, log: RunLog, stop: threading.Event, *,
+              poll_s: float = PUSH_POLL_S) -> bool:
+    """Push every new tier-0 commit to the partner as soon as it lands (the log is polled
+    every ``poll_s``), until ``stop`` is set.
+
+    Returns:
+        True when stopped; False when a newer generation fenced this node out.
+    """
+    reported: set[str] = set()
+    while not stop.is_set():
+        try:
+            push_round(target, log, reported=reported)
+        except StaleGenerationError:
+            return False
+        stop.wait(poll_s)
+    return True
 
 
 def _push(target: PushTarget, ckpt: CommittedCheckpoint) -> int:

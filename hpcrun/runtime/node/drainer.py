@@ -4,9 +4,10 @@ Runs in its own process, never in a training process: h5py serialises every HDF5
 process under one lock, so a drain inside training would stall the data loader's reads. Every
 ``--interval`` seconds it copies this node's newly committed tier-0 shards to the shared tier
 (verified with reads that bypass the page cache) and, on the supervising node, appends the tier-1
-commit once every node has drained. With partner copies it then copies the node's newest
-checkpoint to its partner node (:mod:`hpcrun.checkpoint.peer.push`), at the same priority and
-pace. A failing drain is noted in the log (``drain_error``) and
+commit once every node has drained. With partner copies a thread of the same process copies
+the node's newest checkpoint to its partner node as soon as its tier-0 commit lands
+(:func:`hpcrun.checkpoint.peer.push.push_loop`), at the same priority and pace, without waiting
+for the drain round in flight. A failing drain is noted in the log (``drain_error``) and
 retried on the next round; training goes on, and the RPO exposure grows until it succeeds.
 Every shared-tier operation runs under the site's deadline (:mod:`hpcrun.runtime.sharedtier`):
 a hung mount becomes a ``storage_timeout`` fault and a retry, never a hang of the drain or of
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,20 +167,42 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     log = RunLog(target.run_dir)
-    reported: set[str] = set()
-    from hpcrun.checkpoint.peer.push import push_round
+    pusher = _Pusher(target) if target.partner else None
+    try:
+        while not stopping and (pusher is None or pusher.fenced is None):
+            try:
+                drain_round_safely(target, log)
+            except StaleGenerationError:
+                return 3
+            deadline = time.monotonic() + interval
+            while not stopping and time.monotonic() < deadline:
+                time.sleep(0.1)
+    finally:
+        fenced = pusher is not None and pusher.close()
+    return 3 if fenced else 0
 
-    while not stopping:
-        try:
-            drain_round_safely(target, log)
-            if target.partner:
-                push_round(target.push_target(), log, reported=reported)
-        except StaleGenerationError:
-            return 3
-        deadline = time.monotonic() + interval
-        while not stopping and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return 0
+
+class _Pusher:
+    """Partner copies in their own thread (:func:`~hpcrun.checkpoint.peer.push.push_loop`):
+    a copy leaves as soon as its tier-0 commit lands, not after the drain round in flight."""
+
+    def __init__(self, target: DrainTarget) -> None:
+        from hpcrun.checkpoint.peer.push import push_loop
+
+        self.fenced: bool | None = None
+        self._stop = threading.Event()
+
+        def run() -> None:
+            self.fenced = not push_loop(target.push_target(), RunLog(target.run_dir), self._stop)
+
+        self._thread = threading.Thread(target=run, name="partner-push", daemon=True)
+        self._thread.start()
+
+    def close(self) -> bool:
+        """Stop pushing (the copy in flight finishes); whether the pusher was fenced out."""
+        self._stop.set()
+        self._thread.join()
+        return bool(self.fenced)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcrun.control.log import LogEntry
-from hpcrun.drill.contracts import CONTRACTS, Evidence, check_contracts
+from hpcrun.drill.contracts import CONTRACTS, Evidence, applicable, check_contracts, not_held
 from hpcrun.drill.ledger import LedgerLine
-from hpcrun.drill.matrix import row_for
+from hpcrun.drill.matrix import MATRIX, Recovery, row_for
 from hpcrun.protocols import Event
 
 
@@ -53,8 +53,32 @@ def _verdicts(ev: Evidence, fault: str, **kw: object) -> dict[str, bool | None]:
 def test_a_clean_preemption_holds_every_contract() -> None:
     got = _verdicts(_preempted(), "preempt-signal")
     assert list(got) == list(CONTRACTS)
-    assert {k for k, v in got.items() if v is False} == set()
+    assert {k for k, v in got.items() if v is True} == applicable(row_for("preempt-signal"))
     assert got["straggler"] is None
+    results = check_contracts(_preempted(), row_for("preempt-signal"))
+    assert not_held(results, row_for("preempt-signal")) == []
+
+
+def test_a_contract_without_evidence_fails_closed() -> None:
+    row = row_for("preempt-signal")
+    bare = Evidence(run_id="r", state="SUCCEEDED", total_steps=30)  # no log, no ledger, no commit
+    results = check_contracts(bare, row)
+    got = {c.name: c for c in results}
+    for name in ("state", "rpo", "rto", "samples", "cursor", "checkpoints", "recovery"):
+        assert got[name].ok is False and "no" in got[name].detail, (name, got[name])
+    assert "no evidence" in got["samples"].detail and "config.ledger" in got["samples"].detail
+    broken = {line.split(":")[0] for line in not_held(results, row)}
+    assert broken >= {"state", "rpo", "rto", "samples", "cursor", "checkpoints"}
+    assert {ln.split(":")[0] for ln in not_held((), row)} == applicable(row)  # nothing checked
+
+
+def test_n_a_only_where_the_row_says_why() -> None:
+    for row in MATRIX:
+        for c in check_contracts(_preempted(), row):
+            if c.ok is None:
+                assert c.name not in applicable(row) and c.detail.startswith("n/a: "), (row, c)
+    cancel = next(r for r in MATRIX if r.recovery is Recovery.NONE)
+    assert not {"state", "rpo", "rto"} & applicable(cancel)
 
 
 def test_restoring_an_older_checkpoint_than_the_newest_breaks_state_and_rpo() -> None:

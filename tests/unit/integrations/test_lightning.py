@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,9 +21,11 @@ import torch
 import torch.distributed as dist
 
 from examples.lightning.model import Regressor, SeededBatches, synthetic_data
-from hpcrun.errors import CheckpointError, EnvError
+from hpcrun.control.spec import DataSpec
+from hpcrun.errors import CheckpointError, EnvError, SpecError
 from hpcrun.integrations import lightning as hl
 from hpcrun.launch.env import DistEnv
+from hpcrun.vocab import ResumeContract
 
 
 @dataclass
@@ -37,6 +40,7 @@ class RecordingContext:
     calls: list[tuple[str, Any]] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     handlers: list[Any] = field(default_factory=list)
+    spec: Any = field(default_factory=lambda: SimpleNamespace(data=DataSpec()))
 
     def restore(self, **state: Any) -> int:
         self.state = state
@@ -75,6 +79,18 @@ def group(tmp_path: Path) -> Iterator[Any]:
 
 def _env() -> dict[str, str]:
     return DistEnv.single(job_id="unit", master_port=29555).to_environ()
+
+
+def test_a_bitwise_run_gets_ddp_with_one_bucket_layout() -> None:
+    ctx = RecordingContext()
+    strategy = hl.trainer_kwargs(ctx, environ=_env())["strategy"]  # type: ignore[arg-type]
+    assert "find_unused_parameters" not in strategy._ddp_kwargs  # torch's defaults
+    ctx.spec = SimpleNamespace(data=DataSpec(contract=ResumeContract.BITWISE))
+    strategy = hl.trainer_kwargs(ctx, environ=_env())["strategy"]  # type: ignore[arg-type]
+    assert strategy._ddp_kwargs["find_unused_parameters"] is True
+    assert strategy._ddp_kwargs["static_graph"] is False
+    with pytest.raises(SpecError, match="static_graph"):
+        hl.trainer_kwargs(ctx, environ=_env(), static_graph=True)  # type: ignore[arg-type]
 
 
 def _fit(ctx: RecordingContext, steps: int) -> tuple[pl.Trainer, Regressor]:

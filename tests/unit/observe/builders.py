@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,31 @@ def two_generation_log() -> list[Event]:
         span("collective", 1050.0, 1052.0, 6, gen=2),
     ]
     return g1 + g2
+
+
+def runtime_two_generation_log() -> list[Event]:
+    """The rank events the runtime writes (``hpcrun.runtime.rank.worker``, ``context``) for a run of
+    2 ranks on 2 nodes. Gen 1: rank start, a restore that finds nothing, 5 steps with an async
+    checkpoint stage after step 3, then the node dies (no event after step 5). Gen 2: rank
+    start, the restore of step 3, steps 4 and 5 replayed, step 6, the final stop agreement and
+    commit (its blocking stage inside)."""
+    g1 = [span("restore", 9.0, 10.0), step(1, 10.0, 20.0, input_wait_s=1.0),
+          step(2, 20.0, 30.0, input_wait_s=1.0), step(3, 30.0, 40.0, input_wait_s=1.0),
+          span("ckpt_stage", 40.0, 45.0, 3, blocking=False), ev("checkpoint", 45.0, 3),
+          step(4, 45.0, 55.0), step(5, 55.0, 65.0)]
+    g2 = [span("restore", 1002.0, 1020.0, 3), ev("restored", 1020.0, 3, tier="shared"),
+          step(4, 1020.0, 1030.0), step(5, 1030.0, 1040.0),
+          step(6, 1040.0, 1050.0, input_wait_s=2.0),
+          span("collective", 1050.0, 1052.0, 6, what="stop_agreement"),
+          span("ckpt_stage", 1052.0, 1055.0, 6, blocking=True), ev("checkpoint", 1055.0, 6),
+          span("ckpt_commit", 1052.0, 1056.0, 6, reason="final")]
+    out = []
+    for gen, t0, body in ((1, 5.0, g1), (2, 1000.0, g2)):
+        for rank in (0, 1):
+            head = [ev("rank_start", t0, backend="gloo", device="cpu"),
+                    ev("startup", t0 + 1.0, marks={"process": t0 - 1.0})]
+            out += [replace(e, generation=gen, rank=rank, node=f"n{rank}") for e in head + body]
+    return out
 
 
 def make_run(root: Path, *, slow_rank: int | None = 3, n_steps: int = 30,

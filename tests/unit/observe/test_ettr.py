@@ -7,34 +7,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrun.observe.ettr import Allocation, Bucket, compute_ettr, gang_steps
-from tests.unit.observe.builders import ev, span, step, two_generation_log
+from tests.unit.observe.builders import ev, runtime_two_generation_log, span, step
 
 
-def test_two_generation_log_charges_every_second_to_its_cause() -> None:
-    r = compute_ettr(two_generation_log(), node_hour_price=3.6)
-    assert r.allocated_s == pytest.approx(122.0)  # [0, 70] + [1000, 1052]
+def test_the_runtimes_events_charge_every_second_to_its_cause() -> None:
+    r = compute_ettr(runtime_two_generation_log(), node_hour_price=3.6)
+    assert r.allocated_s == pytest.approx(116.0)  # [5, 65] + [1000, 1056]: first to last event
     assert r.seconds == pytest.approx({
-        "productive": 55.0,   # 27 + 20 in gen 1, 8 in gen 2
-        "startup": 10.0,      # 5 s before admission + 5 s admission
+        "productive": 55.0,   # 27 (steps 1-3) + 20 (steps 4, 5) in gen 1, 8 in gen 2
+        "startup": 6.0,       # rank start to the first restore: 4 s in gen 1, 2 s in gen 2
         "input_wait": 5.0,    # 3 × 1 s in gen 1, 2 s in gen 2
-        "checkpoint": 5.0,    # the stage only; the background write is not exposed
-        "idle": 5.0,          # from the last step to the allocation's end
-        "recovery": 20.0,     # restore
+        "checkpoint": 8.0,    # the async stage (5 s) and the final blocking one (3 s)
+        "idle": 1.0,          # the final commit's non-blocking tail
+        "recovery": 19.0,     # the restores: 1 s finding nothing, 18 s of step 3
         "replay": 20.0,       # steps 4 and 5 recomputed
-        "stall": 2.0,         # the stop agreement
+        "stall": 2.0,         # the final stop agreement
     })
-    assert r.ettr == pytest.approx(55.0 / 122.0)
-    assert (r.accepted_steps, r.replayed_steps, r.accepted_tokens) == (6, 2, 600)
-    assert r.wall_s == pytest.approx(1052.0)
-    assert r.throughput == pytest.approx(600 / 1052.0)
-    assert r.node_hours == pytest.approx((70 * 2 + 52 * 2) / 3600)
-    assert r.cost_per_token == pytest.approx((244 / 3600) * 3.6 / 600)
+    assert r.ettr == pytest.approx(55.0 / 116.0)
+    assert (r.accepted_steps, r.replayed_steps, r.accepted_tokens) == (6, 2, 1200)
+    assert r.wall_s == pytest.approx(1051.0)
+    assert r.throughput == pytest.approx(1200 / 1051.0)
+    assert r.node_hours == pytest.approx((60 * 2 + 56 * 2) / 3600)  # 2 nodes, named by events
+    assert r.cost_per_token == pytest.approx((232 / 3600) * 3.6 / 1200)
 
 
 def test_submission_time_counts_in_wall_time_not_in_allocated_time() -> None:
-    r = compute_ettr(two_generation_log(), submitted_ts=-948.0)
+    r = compute_ettr(runtime_two_generation_log(), submitted_ts=-944.0)
     assert r.wall_s == pytest.approx(2000.0)
-    assert r.allocated_s == pytest.approx(122.0)
+    assert r.allocated_s == pytest.approx(116.0)
     assert r.cost_per_token is None
 
 

@@ -8,6 +8,7 @@ import http.client
 import itertools
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from hpcrun.checkpoint.peer.push import (
     PeerClient,
     PushTarget,
     fetch_ranges,
+    push_loop,
     push_round,
     serves_peers,
     wanted,
@@ -132,6 +134,41 @@ def test_a_lost_nodes_shards_come_back_from_its_partner_without_tier1(
     assert first != newest and not list(nvme2.rglob("*.h5"))
 
 
+def test_the_pusher_copies_each_tier0_commit_as_it_lands_until_fenced_out(
+        run_dir: Path, log: RunLog, tmp_path: Path, incarnation, holder) -> None:
+    nvme0 = tmp_path / "nvme0"
+    ck = incarnation(node_local_root=nvme0, layout=LOST)
+    target = PushTarget(run_dir=run_dir, node="node0", partner="node1", node_local_root=nvme0,
+                        generation=ck.id.generation, holder=ck.id.holder)
+    stop, done = threading.Event(), []
+    pusher = threading.Thread(target=lambda: done.append(
+        push_loop(target, RunLog(run_dir), stop, poll_s=0.05)))
+    pusher.start()
+    try:
+        for step in (1, 2):  # no drain ever runs: each copy follows its tier-0 commit alone
+            model, opt = trained(step)
+            ckpt = ck.save(step, {"model": model, "optim": opt}, blocking=True).ckpt_id
+            _wait_for(lambda c=ckpt: c in {n.ckpt_id for n in _notes(log, PartnerCopyNote)})
+        notes = _notes(log, PartnerCopyNote)
+        assert all(n.complete and n.held_by == "node1" for n in notes) and len(notes) == 2
+        assert all(Tier.SHARED not in c.tiers for c in fold_checkpoints(log.read()))
+        incarnation(node_local_root=nvme0, layout=LOST)  # a newer generation fences node0 out
+        _saved(incarnation, nvme0, 3)
+        pusher.join(timeout=30)
+        assert done == [False]  # the pusher stopped on its own: fenced
+    finally:
+        stop.set()
+        pusher.join(timeout=30)
+
+
+def _wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll ``cond`` until it holds (the pusher is another thread: no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
 def test_an_incomplete_copy_is_recorded_and_never_read(
         run_dir: Path, log: RunLog, tmp_path: Path, incarnation) -> None:
     nvme0, nvme2 = tmp_path / "nvme0", tmp_path / "nvme2"
@@ -201,7 +238,7 @@ def test_a_shard_read_from_a_peer_over_parallel_streams_is_byte_identical(
 
 @pytest.mark.parametrize(("resources", "membership", "copies", "peers"), [
     ({"nodes": 1}, None, False, False),                        # one node: nothing to ask
-    ({"nodes": 2}, None, False, True),                         # a gang: its tier 0 is served
+    ({"nodes": 2}, None, True, True),                          # a gang: copies, tier 0 served
     ({"nodes": 1, "spare_nodes": 1}, None, True, True),        # a spare: copies to restore from
     ({"nodes": 3}, {"mode": "elastic", "min_nodes": 2}, True, True),  # a shrink reads them too
 ])
