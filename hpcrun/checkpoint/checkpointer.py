@@ -22,7 +22,6 @@ from hpcrun.checkpoint import commit as protocol
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
-from hpcrun.checkpoint.manifest import canonical_json
 from hpcrun.checkpoint.readplan import need_of
 from hpcrun.checkpoint.restore import as_state_values
 from hpcrun.checkpoint.restorer import Loaded, PeerSource, RestoreShell
@@ -47,6 +46,7 @@ from hpcrun.checkpoint.tiers import Tier, checkpoint_id
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import RestoreFellBackNote
 from hpcrun.control.log import RunLog
+from hpcrun.control.payload import canonical_json
 from hpcrun.errors import (
     CheckpointError,
     ConfigError,

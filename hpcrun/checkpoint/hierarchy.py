@@ -44,7 +44,6 @@ from hpcrun.checkpoint.commit import (
 from hpcrun.checkpoint.manifest import (
     MANIFEST_SCHEMA_VERSION,
     ShardRecord,
-    canonical_json,
     decode_manifest,
     digest_bytes,
     node_manifest_refs,
@@ -55,6 +54,7 @@ from hpcrun.checkpoint.manifest import (
 from hpcrun.checkpoint.state import META_KEY
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.log import RunLog
+from hpcrun.control.payload import canonical_json
 from hpcrun.errors import (
     CorruptCheckpointError,
     FormatError,

@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from hpcrun.checkpoint.state import META_KEY
+from hpcrun.control.payload import canonical_json
 from hpcrun.errors import CorruptCheckpointError
 
 MANIFEST_SCHEMA_VERSION = 2
@@ -27,11 +28,6 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 """Manifest versions this hpcrun reads (version 1: DDP, RowShard and RankLocal only)."""
 SUBMANIFEST_THRESHOLD = 20_000
 """Datasets above which per-node sub-manifests are written."""
-
-
-def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no whitespace, no NaN: one byte string per value."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def digest_bytes(data: bytes) -> str:

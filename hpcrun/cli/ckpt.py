@@ -50,8 +50,8 @@ def _human_s(s: float | None) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
 
 
-def rpo_exposure(ckpts: Sequence[CommittedCheckpoint], i: int, now: float) -> float:
-    """Tier-1 RPO exposure of checkpoint ``i``: cadence interval before it plus its drain lag."""
+def tier1_rpo_window(ckpts: Sequence[CommittedCheckpoint], i: int, now: float) -> float:
+    """Tier-1 RPO window of checkpoint ``i``: cadence interval before it plus its drain lag."""
     c = ckpts[i]
     interval = c.committed_at - ckpts[i - 1].committed_at if i else 0.0
     lag = (c.shared_at if c.shared_at is not None else now) - c.committed_at
@@ -68,7 +68,7 @@ def render_ls(ckpts: Sequence[CommittedCheckpoint], now: float) -> Table:
         tiers = ",".join(t for t in ("node_local", "shared") if t in c.tiers)
         table.add_row(c.ckpt_id, str(c.step), str(c.generation), tiers, _human_bytes(c.bytes),
                       _human_s(now - c.committed_at), f"{len(c.drained)}/{len(c.nodes)}",
-                      _human_s(rpo_exposure(ckpts, i, now)))
+                      _human_s(tier1_rpo_window(ckpts, i, now)))
     return table
 
 

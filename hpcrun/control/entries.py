@@ -157,7 +157,7 @@ class LogEntry:
     def to_bytes(self) -> bytes:
         body = {k: getattr(self, k) for k in self.__slots__ if k != "slot"}  # type: ignore[attr-defined]
         body["payload"] = dict(self.payload)
-        return canonical_json(body)
+        return canonical_json(body, allow_nan=True)
 
     @classmethod
     def from_bytes(cls, slot: int, raw: bytes) -> LogEntry:

@@ -43,9 +43,13 @@ class EntryKind(StrEnum):
     SUPERVISE = "supervise"    # a surviving agent takes over supervision of the job start
 
 
-def canonical_json(obj: Mapping[str, Any]) -> bytes:
-    """Canonical JSON bytes: sorted keys, no whitespace (the log's encoding)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+def canonical_json(obj: Any, *, allow_nan: bool = False) -> bytes:
+    """Canonical JSON bytes: sorted keys, no whitespace, ASCII only, one byte string per value.
+
+    The encoding of log entries (which keep a NaN or infinity: ``allow_nan=True``), checkpoint
+    manifests and the spec digest (which refuse them with ``ValueError``).
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=allow_nan).encode()
 
 
 REQUIRED: Any = object()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import re
@@ -29,6 +28,7 @@ from typing import Any
 import yaml
 
 from hpcrun.control.elastic import check_elastic_batch, gang_node_counts
+from hpcrun.control.payload import canonical_json
 from hpcrun.control.specload import (
     ADDITIVE,
     Checks,
@@ -506,8 +506,7 @@ class RunSpec:
 
     def canonical_json(self) -> str:
         """Sorted keys, no whitespace, integral floats as integers, ASCII only."""
-        return json.dumps(canonical(self.to_dict()), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=True, allow_nan=False)
+        return canonical_json(canonical(self.to_dict())).decode()
 
     @property
     def spec_id(self) -> str:

@@ -34,7 +34,7 @@ from hpcrun.data.formats import DIGEST_ALGO, ObjectFormat
 from hpcrun.errors import DataError
 
 __all__ = ["MANIFEST_KIND", "MANIFEST_SCHEMA_VERSION", "SAMPLE_ID_RULE", "DatasetManifest",
-           "ObjectEntry", "SourceEntry", "canonical_json", "check_manifest_shape",
+           "ObjectEntry", "SourceEntry", "canonical_utf8_json", "check_manifest_shape",
            "digest_arrays", "object_path_escape", "source_root"]
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -43,8 +43,10 @@ SAMPLE_ID_RULE = "source.base + object.start + kept-record index (contiguous, in
 """How a global sample ID is formed; recorded in every manifest."""
 
 
-def canonical_json(obj: Any) -> str:
-    """Sorted keys, no whitespace: one byte string per value (the input of every digest)."""
+def canonical_utf8_json(obj: Any) -> str:
+    """Sorted keys, no whitespace, non-ASCII kept as characters: one string per value (the
+    input of every data digest; :func:`hpcrun.control.payload.canonical_json` escapes non-ASCII
+    instead, so the two are not interchangeable)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
 
@@ -54,7 +56,7 @@ def digest_arrays(**arrays: np.ndarray) -> str:
     h = xxhash.xxh3_128()
     for name in sorted(arrays):
         arr = np.ascontiguousarray(arrays[name])
-        h.update(canonical_json([name, arr.dtype.str, list(arr.shape)]).encode())
+        h.update(canonical_utf8_json([name, arr.dtype.str, list(arr.shape)]).encode())
         h.update(arr.tobytes())
     return f"{DIGEST_ALGO}:{h.hexdigest()}"
 
@@ -219,7 +221,7 @@ class DatasetManifest:
     @property
     def dataset_id(self) -> str:
         """``ds-<xxh3-128 hex>`` of the canonical manifest."""
-        return "ds-" + xxhash.xxh3_128_hexdigest(canonical_json(self.body()).encode())
+        return "ds-" + xxhash.xxh3_128_hexdigest(canonical_utf8_json(self.body()).encode())
 
     def to_json(self) -> str:
         """Canonical JSON of the manifest plus its ``dataset_id`` (checked on load)."""

@@ -4,7 +4,9 @@
 (:func:`run_alerts`) and calls :func:`deliver_alerts`. An alert is identified by (run, rule,
 subject); it is one *incident* from the pass that first sees it until a pass no longer does,
 and a later return is a new incident. Each incident is delivered once per sink. The delivery
-state is a small JSON file (:data:`STATE_FILE` in the runs root), written atomically; a sink that
+state is a small JSON file (:data:`STATE_FILE` in the runs root), written atomically; passes that
+run at once (cron, an ``--interval`` loop, one per run) take turns on it under a file lock next to
+it, so none overwrites another's deliveries and none sends what another is sending. A sink that
 fails is logged and retried on the next pass, and never stops the pass or the other sinks.
 
 :func:`plan_deliveries` is pure; :func:`deliver_alerts` does the I/O through injected senders.
@@ -24,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from hpcrun.errors import DeliveryError
 from hpcrun.runner import CommandRunner
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 __all__ = [
     "STATE_FILE",
+    "STATE_LOCK_TIMEOUT_S",
     "Delivery",
     "FiredAlert",
     "deliver_alerts",
@@ -45,6 +50,9 @@ _LOG = logging.getLogger(__name__)
 STATE_FILE = ".alerts-state.json"
 """Delivery state, in the runs root."""
 STATE_SCHEMA_VERSION = 1
+STATE_LOCK_TIMEOUT_S = 60.0
+"""Longest a pass waits for another pass to finish delivering before it leaves its alerts to the
+next pass."""
 _MESSAGE_RE = re.compile(r"^\[(?P<severity>\w+)\] (?P<kind>\w+)(?: \((?P<subject>[^)]*)\))?:")
 
 
@@ -223,6 +231,19 @@ def deliver_alerts(runs_root: Path, fired: Iterable[FiredAlert], *,
     failing sender is logged and its delivery stays pending for the next pass.
     """
     path = Path(runs_root) / STATE_FILE
+    lock = FileLock(path.with_name(STATE_FILE + ".lock"), timeout=STATE_LOCK_TIMEOUT_S,
+                    mode=0o600)
+    try:
+        with lock:  # read, send, write: one pass at a time
+            return _deliver_under_lock(path, fired, senders=senders, runs=runs, storage=storage)
+    except Timeout:
+        return [f"alerts not delivered: another pass has held {lock.lock_file} for over "
+                f"{STATE_LOCK_TIMEOUT_S:.0f} s; the next pass delivers them"]
+
+
+def _deliver_under_lock(path: Path, fired: Iterable[FiredAlert], *,
+                        senders: Mapping[str, Mapping[str, Sender]], runs: Iterable[str],
+                        storage: Storage) -> list[str]:
     state, todo = plan_deliveries(_read_state(path, storage), fired, runs=runs,
                                   sinks={r: list(s) for r, s in senders.items()})
     lines = []

@@ -120,18 +120,10 @@ def sinfo_argv() -> list[str]:
     return ["sinfo", "--noheader", "--Node", "--format=%N|%T"]
 
 
-def parse_sinfo_nodes(text: str) -> dict[str, str]:
-    """``{node: state}`` from ``sinfo -hN -o '%N|%T'`` (a node listed once per partition)."""
-    states: dict[str, str] = {}
-    for line in text.splitlines():
-        name, sep, state = line.strip().partition("|")
-        if sep and name:
-            states.setdefault(name, state.strip().lower())
-    return states
-
-
 def node_ready(state: str) -> bool:
-    """True when a node answers and can run jobs (idle, mixed, allocated, completing)."""
+    """True when a node answers and can run jobs (idle, mixed, allocated, completing), for a
+    state from :func:`hpcrun.scheduler.slurm.parse_sinfo_nodes` (any case)."""
+    state = state.strip().lower()
     return not state.endswith("*") and state.rstrip(_STATE_FLAGS) in _READY_STATES
 
 

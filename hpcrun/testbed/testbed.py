@@ -14,6 +14,7 @@ from pathlib import Path
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ConfigError, HpcrunError, TestbedError
 from hpcrun.runner import CommandResult, CommandRunner, SubprocessRunner
+from hpcrun.scheduler.slurm import parse_sinfo_nodes
 from hpcrun.testbed import daemons as d
 from hpcrun.testbed.config import (
     TestbedConfig,
@@ -45,7 +46,6 @@ from hpcrun.testbed.plan import (
     munged_argv,
     node_argv,
     node_ready,
-    parse_sinfo_nodes,
     pid_file_name,
     sinfo_argv,
     slurmctld_argv,

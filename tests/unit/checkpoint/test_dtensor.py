@@ -22,13 +22,13 @@ from hpcrun.checkpoint.chunks import covered, intersect, is_writer
 from hpcrun.checkpoint.manifest import (
     DatasetRecord,
     ShardRecord,
-    canonical_json,
     decode_manifest,
     parse_json,
 )
 from hpcrun.checkpoint.readplan import Need, plan_node
 from hpcrun.checkpoint.restore import build_tensors
 from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
+from hpcrun.control.payload import canonical_json
 from hpcrun.drill.states import find_committed, load_state
 from hpcrun.errors import CheckpointError
 

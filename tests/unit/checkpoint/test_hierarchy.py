@@ -15,11 +15,11 @@ from hpcrun.checkpoint.identity import CheckpointIdentity
 from hpcrun.checkpoint.manifest import (
     DatasetRecord,
     ShardRecord,
-    canonical_json,
     encode_manifest,
 )
 from hpcrun.checkpoint.tiers import Tier, fold_checkpoints
 from hpcrun.control.log import RunLog
+from hpcrun.control.payload import canonical_json
 
 
 def _shard(rank: int, node: str, spans: dict[str, tuple[int, int, int]]) -> ShardRecord:

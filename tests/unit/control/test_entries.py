@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -236,3 +237,11 @@ def test_publish_entry_writes_the_canonical_entry(tmp_path: Path) -> None:
                                 holder="")
     assert unfenced.payload == {"fault": "unknown", "node": None, "rank": None, "step": None,
                                 "signature": "", "detail": ""}
+
+
+def test_a_log_entry_keeps_a_nan_that_a_manifest_or_spec_refuses() -> None:
+    raw = _entry({"loss": math.nan, "name": "\u00e9"}, "note").to_bytes()
+    assert b'"loss":NaN' in raw and b'"name":"\\u00e9"' in raw  # ASCII, as every log entry
+    assert math.isnan(LogEntry.from_bytes(0, raw).payload["loss"])
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        canonical_json({"loss": math.nan})

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from hpcrun.control.payload import canonical_json
 from hpcrun.data.dataset import Dataset, load_manifest
-from hpcrun.data.manifest import canonical_json, object_path_escape, source_root
+from hpcrun.data.manifest import canonical_utf8_json, object_path_escape, source_root
 from hpcrun.data.pipeline import DataPipeline
 from hpcrun.errors import DataError
 from hpcrun.testing.runs import hpcrun
@@ -37,7 +38,7 @@ def _id_of(raw: dict[str, object]) -> str:
     """``ds-<xxh3-128>`` of the canonical JSON of everything but the stored id (as hpcrun
     computes it), so a forger can reseal any edit."""
     body = {k: v for k, v in raw.items() if k != "dataset_id"}
-    return "ds-" + xxhash.xxh3_128_hexdigest(canonical_json(body).encode())
+    return "ds-" + xxhash.xxh3_128_hexdigest(canonical_utf8_json(body).encode())
 
 
 def forged(tmp_path: Path, kind: str) -> Path:
@@ -100,3 +101,9 @@ def test_submits_data_check_refuses_it_as_an_escape(tmp_path: Path) -> None:
     lines = [f.line() for f in findings]
     assert any("escapes the dataset's root" in line for line in lines), lines
     assert not any(type(f).__name__ == "Passed" for f in findings), lines
+
+
+def test_the_dataset_digest_input_keeps_non_ascii_paths_as_characters() -> None:
+    value = {"path": "/d/\u00e9t\u00e9.npy", "a": [1, 2.5]}
+    assert canonical_utf8_json(value) == '{"a":[1,2.5],"path":"/d/\u00e9t\u00e9.npy"}'
+    assert canonical_json(value) == b'{"a":[1,2.5],"path":"/d/\\u00e9t\\u00e9.npy"}'

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import stat
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -11,11 +13,14 @@ from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
+from filelock import FileLock
 
 from hpcrun.cli.main import cli
 from hpcrun.launch.alertsinks import AlertSinks
 from hpcrun.launch.site import load_site, save_site_snapshot
+from hpcrun.observe import notify
 from hpcrun.observe.notify import (
+    STATE_FILE,
     Delivery,
     FiredAlert,
     deliver_alerts,
@@ -128,3 +133,68 @@ def test_a_failing_sink_does_not_stop_the_others(tmp_path: Path) -> None:
                            senders={"demo-1": {"webhook": broken, "email": sent.append}})
     assert len(sent) == len(alerts)  # email delivered once; only the webhook is retried
     assert all("NOT delivered to webhook" in line for line in again)
+
+
+class _Waits(logging.Handler):
+    """Sets ``event`` when a file lock was found taken (filelock's debug record)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__(logging.DEBUG)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "not acquired" in record.getMessage():
+            self.event.set()
+
+
+def test_two_passes_at_once_keep_each_others_deliveries(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Pass A is sending when pass B starts: B waits for A's state (never reads the state A
+    is about to replace), and the state ends with both runs' deliveries, each sent once."""
+    b_waits_or_ended = threading.Event()
+    sending, sent, lock_modes = threading.Event(), list[str](), list[int]()
+    lock_path = tmp_path / (STATE_FILE + ".lock")
+
+    def slow(d: Delivery) -> None:
+        lock_modes.append(stat.S_IMODE(lock_path.stat().st_mode) if lock_path.exists() else -1)
+        sending.set()
+        b_waits_or_ended.wait(30)
+        sent.append(d.key)
+
+    def pass_b() -> None:
+        deliver_alerts(tmp_path, [fired(run="b")], runs=["b"],
+                       senders={"b": {"webhook": lambda d: sent.append(d.key)}})
+        b_waits_or_ended.set()
+
+    caplog.set_level(logging.DEBUG, logger="filelock")
+    handler = _Waits(b_waits_or_ended)
+    logging.getLogger("filelock").addHandler(handler)
+    try:
+        a = threading.Thread(target=deliver_alerts, args=(tmp_path, [fired(run="a")]),
+                             kwargs={"runs": ["a"], "senders": {"a": {"webhook": slow}}})
+        a.start()
+        assert sending.wait(30)
+        b = threading.Thread(target=pass_b)
+        b.start()
+        a.join(30)
+        b.join(30)
+    finally:
+        logging.getLogger("filelock").removeHandler(handler)
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    assert {k: v["delivered"] for k, v in state["alerts"].items()} == {
+        "a|no_progress|": ["webhook"], "b|no_progress|": ["webhook"]}
+    assert sent == ["a|no_progress|", "b|no_progress|"]
+    assert lock_modes == [0o600]  # the lock file sits next to the state, owner-only
+
+
+def test_a_pass_that_cannot_get_the_lock_leaves_its_alerts_to_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notify, "STATE_LOCK_TIMEOUT_S", 0.2)
+    sent: list[Delivery] = []
+    with FileLock(tmp_path / (STATE_FILE + ".lock")):  # a pass stuck on a slow sink
+        lines = deliver_alerts(tmp_path, [fired()], runs=["r1"],
+                               senders={"r1": {"webhook": sent.append}})
+    assert sent == [] and not (tmp_path / STATE_FILE).exists()
+    assert len(lines) == 1 and "the next pass delivers them" in lines[0]
+    deliver_alerts(tmp_path, [fired()], runs=["r1"], senders={"r1": {"webhook": sent.append}})
+    assert [d.key for d in sent] == ["r1|no_progress|"]

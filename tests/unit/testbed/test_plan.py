@@ -9,6 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpcrun.scheduler.slurm import parse_sinfo_nodes
 from hpcrun.testbed.config import TestbedConfig
 from hpcrun.testbed.plan import (
     Daemon,
@@ -19,15 +20,16 @@ from hpcrun.testbed.plan import (
     is_node_namespace,
     node_argv,
     node_ready,
-    parse_sinfo_nodes,
 )
 
 CONFIG = TestbedConfig(state_dir=Path("/srv/tb"), nodes=2)
 
 
-def test_sinfo_nodes_listed_once_per_partition_are_folded() -> None:
-    text = "node1|idle\nnode2|down*\nnode1|idle\nnode2|down*\n\n"
-    assert parse_sinfo_nodes(text) == {"node1": "idle", "node2": "down*"}
+def test_sinfo_nodes_listed_once_per_partition_are_folded_and_judged() -> None:
+    text = "node1|idle\nnode2|down*\nnode1|idle\nnode2|down*\nnode3|MIXED\n\n"
+    states = parse_sinfo_nodes(text)
+    assert states == {"node1": "idle", "node2": "down*", "node3": "MIXED"}
+    assert sorted(n for n, s in states.items() if node_ready(s)) == ["node1", "node3"]
 
 
 def test_only_answering_usable_nodes_are_ready() -> None:
