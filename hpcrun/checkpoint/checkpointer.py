@@ -370,7 +370,8 @@ class Checkpointer:
                              tier=str(_slowest_tier(loaded)),
                              extra=dict(loaded.extra), skipped=tuple(skipped),
                              bytes_read=loaded.bytes_read, files_read=loaded.files_read,
-                             peer_bytes=loaded.by_tier.get(str(Tier.PEER), 0))
+                             peer_bytes=loaded.by_tier.get(str(Tier.PEER), 0),
+                             phases=loaded.phases.fields())
 
     # -- lifecycle -------------------------------------------------------------------------
 

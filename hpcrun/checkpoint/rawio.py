@@ -127,7 +127,8 @@ def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
                            "check free space and the health of the tier") from exc
 
 
-def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+def pread_into(fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` from ``fd`` at ``offset`` (StorageError when the file ends first)."""
     while len(view):
         got = os.preadv(fd, [view], offset)
         if got == 0:
@@ -139,9 +140,9 @@ def _pread_into(fd: int, view: memoryview, offset: int) -> None:
 def _read_one(fd: int, direct: int | None, ext: Extent) -> None:
     n = _direct_len(ext) if direct is not None else 0
     if n:
-        _pread_into(direct, ext.buffer[:n], ext.file_offset)  # type: ignore[arg-type]
+        pread_into(direct, ext.buffer[:n], ext.file_offset)  # type: ignore[arg-type]
     if n < len(ext.buffer):
-        _pread_into(fd, ext.buffer[n:], ext.file_offset + n)
+        pread_into(fd, ext.buffer[n:], ext.file_offset + n)
 
 
 def read_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,

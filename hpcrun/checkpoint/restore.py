@@ -36,6 +36,7 @@ from hpcrun.checkpoint.chunks import Box, intersect, relative, volume
 from hpcrun.checkpoint.device import HostLanding
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest, ShardRecord
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
+from hpcrun.checkpoint.readpipe import RestorePhases
 from hpcrun.checkpoint.readplan import RankPlan, Target
 from hpcrun.checkpoint.shards import ShardSource, read_datasets
 from hpcrun.checkpoint.stage import torch_dtype
@@ -76,34 +77,42 @@ SourceChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
 
 
 def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: SourceChoice,
-                  ) -> tuple[np.ndarray, dict[str, int]]:
+                  ) -> tuple[np.ndarray, dict[str, int], RestorePhases]:
     """Read and verify this rank's assigned shards into its exchange buffer.
 
     Each shard is tried on its candidate tiers in order; a copy that fails verification is
     never used, the next tier is tried.
 
     Returns:
-        The buffer and the data bytes read from each tier.
+        The buffer, the data bytes read from each tier, and where the time went.
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
     buf = aligned_buffer(plan.sizes[rank], touch=False)
     counts: dict[str, int] = {}
+    phases = RestorePhases()
     for j in plan.files[rank]:
         shard = m.shards[j]
         dest = [buf[off:off + d.nbytes] for d, off in
                 ((d, plan.where[(j, i)][1]) for i, d in enumerate(shard.datasets))]
-        tier = read_first_good(m.ckpt_id, m.checksum, j, shard, list(enumerate(dest)),
-                               candidates)
+        tier, took = read_first_good(m.ckpt_id, m.checksum, j, shard, list(enumerate(dest)),
+                                     candidates)
         counts[tier] = counts.get(tier, 0) + sum(d.nbytes for d in shard.datasets)
-    return buf, counts
+        phases = add_phases(phases, took)
+    return buf, counts, phases
+
+
+def add_phases(a: RestorePhases, b: RestorePhases) -> RestorePhases:
+    """The sum of two splits (shards are read one after another)."""
+    return a.plus(**b.fields())
 
 
 def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
-                    wanted: Sequence[tuple[int, np.ndarray]], candidates: SourceChoice) -> str:
+                    wanted: Sequence[tuple[int, np.ndarray]], candidates: SourceChoice,
+                    ) -> tuple[str, RestorePhases]:
     """Read ``wanted`` datasets of old rank ``j``'s shard from its first copy that verifies;
-    the tier it came from.
+    the tier it came from and the split of that read.
 
     Raises:
         CorruptCheckpointError: no copy verified (each copy's reason in the message).
@@ -111,8 +120,7 @@ def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
     errors = []
     for tier, src in candidates(j):
         try:
-            read_datasets(src, rec, wanted, ckpt_id=ckpt_id, algorithm=algorithm)
-            return tier
+            return tier, read_datasets(src, rec, wanted, ckpt_id=ckpt_id, algorithm=algorithm)
         except CorruptCheckpointError as exc:
             errors.append(f"{tier}: {exc}")
     raise CorruptCheckpointError(
@@ -247,24 +255,29 @@ def _old_start(m: Manifest, rank: int, key: str) -> int:
     return -1
 
 
-def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice) -> dict[str, int]:
+def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice,
+                 ) -> tuple[dict[str, int], RestorePhases]:
     """Read and verify the datasets of ``plan`` into ``buf``, shard by shard.
 
     Returns:
-        The data bytes read from each tier (counted as the reads land).
+        The data bytes read from each tier (counted as the reads land), and where the time
+        went (read and checksum).
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
     counts: dict[str, int] = {}
+    phases = RestorePhases()
     by_shard: dict[int, list[tuple[int, np.ndarray]]] = {}
     for r in plan.reads:
         d = plan.files[r.shard].datasets[r.index]
         by_shard.setdefault(r.shard, []).append((r.index, buf[r.offset:r.offset + d.nbytes]))
     for j, wanted in by_shard.items():
-        tier = read_first_good(plan.ckpt_id, plan.checksum, j, plan.files[j], wanted, candidates)
+        tier, took = read_first_good(plan.ckpt_id, plan.checksum, j, plan.files[j], wanted,
+                                     candidates)
         counts[tier] = counts.get(tier, 0) + sum(int(dest.size) for _, dest in wanted)
-    return counts
+        phases = add_phases(phases, took)
+    return counts, phases
 
 
 def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:

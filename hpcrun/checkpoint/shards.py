@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ import xxhash
 
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
+from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
 from hpcrun.checkpoint.stage import (
     StagedPiece,
     StagingBuffer,
@@ -243,23 +245,28 @@ def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: str) 
 
 
 def read_shard(path: Path | ShardSource, rec: ShardRecord, dest: Sequence[np.ndarray], *,
-               ckpt_id: str, algorithm: str) -> None:
+               ckpt_id: str, algorithm: str) -> RestorePhases:
     """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset).
 
     Raises:
         CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
     """
-    read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm)
+    return read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm)
 
 
 def read_datasets(path: Path | ShardSource, rec: ShardRecord,
                   wanted: Sequence[tuple[int, np.ndarray]], *, ckpt_id: str,
-                  algorithm: str) -> None:
+                  algorithm: str) -> RestorePhases:
     """Read and verify some datasets of a shard: ``(index in rec.datasets, uint8 destination)``.
 
     ``path`` is a local file or any :class:`ShardSource` (a peer's copy). Bulk bytes are read
-    straight into the destinations (past the page cache, for a file). Nothing is returned
-    unverified: each dataset's checksum is checked after its bytes arrive.
+    straight into the destinations; from a file through the pipeline of
+    :mod:`~hpcrun.checkpoint.readpipe` (parallel chunk reads, O_DIRECT or buffered per chunk by
+    page-cache residency, each chunk hashed as it lands). Nothing is returned unverified: each
+    dataset's checksum is checked against the manifest's.
+
+    Returns:
+        Where the time went (read, checksum; the caller adds faults and copies).
 
     Raises:
         CorruptCheckpointError: missing, truncated, unreachable, mismatched or failing its
@@ -268,15 +275,10 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
     src = LocalShard(Path(path)) if isinstance(path, (str, os.PathLike)) else path
     pairs = [(rec.datasets[i], buf) for i, buf in wanted]
     try:
-        if (size := src.size()) != rec.bytes:
-            raise _corrupt(src.name, f"it is {size} bytes, the manifest says {rec.bytes} "
-                                     "(truncated?)")
-        with src.open_h5() as f:
-            if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
-                    SHARD_FORMAT, ckpt_id, rec.rank):
-                raise _corrupt(src.name, "its header names another checkpoint or rank")
-            for d, buf in pairs:
-                _check_dataset(f, d, buf, src.name)
+        _check_header(src, rec, pairs, ckpt_id)
+        if isinstance(src, LocalShard):
+            return _read_pipelined(src, pairs, algorithm)
+        t0 = time.perf_counter()
         src.read_into([(d.offset, buf) for d, buf in pairs if d.offset >= 0])
     except CorruptCheckpointError:
         raise
@@ -284,6 +286,37 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
         raise _corrupt(src.name, str(exc)) from exc
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
         raise _corrupt(src.name, f"HDF5 could not read it ({exc})") from exc
+    t1 = time.perf_counter()
     for d, buf in pairs:
         if checksum(algorithm, buf) != d.checksum:
             raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum")
+    hashed = time.perf_counter() - t1
+    return RestorePhases(read_s=t1 - t0, checksum_s=hashed, hash_s=hashed,
+                         buffered_bytes=sum(int(b.size) for d, b in pairs if d.offset >= 0))
+
+
+def _check_header(src: ShardSource, rec: ShardRecord,
+                  pairs: Sequence[tuple[DatasetRecord, np.ndarray]], ckpt_id: str) -> None:
+    """Size, header and every dataset's place checked; small datasets' bytes copied out."""
+    if (size := src.size()) != rec.bytes:
+        raise _corrupt(src.name, f"it is {size} bytes, the manifest says {rec.bytes} "
+                                 "(truncated?)")
+    with src.open_h5() as f:
+        if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
+                SHARD_FORMAT, ckpt_id, rec.rank):
+            raise _corrupt(src.name, "its header names another checkpoint or rank")
+        for d, buf in pairs:
+            _check_dataset(f, d, buf, src.name)
+
+
+def _read_pipelined(src: LocalShard, pairs: Sequence[tuple[DatasetRecord, np.ndarray]],
+                    algorithm: str) -> RestorePhases:
+    items = [Wanted(offset=d.offset, dest=buf, digest=d.checksum) for d, buf in pairs]
+    if algorithm not in CHECKSUMS:
+        raise CheckpointError(f"unknown checksum {algorithm!r}; expected one of {CHECKSUMS}")
+    bad, phases = read_verified(src.path, items, algorithm=algorithm)
+    if bad:
+        d = pairs[bad[0]][0]
+        raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum"
+                       + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    return phases
