@@ -45,8 +45,10 @@ from hpcrun.checkpoint.readplan import (
     wanted_nodes,
 )
 from hpcrun.checkpoint.restore import (
+    LANDED,
     assemble,
     build_tensors,
+    land_in_place,
     plan_gather,
     read_assigned,
     read_planned,
@@ -118,6 +120,9 @@ class RestoreShell:
     """The Checkpointer's reused, pre-touched staging buffer (restore reads into it)."""
     peers: PeerSource | None = None
     """The peer tier: copies of a shard on the gang's other nodes (None: no peer reads)."""
+    overwritten: set[str] = field(default_factory=set)
+    """Keys of state tensors a refused checkpoint was read into (straight into the tensor);
+    a later restore must fill them again (see :meth:`Checkpointer.restore`)."""
 
     def load(self, ckpt: CommittedCheckpoint, need: Need,
              leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
@@ -190,6 +195,8 @@ class RestoreShell:
 
     def _read(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any], plan: RankPlan,
               leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
+        pos = self.comm.node_ranks().index(self.layout.rank)
+        plan, into = land_in_place(plan, leaves, pos)
         t0 = time.perf_counter()
         try:
             self.buffer.reserve(plan.size)  # faults a buffer in only when it has to grow
@@ -201,15 +208,17 @@ class RestoreShell:
         phases = RestorePhases()
         try:
             counts, phases = read_planned(plan, buf,
-                                          lambda j: self._candidates(ckpt, plan.files[j]))
+                                          lambda j: self._candidates(ckpt, plan.files[j]), into)
             ok = True
         except (HpcrunError, OSError) as exc:
             self.incident(ckpt, str(exc))
             ok = False
         if not self.comm.all_true(ok):
+            # tensors read into in place hold bytes of a checkpoint the gang refused
+            self.overwritten.update(t.key for t, ps in plan.targets
+                                    if any(p.holder == LANDED for p in ps))
             return None
         t1 = time.perf_counter()
-        pos = self.comm.node_ranks().index(self.layout.rank)
         shared = self.comm.node_all_gather_bytes(buf[:plan.shared[pos]], plan.shared)
         tensors, meta = build_tensors(plan, buf, shared, leaves)
         copy_s = time.perf_counter() - t1
