@@ -110,8 +110,8 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
-                  threads: int = IO_THREADS) -> None:
-    """Write ``extents`` into the existing file ``path`` in parallel, then fsync it.
+                  threads: int = IO_THREADS, sync: bool = True) -> None:
+    """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
 
     Raises:
         StorageError: the write or the fsync failed (disk full, I/O error).
@@ -121,7 +121,8 @@ def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
         with _open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             list(pool.map(lambda c: _write_one(fd, direct, c), chunks))
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
     except OSError as exc:
         raise StorageError(f"writing shard bytes to {os.fspath(path)!r} failed: {exc}; "
                            "check free space and the health of the tier") from exc

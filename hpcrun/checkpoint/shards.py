@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,7 +97,7 @@ def _early_dcpl() -> h5py.h5p.PropDCID:
     return dcpl
 
 
-def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str) -> int:
+def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray) -> int:
     p = sp.piece
     if p.nbytes < SMALL_DATASET:
         ds = f.create_dataset(_h5path(p.key), data=data)
@@ -109,7 +110,7 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str
                                   f"allocated {ALIGN}-aligned extent; check the h5py version")
     ds.attrs.update({"key": p.key, "dtype": p.dtype, "placement": str(p.placement),
                      "global_shape": json.dumps(list(p.global_shape)),
-                     "row_start": p.row_start, "row_stop": p.row_stop, "checksum": digest})
+                     "row_start": p.row_start, "row_stop": p.row_stop, "checksum": ""})
     if p.placement is Placement.CHUNK:
         ds.attrs.update({"offsets": json.dumps(list(p.offsets)),
                          "lengths": json.dumps(list(p.lengths)),
@@ -118,17 +119,17 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str
 
 
 def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
-                 staged: Sequence[StagedPiece], digests: Sequence[str]) -> list[int]:
+                 staged: Sequence[StagedPiece]) -> list[int]:
     offsets = []
     with h5py.File(tmp, "w", locking=False, libver="latest", alignment_threshold=SMALL_DATASET,
                    alignment_interval=ALIGN) as f:
         f.attrs.update({"format": SHARD_FORMAT, "schema_version": SHARD_SCHEMA_VERSION,
                         "keys": json.dumps([sp.piece.key for sp in staged]),
                         **{k: getattr(header, k) for k in header.__slots__}})  # type: ignore[attr-defined]
-        for sp, digest in zip(staged, digests, strict=True):
+        for sp in staged:
             raw = buffer.view(sp.offset, sp.piece.nbytes)
             data = raw.view(storage_dtype(torch_dtype(sp.piece.dtype))).reshape(sp.piece.shape)
-            offsets.append(_create_dataset(f, sp, data, digest))
+            offsets.append(_create_dataset(f, sp, data))
     return offsets
 
 
@@ -143,26 +144,45 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
     Raises:
         StorageError: the tier failed (full, unwritable).
     """
-    digests = [checksum(algorithm, buffer.view(sp.offset, sp.piece.nbytes)) for sp in staged]
     storage.makedirs(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        offsets = _create_file(tmp, header, buffer, staged, digests)
-    except OSError as exc:
-        raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
-    extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
-               for sp, o in zip(staged, offsets, strict=True) if o >= 0]
-    half = len(extents) // 2
-    if half:  # the second call fsyncs the file; an empty first call would only cost opens
-        write_extents(tmp, extents[:half])
-    fault("shard_write")
-    write_extents(tmp, extents[half:])
+    with ThreadPoolExecutor(max_workers=1) as hashing:
+        # the checksums (xxhash and hashlib release the GIL) are computed while HDF5 lays the
+        # file out and the bytes are written; they are set as attributes once both are done
+        pending = hashing.submit(_digests, algorithm, buffer, staged)
+        try:
+            offsets = _create_file(tmp, header, buffer, staged)
+        except OSError as exc:
+            raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
+        extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
+                   for sp, o in zip(staged, offsets, strict=True) if o >= 0]
+        half = len(extents) // 2
+        write_extents(tmp, extents[:half], sync=False)
+        fault("shard_write")
+        write_extents(tmp, extents[half:], sync=False)
+        digests = pending.result()
+    _seal(tmp, staged, digests)
+    storage.fsync_path(tmp)
     storage.rename(tmp, path)
     storage.fsync_path(path.parent)
     records = tuple(_record(sp, o, d) for sp, o, d in zip(staged, offsets, digests, strict=True))
     return ShardRecord(rank=header.rank, node=header.node,
                        path=shard_relpath(header.node, header.rank),
                        bytes=storage.size(path), datasets=records)
+
+
+def _digests(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list[str]:
+    return [checksum(algorithm, buffer.view(sp.offset, sp.piece.nbytes)) for sp in staged]
+
+
+def _seal(tmp: Path, staged: Sequence[StagedPiece], digests: Sequence[str]) -> None:
+    """Set each dataset's checksum attribute (the bytes are written; fsync follows)."""
+    try:
+        with h5py.File(tmp, "r+", locking=False) as f:
+            for sp, digest in zip(staged, digests, strict=True):
+                f[_h5path(sp.piece.key)].attrs["checksum"] = digest
+    except OSError as exc:
+        raise StorageError(f"finishing shard {tmp} failed: {exc}; check the tier") from exc
 
 
 def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
