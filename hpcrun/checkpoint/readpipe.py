@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hpcrun.checkpoint.rawio import ALIGN, CHUNK, IO_THREADS, aligned_buffer, pread_into
+from hpcrun.checkpoint.rawio import (
+    ALIGN,
+    CHUNK,
+    IO_THREADS,
+    aligned_buffer,
+    drop_cache,
+    pread_into,
+)
 from hpcrun.errors import CheckpointError, StorageError
 
 RESIDENT = 0.5
@@ -211,9 +218,12 @@ def _read_chunk(fd: int, direct: int | None, c: _Chunk) -> tuple[float, int]:
 
 
 def read_verified(path: str | os.PathLike[str], items: Sequence[Wanted], *, algorithm: str,
-                  threads: int = IO_THREADS, chunk: int = CHUNK,
+                  threads: int = IO_THREADS, chunk: int = CHUNK, cold: bool = False,
                   ) -> tuple[list[int], RestorePhases]:
     """Read ``items`` from ``path`` into their destinations, hashing while reading.
+
+    ``cold`` (verification: bytes served from the page cache prove nothing about the medium):
+    every chunk O_DIRECT, and without O_DIRECT the file's cached pages are dropped first.
 
     Returns:
         The indices of the items whose checksum disagrees with ``digest`` (empty: all verified)
@@ -227,8 +237,10 @@ def read_verified(path: str | os.PathLike[str], items: Sequence[Wanted], *, algo
     try:
         with _fds(os.fspath(path)) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            if cold and direct is None:
+                drop_cache(fd)
             how = choose_direct(chunks, resident_pages(fd, os.fstat(fd).st_size)
-                                if direct is not None else None)
+                                if direct is not None and not cold else None)
             futures = [pool.submit(_read_chunk, fd, direct if d else None, c)
                        for c, d in zip(chunks, how, strict=True)]
             bad, hash_s = _hash_as_landed(items, chunks, futures, algorithm)

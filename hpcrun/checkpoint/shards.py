@@ -266,24 +266,27 @@ def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: str) 
 
 def read_shard(path: Path | ShardSource, rec: ShardRecord, dest: Sequence[np.ndarray], *,
                ckpt_id: str, algorithm: str) -> RestorePhases:
-    """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset).
+    """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset),
+    from the medium (a file's cached pages are not trusted: ``ckpt verify``, drains).
 
     Raises:
         CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
     """
-    return read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm)
+    return read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm,
+                         cold=True)
 
 
 def read_datasets(path: Path | ShardSource, rec: ShardRecord,
                   wanted: Sequence[tuple[int, np.ndarray]], *, ckpt_id: str,
-                  algorithm: str) -> RestorePhases:
+                  algorithm: str, cold: bool = False) -> RestorePhases:
     """Read and verify some datasets of a shard: ``(index in rec.datasets, uint8 destination)``.
 
     ``path`` is a local file or any :class:`ShardSource` (a peer's copy). Bulk bytes are read
     straight into the destinations; from a file through the pipeline of
     :mod:`~hpcrun.checkpoint.readpipe` (parallel chunk reads, O_DIRECT or buffered per chunk by
     page-cache residency, each chunk hashed as it lands). Nothing is returned unverified: each
-    dataset's checksum is checked against the manifest's.
+    dataset's checksum is checked against the manifest's. ``cold``: every byte from the medium,
+    none from the page cache (verification).
 
     Returns:
         Where the time went (read, checksum; the caller adds faults and copies).
@@ -297,7 +300,7 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
     try:
         _check_header(src, rec, pairs, ckpt_id)
         if isinstance(src, LocalShard):
-            return _read_pipelined(src, pairs, algorithm)
+            return _read_pipelined(src, pairs, algorithm, cold)
         t0 = time.perf_counter()
         src.read_into([(d.offset, buf) for d, buf in pairs if d.offset >= 0])
     except CorruptCheckpointError:
@@ -330,11 +333,11 @@ def _check_header(src: ShardSource, rec: ShardRecord,
 
 
 def _read_pipelined(src: LocalShard, pairs: Sequence[tuple[DatasetRecord, np.ndarray]],
-                    algorithm: str) -> RestorePhases:
+                    algorithm: str, cold: bool) -> RestorePhases:
     items = [Wanted(offset=d.offset, dest=buf, digest=d.checksum) for d, buf in pairs]
     if algorithm not in CHECKSUMS:
         raise CheckpointError(f"unknown checksum {algorithm!r}; expected one of {CHECKSUMS}")
-    bad, phases = read_verified(src.path, items, algorithm=algorithm)
+    bad, phases = read_verified(src.path, items, algorithm=algorithm, cold=cold)
     if bad:
         d = pairs[bad[0]][0]
         raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum"
