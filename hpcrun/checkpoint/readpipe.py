@@ -66,7 +66,8 @@ class RestorePhases:
     direct_bytes: int = 0
     """Bytes read O_DIRECT (chunks found out of the page cache)."""
     buffered_bytes: int = 0
-    """Bytes read through the page cache (chunks found resident, or unaligned tails)."""
+    """Bytes read through the page cache (chunks found resident, unaligned tails, datasets
+    small enough to live inside the HDF5 file's metadata, a peer's copy)."""
 
     def fields(self) -> dict[str, float | int]:
         """The split as event fields (``<phase>_s`` rounded to microseconds, byte counts)."""
