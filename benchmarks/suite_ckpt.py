@@ -73,20 +73,20 @@ class HpcrunSide:
         assert res is not None and res.committed, res
         return time.perf_counter() - t0, returned
 
-    def restore(self, target: dict[str, torch.Tensor]) -> float:
+    def restore(self, target: dict[str, torch.Tensor]) -> tuple[float, dict[str, float]]:
         """Restore into ``target``'s tensors by a reader kept across repeats (its read buffer
-        is reused, as by a rank that restores after saving, or restores twice)."""
+        is reused, as by a rank that restores after saving, or restores twice); (seconds, the
+        restore's split)."""
         if self.reader is None:
             # fence_slot -1: a read-only reader that sees every commit (no generation claimed)
             self.reader = self._make(-1)
-        reader = self.reader
-        return timed(lambda: reader.restore({"model": target}))
+        return _timed_restore(self.reader, target)
 
-    def restore_first(self, target: dict[str, torch.Tensor]) -> float:
+    def restore_first(self, target: dict[str, torch.Tensor]) -> tuple[float, dict[str, float]]:
         """Restore by a new reader: the first restore of a process (its buffer is new)."""
         reader = self._make(-1)
         try:
-            return timed(lambda: reader.restore({"model": target}))
+            return _timed_restore(reader, target)
         finally:
             reader.close()
 
@@ -94,6 +94,21 @@ class HpcrunSide:
         self.ck.close()
         if self.reader is not None:
             self.reader.close()
+
+
+def _timed_restore(reader: Checkpointer,
+                   target: dict[str, torch.Tensor]) -> tuple[float, dict[str, float]]:
+    t0 = time.perf_counter()
+    res = reader.restore({"model": target})
+    took = time.perf_counter() - t0
+    assert res is not None, "nothing restored"
+    return took, {k: float(v) for k, v in res.phases.items()}
+
+
+def _add_restore(s: Samples, name: str, took: tuple[float, dict[str, float]]) -> None:
+    s.add(f"{name}.read_s", took[0])
+    for phase, v in took[1].items():
+        s.add(f"{name}.phase.{phase}", v)
 
 
 def _torch_save(state: dict[str, torch.Tensor], d: Path) -> float:
@@ -141,6 +156,13 @@ def _fresh(base: Path, name: str) -> Path:
     return d
 
 
+def _check_equal(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
+    """The restore is bitwise exact (a fast wrong restore is no result)."""
+    for k, v in state.items():
+        assert torch.equal(v.view(torch.int16), target[k].view(torch.int16)), k
+        target[k].zero_()  # the next restore must write every byte again
+
+
 def _memcpy(state: dict[str, torch.Tensor], dst: dict[str, torch.Tensor]) -> float:
     return timed(lambda: [dst[k].copy_(v) for k, v in state.items()])
 
@@ -155,9 +177,11 @@ def one_repeat(state: dict[str, torch.Tensor], base: Path, hp: HpcrunSide,
     s.add("hpcrun writer.write_s", writer)
     s.add("memcpy_s", _memcpy(state, target))
     how = drop_caches(hp.run_dir)
-    s.add("hpcrun sync.read_s", hp.restore(target))
+    _add_restore(s, "hpcrun sync", hp.restore(target))
+    _check_equal(state, target)
     drop_caches(hp.run_dir)
-    s.add("hpcrun first restore.read_s", hp.restore_first(target))
+    _add_restore(s, "hpcrun first restore", hp.restore_first(target))
+    _check_equal(state, target)
     durable, returned = hp.save_async(state)
     s.add("hpcrun async.write_s", durable)
     s.add("hpcrun async.pause_s", returned)
@@ -218,7 +242,10 @@ def summarize(size: int, s: Samples, repeats: int, how: str) -> dict[str, Any]:
                    "read_gbps": size / r / GB if r else None}
     raw = {"write": med.get("fio.write_gbps"), "read": med.get("fio.read_gbps")}
     h = rows["hpcrun sync"]
+    split = {m: {k.removeprefix(f"{m}.phase."): v for k, v in med.items()
+                 if k.startswith(f"{m}.phase.")} for m in ("hpcrun sync", "hpcrun first restore")}
     return {"bytes": size, "repeats": repeats, "cache_drop": how, "samples": s.values,
+            "restore_split": split,
             "rows": rows, "raw_gbps": raw, "memcpy_s": med.get("memcpy_s"),
             "pause_s": med.get("hpcrun sync.pause_s"),
             "async_return_s": med.get("hpcrun async.pause_s"),
@@ -228,9 +255,31 @@ def summarize(size: int, s: Samples, repeats: int, how: str) -> dict[str, Any]:
                 "write_vs_torch_save": ratio(h["write_gbps"], rows["torch.save"]["write_gbps"]),
                 "restore_vs_raw": ratio(h["read_gbps"], raw["read"]),
                 "restore_vs_mmap": ratio(h["read_gbps"], rows["torch.load(mmap)"]["read_gbps"]),
+                "restore_vs_safetensors": ratio(h["read_gbps"], rows["safetensors"]["read_gbps"]),
                 "first_restore_vs_raw": ratio(rows["hpcrun first restore"]["read_gbps"],
                                               raw["read"]),
                 "pause_vs_memcpy": ratio(med.get("hpcrun sync.pause_s"), med.get("memcpy_s"))}}
+
+
+PHASES = ("fault_s", "read_s", "checksum_s", "hash_s", "copy_s")
+
+
+def render_split(r: dict[str, Any]) -> list[str]:
+    """Where each restore's time went (medians; the rank's ``restored`` event has the same)."""
+    rows = []
+    for m, split in r.get("restore_split", {}).items():
+        total = r["bytes"] / (r["rows"][m]["read_gbps"] * GB) if r["rows"][m]["read_gbps"] else 0
+        direct = split.get("direct_bytes", 0) / max(r["bytes"], 1)
+        timed_s = sum(split.get(p, 0.0) for p in PHASES if p != "hash_s")
+        rows.append([m, total, *(split.get(p) for p in PHASES), total - timed_s, f"{direct:.0%}"])
+    return ["Restore split (seconds, medians): faults = pre-touching the read buffer; read = "
+            "first request to last byte; checksum = hashing left after the last byte (hash = "
+            "all hashing, overlapped with the reads); copy = landing pieces not read in place "
+            "(and the node exchange); rest = everything else (manifests, planning, HDF5 headers "
+            "and per-dataset attribute checks, load_state_dict); O_DIRECT = share of bytes read "
+            "past the page cache.", "",
+            *table(["restore", "total s", "faults", "read", "checksum", "hash (overlapped)",
+                    "copy", "rest", "O_DIRECT"], rows)]
 
 
 def render(name: str, r: dict[str, Any]) -> list[str]:
@@ -248,21 +297,24 @@ def render(name: str, r: dict[str, Any]) -> list[str]:
             "manifest + commit entry); hpcrun writer: the background shard write alone "
             "(non-finite scan, checksums, HDF5 layout, O_DIRECT writes, fsync, rename).", "",
             *table(["target", "measured", "verdict"], [
-                ["hpcrun write (sync, end to end) ≥ 0.8 × raw O_DIRECT write",
-                 q["write_vs_raw"], verdict(q["write_vs_raw"], 0.8, at_least=True)],
+                ["hpcrun write (sync, end to end) ≥ 0.9 × raw O_DIRECT write",
+                 q["write_vs_raw"], verdict(q["write_vs_raw"], 0.9, at_least=True)],
                 ["hpcrun shard writer ≥ 0.8 × raw O_DIRECT write", q["writer_vs_raw"],
                  verdict(q["writer_vs_raw"], 0.8, at_least=True)],
                 ["hpcrun write ≥ 2 × torch.save", q["write_vs_torch_save"],
                  verdict(q["write_vs_torch_save"], 2.0, at_least=True)],
                 ["hpcrun cold restore ≥ 0.9 × raw O_DIRECT read", q["restore_vs_raw"],
                  verdict(q["restore_vs_raw"], 0.9, at_least=True)],
+                ["hpcrun cold restore ≥ safetensors load_file", q["restore_vs_safetensors"],
+                 verdict(q["restore_vs_safetensors"], 1.0, at_least=True)],
                 ["hpcrun cold restore ≥ torch.load(mmap=True) + copy", q["restore_vs_mmap"],
                  verdict(q["restore_vs_mmap"], 1.0, at_least=True)],
-                ["hpcrun first restore of a process (new read buffer) ≥ 0.9 × raw read",
-                 q["first_restore_vs_raw"], verdict(q["first_restore_vs_raw"], 0.9,
+                ["hpcrun first restore of a process (new reader) ≥ 0.8 × raw read",
+                 q["first_restore_vs_raw"], verdict(q["first_restore_vs_raw"], 0.8,
                                                     at_least=True)],
-                [f"exposed pause ≤ 1.5 × warm memcpy ({r['pause_s']:.3f} s vs "
+                [f"exposed pause ≤ 1.2 × warm memcpy ({r['pause_s']:.3f} s vs "
                  f"{r['memcpy_s']:.3f} s)", q["pause_vs_memcpy"],
-                 verdict(q["pause_vs_memcpy"], 1.5, at_least=False)]]),
+                 verdict(q["pause_vs_memcpy"], 1.2, at_least=False)]]),
+            "", *render_split(r), "",
             "", f"hpcrun async: `save()` returns after {r['async_return_s']:.3f} s (median); "
                 "the bytes are durable at the async write rate above.", ""]

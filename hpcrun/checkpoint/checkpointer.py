@@ -12,7 +12,7 @@ ever called from the training thread. One checkpoint is in flight; a newer save 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,6 +50,7 @@ from hpcrun.control.payload import canonical_json
 from hpcrun.errors import (
     CheckpointError,
     ConfigError,
+    CorruptCheckpointError,
     HpcrunError,
     NonFiniteError,
     StaleGenerationError,
@@ -332,6 +333,8 @@ class Checkpointer:
 
         Raises:
             ReshardError: the newest good checkpoint cannot be placed on this layout.
+            CorruptCheckpointError: a checkpoint that failed verification had been read
+                straight into some state tensor and no older one filled it again.
         """
         self._check_open()
         if self._inflight is not None:
@@ -348,13 +351,28 @@ class Checkpointer:
             leaves = flatten_state(state).leaves
         need = need_of(self.layout.rank, leaves)
         skipped: list[str] = []
+        self._restorer.overwritten.clear()
         for ckpt in reversed(candidates):
             loaded = self._restorer.load(ckpt, need, leaves)
             if loaded is None:
                 skipped.append(ckpt.ckpt_id)
                 continue
+            self._check_refilled(skipped, loaded.tensors.keys())
             return self._apply(loaded, state, skipped, leaves)
+        self._check_refilled(skipped, ())
         return None
+
+    def _check_refilled(self, skipped: Sequence[str], filled: Iterable[str]) -> None:
+        """COLLECTIVE: refuse to go on when a refused checkpoint was read into some state
+        tensor (straight into it) and no restored checkpoint filled that tensor again."""
+        left = sorted(self._restorer.overwritten.difference(filled))
+        if self._comm.any_true(bool(left)):
+            where = ", ".join(left[:3]) or "on another rank"
+            raise CorruptCheckpointError(
+                f"checkpoints {', '.join(skipped)} failed verification after some of their "
+                f"bytes were read into the state's tensors ({where}), and no older checkpoint "
+                "restores those tensors; rebuild the state (restart the run) or remove the "
+                "damaged checkpoints so that it starts fresh")
 
     def _apply(self, loaded: Loaded, state: Mapping[str, Any], skipped: list[str],
                leaves: Mapping[str, TensorLeaf]) -> RestoreResult:
@@ -370,7 +388,8 @@ class Checkpointer:
                              tier=str(_slowest_tier(loaded)),
                              extra=dict(loaded.extra), skipped=tuple(skipped),
                              bytes_read=loaded.bytes_read, files_read=loaded.files_read,
-                             peer_bytes=loaded.by_tier.get(str(Tier.PEER), 0))
+                             peer_bytes=loaded.by_tier.get(str(Tier.PEER), 0),
+                             phases=loaded.phases.fields())
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -110,8 +110,8 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
-                  threads: int = IO_THREADS) -> None:
-    """Write ``extents`` into the existing file ``path`` in parallel, then fsync it.
+                  threads: int = IO_THREADS, sync: bool = True) -> None:
+    """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
 
     Raises:
         StorageError: the write or the fsync failed (disk full, I/O error).
@@ -121,13 +121,15 @@ def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
         with _open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             list(pool.map(lambda c: _write_one(fd, direct, c), chunks))
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
     except OSError as exc:
         raise StorageError(f"writing shard bytes to {os.fspath(path)!r} failed: {exc}; "
                            "check free space and the health of the tier") from exc
 
 
-def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+def pread_into(fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` from ``fd`` at ``offset`` (StorageError when the file ends first)."""
     while len(view):
         got = os.preadv(fd, [view], offset)
         if got == 0:
@@ -139,9 +141,9 @@ def _pread_into(fd: int, view: memoryview, offset: int) -> None:
 def _read_one(fd: int, direct: int | None, ext: Extent) -> None:
     n = _direct_len(ext) if direct is not None else 0
     if n:
-        _pread_into(direct, ext.buffer[:n], ext.file_offset)  # type: ignore[arg-type]
+        pread_into(direct, ext.buffer[:n], ext.file_offset)  # type: ignore[arg-type]
     if n < len(ext.buffer):
-        _pread_into(fd, ext.buffer[n:], ext.file_offset + n)
+        pread_into(fd, ext.buffer[n:], ext.file_offset + n)
 
 
 def read_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,

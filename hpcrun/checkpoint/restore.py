@@ -36,7 +36,8 @@ from hpcrun.checkpoint.chunks import Box, intersect, relative, volume
 from hpcrun.checkpoint.device import HostLanding
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest, ShardRecord
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
-from hpcrun.checkpoint.readplan import RankPlan, Target
+from hpcrun.checkpoint.readpipe import RestorePhases
+from hpcrun.checkpoint.readplan import Placed, RankPlan, Read, Target
 from hpcrun.checkpoint.shards import ShardSource, read_datasets
 from hpcrun.checkpoint.stage import torch_dtype
 from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
@@ -76,34 +77,42 @@ SourceChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
 
 
 def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: SourceChoice,
-                  ) -> tuple[np.ndarray, dict[str, int]]:
+                  ) -> tuple[np.ndarray, dict[str, int], RestorePhases]:
     """Read and verify this rank's assigned shards into its exchange buffer.
 
     Each shard is tried on its candidate tiers in order; a copy that fails verification is
     never used, the next tier is tried.
 
     Returns:
-        The buffer and the data bytes read from each tier.
+        The buffer, the data bytes read from each tier, and where the time went.
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
     buf = aligned_buffer(plan.sizes[rank], touch=False)
     counts: dict[str, int] = {}
+    phases = RestorePhases()
     for j in plan.files[rank]:
         shard = m.shards[j]
         dest = [buf[off:off + d.nbytes] for d, off in
                 ((d, plan.where[(j, i)][1]) for i, d in enumerate(shard.datasets))]
-        tier = read_first_good(m.ckpt_id, m.checksum, j, shard, list(enumerate(dest)),
-                               candidates)
+        tier, took = read_first_good(m.ckpt_id, m.checksum, j, shard, list(enumerate(dest)),
+                                     candidates)
         counts[tier] = counts.get(tier, 0) + sum(d.nbytes for d in shard.datasets)
-    return buf, counts
+        phases = add_phases(phases, took)
+    return buf, counts, phases
+
+
+def add_phases(a: RestorePhases, b: RestorePhases) -> RestorePhases:
+    """The sum of two splits (shards are read one after another)."""
+    return a.plus(**b.fields())
 
 
 def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
-                    wanted: Sequence[tuple[int, np.ndarray]], candidates: SourceChoice) -> str:
+                    wanted: Sequence[tuple[int, np.ndarray]], candidates: SourceChoice,
+                    ) -> tuple[str, RestorePhases]:
     """Read ``wanted`` datasets of old rank ``j``'s shard from its first copy that verifies;
-    the tier it came from.
+    the tier it came from and the split of that read.
 
     Raises:
         CorruptCheckpointError: no copy verified (each copy's reason in the message).
@@ -111,8 +120,7 @@ def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
     errors = []
     for tier, src in candidates(j):
         try:
-            read_datasets(src, rec, wanted, ckpt_id=ckpt_id, algorithm=algorithm)
-            return tier
+            return tier, read_datasets(src, rec, wanted, ckpt_id=ckpt_id, algorithm=algorithm)
         except CorruptCheckpointError as exc:
             errors.append(f"{tier}: {exc}")
     raise CorruptCheckpointError(
@@ -247,24 +255,118 @@ def _old_start(m: Manifest, rank: int, key: str) -> int:
     return -1
 
 
-def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice) -> dict[str, int]:
-    """Read and verify the datasets of ``plan`` into ``buf``, shard by shard.
+LANDED = -2
+""":attr:`Placed.holder` of a piece read straight into its target tensor (nothing to copy)."""
+
+
+def _bytes_of(t: torch.Tensor) -> np.ndarray:
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def _fits(target: Target, d: DatasetRecord, leaf: TensorLeaf | None) -> bool:
+    """Whether dataset ``d`` is, byte for byte, the whole of the state's own tensor."""
+    if leaf is None or not d.nbytes:
+        return False
+    t = leaf.tensor
+    whole = (d.offsets, d.lengths) == target.box if target.box is not None else (
+        not target.global_shape or (d.row_start, d.row_stop) == (target.start, target.stop))
+    return (whole and t.device.type == "cpu" and t.is_contiguous()
+            and t.dtype == torch_dtype(target.dtype) and tuple(t.shape) == target.shape
+            and tuple(t.shape) == d.shape and t.numel() * t.element_size() == d.nbytes)
+
+
+def land_in_place(plan: RankPlan, leaves: Mapping[str, TensorLeaf], pos: int,
+                  ) -> tuple[RankPlan, dict[tuple[int, int], np.ndarray]]:
+    """Send each dataset that is a whole state tensor straight into that tensor.
+
+    A piece qualifies when it is this rank's own read (or a replicated one on a node of one
+    rank: nobody else needs it from this rank's buffer) and fills the state's own contiguous
+    host tensor of its shape and dtype. The rest keeps its place in the read buffer, compacted,
+    so the buffer is only as large as what still goes through it.
 
     Returns:
-        The data bytes read from each tier (counted as the reads land).
+        The plan with those pieces marked :data:`LANDED` and the buffer offsets compacted, and
+        ``(shard, index) -> the target tensor's bytes`` for the reads to land in place.
+    """
+    solo = len(plan.shared) == 1
+    at = {r.offset: (r.shard, r.index) for r in plan.reads}  # unique within this rank's buffer
+    into: dict[tuple[int, int], np.ndarray] = {}
+    for target, pieces in plan.targets:
+        leaf = leaves.get(target.key)
+        if len(pieces) != 1 or not _mine(pieces[0], solo) or leaf is None:
+            continue
+        key = at.get(pieces[0].offset)
+        if key is not None and _fits(target, pieces[0].record, leaf):
+            into[key] = _bytes_of(leaf.tensor)
+    if not into:
+        return plan, into
+    return _compact(plan, {at_off for at_off, k in at.items() if k in into}, pos, solo), into
+
+
+def _mine(p: Placed, solo: bool) -> bool:
+    """Whether ``p`` lies in this rank's own buffer and nobody else reads it from there."""
+    return p.holder == -1 or (solo and p.holder == 0)
+
+
+def _compact(plan: RankPlan, landed: set[int], pos: int, solo: bool) -> RankPlan:
+    """``plan`` with the reads at ``landed`` offsets out of the buffer and the others packed
+    (on a node of several ranks the shared region, which the node exchanges, stays as it is)."""
+    base = plan.shared[pos]
+    kept = sorted((r for r in plan.reads if r.offset not in landed), key=lambda r: r.offset)
+    moved: dict[int, int] = {}
+
+    def pack(reads: Sequence[Read], cursor: int) -> int:
+        for r in reads:
+            moved[r.offset] = cursor
+            cursor = align_up(cursor + plan.files[r.shard].datasets[r.index].nbytes)
+        return cursor
+
+    new_base = pack([r for r in kept if r.offset < base], 0) if solo else base
+    size = pack([r for r in kept if r.offset >= base], new_base)
+
+    def place(p: Placed) -> Placed:
+        if not _mine(p, solo):
+            return p
+        if p.offset in landed:
+            return Placed(record=p.record, holder=LANDED, offset=-1)
+        return Placed(record=p.record, holder=p.holder, offset=moved.get(p.offset, p.offset))
+
+    return RankPlan(
+        ckpt_id=plan.ckpt_id, checksum=plan.checksum, files=plan.files,
+        reads=tuple(Read(shard=r.shard, index=r.index, offset=moved.get(r.offset, r.offset))
+                    for r in plan.reads),
+        shared=(new_base,) if solo else plan.shared, size=size,
+        targets=tuple((t, tuple(place(p) for p in ps)) for t, ps in plan.targets),
+        meta=None if plan.meta is None else place(plan.meta), error=plan.error)
+
+
+def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice,
+                 into: Mapping[tuple[int, int], np.ndarray] | None = None,
+                 ) -> tuple[dict[str, int], RestorePhases]:
+    """Read and verify the datasets of ``plan`` into ``buf`` (or, for those in ``into``,
+    straight into their target tensors), shard by shard.
+
+    Returns:
+        The data bytes read from each tier (counted as the reads land), and where the time
+        went (read and checksum).
 
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
     counts: dict[str, int] = {}
+    phases = RestorePhases()
     by_shard: dict[int, list[tuple[int, np.ndarray]]] = {}
     for r in plan.reads:
         d = plan.files[r.shard].datasets[r.index]
-        by_shard.setdefault(r.shard, []).append((r.index, buf[r.offset:r.offset + d.nbytes]))
+        dest = (into or {}).get((r.shard, r.index))
+        by_shard.setdefault(r.shard, []).append(
+            (r.index, dest if dest is not None else buf[r.offset:r.offset + d.nbytes]))
     for j, wanted in by_shard.items():
-        tier = read_first_good(plan.ckpt_id, plan.checksum, j, plan.files[j], wanted, candidates)
+        tier, took = read_first_good(plan.ckpt_id, plan.checksum, j, plan.files[j], wanted,
+                                     candidates)
         counts[tier] = counts.get(tier, 0) + sum(int(dest.size) for _, dest in wanted)
-    return counts
+        phases = add_phases(phases, took)
+    return counts, phases
 
 
 def _dest(target: Target, leaf: TensorLeaf | None) -> torch.Tensor:
@@ -313,6 +415,8 @@ def build_tensors(plan: RankPlan, own: np.ndarray, shared: Sequence[np.ndarray],
     for target, pieces in plan.targets:
         dest = _dest(target, leaves.get(target.key))
         for p in pieces:
+            if p.holder == LANDED:
+                continue  # read straight into ``dest``
             buf = own if p.holder < 0 else shared[p.holder]
             d = p.record
             src = _as_tensor(buf[p.offset:p.offset + d.nbytes], d)

@@ -21,6 +21,7 @@ old shard read once, the ranks all-gather the pieces).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
 from hpcrun.checkpoint.manifest import ShardRecord, node_manifest_refs
 from hpcrun.checkpoint.rawio import aligned_buffer
+from hpcrun.checkpoint.readpipe import RestorePhases
 from hpcrun.checkpoint.readplan import (
     Need,
     RankPlan,
@@ -43,8 +45,10 @@ from hpcrun.checkpoint.readplan import (
     wanted_nodes,
 )
 from hpcrun.checkpoint.restore import (
+    LANDED,
     assemble,
     build_tensors,
+    land_in_place,
     plan_gather,
     read_assigned,
     read_planned,
@@ -87,6 +91,8 @@ class Loaded:
     """Shard files this rank opened."""
     by_tier: Mapping[str, int] = field(default_factory=dict)
     """Data bytes this rank read from each tier (``peer``: from other nodes)."""
+    phases: RestorePhases = field(default_factory=RestorePhases)
+    """Where this rank's time went (faults, read, checksum, copy)."""
 
     @property
     def bytes_read(self) -> int:
@@ -114,6 +120,9 @@ class RestoreShell:
     """The Checkpointer's reused, pre-touched staging buffer (restore reads into it)."""
     peers: PeerSource | None = None
     """The peer tier: copies of a shard on the gang's other nodes (None: no peer reads)."""
+    overwritten: set[str] = field(default_factory=set)
+    """Keys of state tensors a refused checkpoint was read into (straight into the tensor);
+    a later restore must fill them again (see :meth:`Checkpointer.restore`)."""
 
     def load(self, ckpt: CommittedCheckpoint, need: Need,
              leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
@@ -186,27 +195,38 @@ class RestoreShell:
 
     def _read(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any], plan: RankPlan,
               leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
+        pos = self.comm.node_ranks().index(self.layout.rank)
+        plan, into = land_in_place(plan, leaves, pos)
+        t0 = time.perf_counter()
         try:
-            self.buffer.reserve(plan.size)
+            self.buffer.reserve(plan.size)  # faults a buffer in only when it has to grow
             buf = self.buffer.view(0, plan.size)
         except CheckpointError:  # above the staging limit: this restore gets its own buffer
             buf = aligned_buffer(plan.size, touch=False)
+        fault_s = time.perf_counter() - t0
         counts: dict[str, int] = {}
+        phases = RestorePhases()
         try:
-            counts = read_planned(plan, buf, lambda j: self._candidates(ckpt, plan.files[j]))
+            counts, phases = read_planned(plan, buf,
+                                          lambda j: self._candidates(ckpt, plan.files[j]), into)
             ok = True
         except (HpcrunError, OSError) as exc:
             self.incident(ckpt, str(exc))
             ok = False
         if not self.comm.all_true(ok):
+            # tensors read into in place hold bytes of a checkpoint the gang refused
+            self.overwritten.update(t.key for t, ps in plan.targets
+                                    if any(p.holder == LANDED for p in ps))
             return None
-        pos = self.comm.node_ranks().index(self.layout.rank)
+        t1 = time.perf_counter()
         shared = self.comm.node_all_gather_bytes(buf[:plan.shared[pos]], plan.shared)
         tensors, meta = build_tensors(plan, buf, shared, leaves)
+        copy_s = time.perf_counter() - t1
         return Loaded(ckpt_id=ckpt.ckpt_id, step=int(top["step"]), extra=dict(top["extra"]),
                       tensors=tensors, meta=meta,
                       shared=self.comm.any_true(str(Tier.SHARED) in counts),
-                      files_read=len(plan.files), by_tier=counts)
+                      files_read=len(plan.files), by_tier=counts,
+                      phases=phases.plus(fault_s=fault_s, copy_s=copy_s))
 
     def _candidates(self, ckpt: CommittedCheckpoint,
                     shard: ShardRecord) -> list[tuple[str, Path | ShardSource]]:
@@ -236,25 +256,28 @@ class RestoreShell:
             except (HpcrunError, OSError) as exc:
                 self.incident(ckpt, str(exc))
         m = self.comm.broadcast_object(m)
-        buf, counts, ok = None, dict[str, int](), False
+        buf, counts, ok, phases = None, dict[str, int](), False, RestorePhases()
         plan = plan_gather(m, self.layout.world_size) if m is not None else None
         if m is not None and plan is not None:
             try:
-                buf, counts = read_assigned(m, plan, self.layout.rank,
-                                            lambda j: self._candidates(ckpt, m.shards[j]))
+                buf, counts, phases = read_assigned(
+                    m, plan, self.layout.rank, lambda j: self._candidates(ckpt, m.shards[j]))
                 ok = True
             except (HpcrunError, OSError) as exc:
                 self.incident(ckpt, str(exc))
         if not self.comm.all_true(ok) or m is None or plan is None or buf is None:
             return None
+        t0 = time.perf_counter()
         gathered = self.comm.all_gather_bytes(buf, plan.sizes)
         rows = {k: leaf for k, leaf in leaves.items()
                 if leaf.placement in (Placement.ROW, Placement.CHUNK)}
         tensors, meta = assemble(m, plan, gathered, rank=self.layout.rank,
                                  world_size=self.layout.world_size, rows=rows)
+        phases = phases.plus(copy_s=time.perf_counter() - t0)
         return Loaded(ckpt_id=m.ckpt_id, step=m.step, extra=dict(m.extra), tensors=tensors,
                       meta=meta, shared=self.comm.any_true(str(Tier.SHARED) in counts),
-                      files_read=len(plan.files[self.layout.rank]), by_tier=counts)
+                      files_read=len(plan.files[self.layout.rank]), by_tier=counts,
+                      phases=phases)
 
     def incident(self, ckpt: CommittedCheckpoint, detail: str) -> None:
         """A checkpoint this rank could not use: FAULT ``storage_error`` (background)."""

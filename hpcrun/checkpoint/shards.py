@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ import xxhash
 
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
+from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
 from hpcrun.checkpoint.stage import (
     StagedPiece,
     StagingBuffer,
@@ -94,7 +97,7 @@ def _early_dcpl() -> h5py.h5p.PropDCID:
     return dcpl
 
 
-def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str) -> int:
+def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray) -> int:
     p = sp.piece
     if p.nbytes < SMALL_DATASET:
         ds = f.create_dataset(_h5path(p.key), data=data)
@@ -107,7 +110,7 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str
                                   f"allocated {ALIGN}-aligned extent; check the h5py version")
     ds.attrs.update({"key": p.key, "dtype": p.dtype, "placement": str(p.placement),
                      "global_shape": json.dumps(list(p.global_shape)),
-                     "row_start": p.row_start, "row_stop": p.row_stop, "checksum": digest})
+                     "row_start": p.row_start, "row_stop": p.row_stop, "checksum": ""})
     if p.placement is Placement.CHUNK:
         ds.attrs.update({"offsets": json.dumps(list(p.offsets)),
                          "lengths": json.dumps(list(p.lengths)),
@@ -116,17 +119,17 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray, digest: str
 
 
 def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
-                 staged: Sequence[StagedPiece], digests: Sequence[str]) -> list[int]:
+                 staged: Sequence[StagedPiece]) -> list[int]:
     offsets = []
     with h5py.File(tmp, "w", locking=False, libver="latest", alignment_threshold=SMALL_DATASET,
                    alignment_interval=ALIGN) as f:
         f.attrs.update({"format": SHARD_FORMAT, "schema_version": SHARD_SCHEMA_VERSION,
                         "keys": json.dumps([sp.piece.key for sp in staged]),
                         **{k: getattr(header, k) for k in header.__slots__}})  # type: ignore[attr-defined]
-        for sp, digest in zip(staged, digests, strict=True):
+        for sp in staged:
             raw = buffer.view(sp.offset, sp.piece.nbytes)
             data = raw.view(storage_dtype(torch_dtype(sp.piece.dtype))).reshape(sp.piece.shape)
-            offsets.append(_create_dataset(f, sp, data, digest))
+            offsets.append(_create_dataset(f, sp, data))
     return offsets
 
 
@@ -141,26 +144,45 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
     Raises:
         StorageError: the tier failed (full, unwritable).
     """
-    digests = [checksum(algorithm, buffer.view(sp.offset, sp.piece.nbytes)) for sp in staged]
     storage.makedirs(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        offsets = _create_file(tmp, header, buffer, staged, digests)
-    except OSError as exc:
-        raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
-    extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
-               for sp, o in zip(staged, offsets, strict=True) if o >= 0]
-    half = len(extents) // 2
-    if half:  # the second call fsyncs the file; an empty first call would only cost opens
-        write_extents(tmp, extents[:half])
-    fault("shard_write")
-    write_extents(tmp, extents[half:])
+    with ThreadPoolExecutor(max_workers=1) as hashing:
+        # the checksums (xxhash and hashlib release the GIL) are computed while HDF5 lays the
+        # file out and the bytes are written; they are set as attributes once both are done
+        pending = hashing.submit(_digests, algorithm, buffer, staged)
+        try:
+            offsets = _create_file(tmp, header, buffer, staged)
+        except OSError as exc:
+            raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
+        extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
+                   for sp, o in zip(staged, offsets, strict=True) if o >= 0]
+        half = len(extents) // 2
+        write_extents(tmp, extents[:half], sync=False)
+        fault("shard_write")
+        write_extents(tmp, extents[half:], sync=False)
+        digests = pending.result()
+    _seal(tmp, staged, digests)
+    storage.fsync_path(tmp)
     storage.rename(tmp, path)
     storage.fsync_path(path.parent)
     records = tuple(_record(sp, o, d) for sp, o, d in zip(staged, offsets, digests, strict=True))
     return ShardRecord(rank=header.rank, node=header.node,
                        path=shard_relpath(header.node, header.rank),
                        bytes=storage.size(path), datasets=records)
+
+
+def _digests(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list[str]:
+    return [checksum(algorithm, buffer.view(sp.offset, sp.piece.nbytes)) for sp in staged]
+
+
+def _seal(tmp: Path, staged: Sequence[StagedPiece], digests: Sequence[str]) -> None:
+    """Set each dataset's checksum attribute (the bytes are written; fsync follows)."""
+    try:
+        with h5py.File(tmp, "r+", locking=False) as f:
+            for sp, digest in zip(staged, digests, strict=True):
+                f[_h5path(sp.piece.key)].attrs["checksum"] = digest
+    except OSError as exc:
+        raise StorageError(f"finishing shard {tmp} failed: {exc}; check the tier") from exc
 
 
 def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
@@ -243,23 +265,31 @@ def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: str) 
 
 
 def read_shard(path: Path | ShardSource, rec: ShardRecord, dest: Sequence[np.ndarray], *,
-               ckpt_id: str, algorithm: str) -> None:
-    """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset).
+               ckpt_id: str, algorithm: str) -> RestorePhases:
+    """Read and verify every dataset of a shard into ``dest`` (one uint8 array per dataset),
+    from the medium (a file's cached pages are not trusted: ``ckpt verify``, drains).
 
     Raises:
         CorruptCheckpointError: missing, truncated, mismatched or failing its checksums.
     """
-    read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm)
+    return read_datasets(path, rec, list(enumerate(dest)), ckpt_id=ckpt_id, algorithm=algorithm,
+                         cold=True)
 
 
 def read_datasets(path: Path | ShardSource, rec: ShardRecord,
                   wanted: Sequence[tuple[int, np.ndarray]], *, ckpt_id: str,
-                  algorithm: str) -> None:
+                  algorithm: str, cold: bool = False) -> RestorePhases:
     """Read and verify some datasets of a shard: ``(index in rec.datasets, uint8 destination)``.
 
     ``path`` is a local file or any :class:`ShardSource` (a peer's copy). Bulk bytes are read
-    straight into the destinations (past the page cache, for a file). Nothing is returned
-    unverified: each dataset's checksum is checked after its bytes arrive.
+    straight into the destinations; from a file through the pipeline of
+    :mod:`~hpcrun.checkpoint.readpipe` (parallel chunk reads, O_DIRECT or buffered per chunk by
+    page-cache residency, each chunk hashed as it lands). Nothing is returned unverified: each
+    dataset's checksum is checked against the manifest's. ``cold``: every byte from the medium,
+    none from the page cache (verification).
+
+    Returns:
+        Where the time went (read, checksum; the caller adds faults and copies).
 
     Raises:
         CorruptCheckpointError: missing, truncated, unreachable, mismatched or failing its
@@ -268,15 +298,10 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
     src = LocalShard(Path(path)) if isinstance(path, (str, os.PathLike)) else path
     pairs = [(rec.datasets[i], buf) for i, buf in wanted]
     try:
-        if (size := src.size()) != rec.bytes:
-            raise _corrupt(src.name, f"it is {size} bytes, the manifest says {rec.bytes} "
-                                     "(truncated?)")
-        with src.open_h5() as f:
-            if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
-                    SHARD_FORMAT, ckpt_id, rec.rank):
-                raise _corrupt(src.name, "its header names another checkpoint or rank")
-            for d, buf in pairs:
-                _check_dataset(f, d, buf, src.name)
+        _check_header(src, rec, pairs, ckpt_id)
+        if isinstance(src, LocalShard):
+            return _read_pipelined(src, pairs, algorithm, cold)
+        t0 = time.perf_counter()
         src.read_into([(d.offset, buf) for d, buf in pairs if d.offset >= 0])
     except CorruptCheckpointError:
         raise
@@ -284,6 +309,38 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
         raise _corrupt(src.name, str(exc)) from exc
     except (OSError, KeyError, ValueError, RuntimeError, TypeError) as exc:
         raise _corrupt(src.name, f"HDF5 could not read it ({exc})") from exc
+    t1 = time.perf_counter()
     for d, buf in pairs:
         if checksum(algorithm, buf) != d.checksum:
             raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum")
+    hashed = time.perf_counter() - t1
+    return RestorePhases(read_s=t1 - t0, checksum_s=hashed, hash_s=hashed,
+                         buffered_bytes=sum(int(b.size) for _, b in pairs))
+
+
+def _check_header(src: ShardSource, rec: ShardRecord,
+                  pairs: Sequence[tuple[DatasetRecord, np.ndarray]], ckpt_id: str) -> None:
+    """Size, header and every dataset's place checked; small datasets' bytes copied out."""
+    if (size := src.size()) != rec.bytes:
+        raise _corrupt(src.name, f"it is {size} bytes, the manifest says {rec.bytes} "
+                                 "(truncated?)")
+    with src.open_h5() as f:
+        if (f.attrs.get("format"), f.attrs.get("ckpt_id"), f.attrs.get("rank")) != (
+                SHARD_FORMAT, ckpt_id, rec.rank):
+            raise _corrupt(src.name, "its header names another checkpoint or rank")
+        for d, buf in pairs:
+            _check_dataset(f, d, buf, src.name)
+
+
+def _read_pipelined(src: LocalShard, pairs: Sequence[tuple[DatasetRecord, np.ndarray]],
+                    algorithm: str, cold: bool) -> RestorePhases:
+    items = [Wanted(offset=d.offset, dest=buf, digest=d.checksum) for d, buf in pairs]
+    if algorithm not in CHECKSUMS:
+        raise CheckpointError(f"unknown checksum {algorithm!r}; expected one of {CHECKSUMS}")
+    bad, phases = read_verified(src.path, items, algorithm=algorithm, cold=cold)
+    if bad:
+        d = pairs[bad[0]][0]
+        raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum"
+                       + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    # small datasets came through HDF5 (the page cache) while the header was checked
+    return phases.plus(buffered_bytes=sum(int(b.size) for d, b in pairs if d.offset < 0))

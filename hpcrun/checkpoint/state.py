@@ -378,3 +378,8 @@ class RestoreResult:
     """Shard files this rank opened."""
     peer_bytes: int = 0
     """Of ``bytes_read``, the bytes read from other nodes (the peer tier)."""
+    phases: Mapping[str, float | int] = field(default_factory=dict)
+    """Where this rank's restore time went: ``fault_s``, ``read_s``, ``checksum_s`` (exposed,
+    after the last byte), ``hash_s`` (all hashing), ``copy_s``, ``direct_bytes``,
+    ``buffered_bytes`` (:class:`~hpcrun.checkpoint.readpipe.RestorePhases`); also in the
+    rank's ``restored`` event."""

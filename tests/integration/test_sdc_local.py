@@ -55,6 +55,10 @@ def test_bit_flip_is_found_its_node_quarantined_and_the_run_ends_bitwise_identic
     assert known_good(entries)
     restored = [e for e in read_events(cut) if e.kind == "restored"]
     assert [int(e.step) for e in restored] == [10, 10], restored  # one event per rank
+    # each rank's restore reports where its time went, and every byte it read is in the split
+    for e in restored:
+        assert e.data["read_s"] > 0 and e.data["copy_s"] >= 0 and e.data["fault_s"] >= 0, e
+        assert e.data["direct_bytes"] + e.data["buffered_bytes"] == e.data["bytes_read"] > 0, e
 
     # Final parameters, optimizer state, RNG streams and data cursor: byte for byte.
     a, b = load_state(ref, find_committed(ref)), load_state(cut, find_committed(cut))

@@ -173,7 +173,7 @@ class Context:
             self._p.restored_tier = str(result.tier)
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier,
                               bytes_read=result.bytes_read, files_read=result.files_read,
-                              peer_bytes=result.peer_bytes)
+                              peer_bytes=result.peer_bytes, **result.phases)
         elif (source := init_from or self._spec.checkpoint.init_from) is not None:
             self._init_from(os.fspath(source))
         self._cadence = self._new_cadence(self._p.step)
