@@ -352,8 +352,10 @@ class Checkpointer:
         need = need_of(self.layout.rank, leaves)
         skipped: list[str] = []
         self._restorer.overwritten.clear()
-        for ckpt in reversed(candidates):
-            loaded = self._restorer.load(ckpt, need, leaves)
+        for n, ckpt in enumerate(reversed(candidates)):
+            # straight into the tensors while an older checkpoint could refill them; the last
+            # candidate reads through the buffer, so a refused one leaves the init for a fresh start
+            loaded = self._restorer.load(ckpt, need, leaves, in_place=n < len(candidates) - 1)
             if loaded is None:
                 skipped.append(ckpt.ckpt_id)
                 continue

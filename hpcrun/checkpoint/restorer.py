@@ -124,9 +124,12 @@ class RestoreShell:
     """Keys of state tensors a refused checkpoint was read into (straight into the tensor);
     a later restore must fill them again (see :meth:`Checkpointer.restore`)."""
 
-    def load(self, ckpt: CommittedCheckpoint, need: Need,
-             leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
-        """COLLECTIVE: ``ckpt`` read into this rank's tensors, or None when it is not usable."""
+    def load(self, ckpt: CommittedCheckpoint, need: Need, leaves: Mapping[str, TensorLeaf], *,
+             in_place: bool = True) -> Loaded | None:
+        """COLLECTIVE: ``ckpt`` read into this rank's tensors, or None when it is not usable.
+        ``in_place=False`` reads every byte through the buffer, leaving the tensors untouched
+        until the checkpoint verified (for the last candidate: nothing older would refill a
+        tensor a refused read had written, and the run must start fresh from its own init)."""
         top = self._top(ckpt)
         if top is None:
             return None
@@ -141,7 +144,7 @@ class RestoreShell:
                                "layout; its ReshardError names the tensor")
         if not self.comm.all_true(all(self._candidates(ckpt, s) for s in plan.files.values())):
             return self._exchange(ckpt, leaves)
-        return self._read(ckpt, top, plan, leaves)
+        return self._read(ckpt, top, plan, leaves, in_place=in_place)
 
     # -- manifests -------------------------------------------------------------------------
 
@@ -194,9 +197,9 @@ class RestoreShell:
     # -- bytes -----------------------------------------------------------------------------
 
     def _read(self, ckpt: CommittedCheckpoint, top: Mapping[str, Any], plan: RankPlan,
-              leaves: Mapping[str, TensorLeaf]) -> Loaded | None:
+              leaves: Mapping[str, TensorLeaf], *, in_place: bool) -> Loaded | None:
         pos = self.comm.node_ranks().index(self.layout.rank)
-        plan, into = land_in_place(plan, leaves, pos)
+        plan, into = land_in_place(plan, leaves, pos) if in_place else (plan, {})
         t0 = time.perf_counter()
         try:
             self.buffer.reserve(plan.size)  # faults a buffer in only when it has to grow

@@ -138,13 +138,14 @@ def test_a_refused_checkpoint_read_in_place_is_overwritten_by_the_older_one(
         assert torch.equal(target["model"][k], v), k  # nothing of checkpoint 2 is left
 
 
-def test_a_refused_checkpoint_with_nothing_older_is_an_error_not_a_fresh_start(
+def test_a_refused_checkpoint_with_nothing_older_leaves_the_init_for_a_fresh_start(
         run_dir, incarnation) -> None:
     only = incarnation().save(1, _odd_state(1), blocking=True)
     _flip_in(_shard_files(run_dir, only.ckpt_id)[0], "model/u8")
-    target = {"model": {k: torch.zeros_like(v) for k, v in _odd_state(0)["model"].items()}}
-    with pytest.raises(CorruptCheckpointError, match="read into the state's tensors"):
-        incarnation().restore(target)
+    init = {k: torch.full_like(v, 7) for k, v in _odd_state(0)["model"].items()}
+    target = {"model": {k: v.clone() for k, v in init.items()}}
+    assert incarnation().restore(target) is None
+    assert all(torch.equal(target["model"][k], v) for k, v in init.items())
 
 
 def _flip_in(shard: Path, h5path: str) -> None:

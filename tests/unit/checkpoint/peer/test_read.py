@@ -105,15 +105,28 @@ def test_a_lost_nodes_shards_are_read_from_the_copy_its_partner_holds(
     assert result.peer_bytes == 0 and result.bytes_read > 0
     assert same_state(state, trained(4)[0].state_dict())
 
-    # a bit flipped on the holder's disk: the copy fails its checksum and is never used
+    # a bit flipped in a tensor's bytes on the holder's disk: the copy fails its checksum and
+    # is never used
     [held] = nvme1.rglob("rank-00000.h5")
+    offset = _last_byte_of_largest_dataset(held)
     data = bytearray(held.read_bytes())
-    data[-1] ^= 0xFF
+    data[offset] ^= 0xFF
     held.write_bytes(bytes(data))
     assert _restore(checkpointer("node2", gang=("node1", "node2")))[0] is None
     faults = [p for e in RunLog(run_dir).read() if e.kind == "fault"
               and isinstance(p := decode(e), FaultPayload)]
     assert any("node1:" in f.detail and "checksum" in f.detail for f in faults), faults
+
+
+def _last_byte_of_largest_dataset(path: Path) -> int:
+    """File offset of the last byte of the file's largest contiguous dataset."""
+    found: list[tuple[int, int]] = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda _, obj: found.append((obj.id.get_storage_size(), obj.id.get_offset()))
+                     if isinstance(obj, h5py.Dataset) and obj.id.get_offset() is not None
+                     else None)
+    size, offset = max(found)
+    return offset + size - 1
 
 
 def test_a_range_file_reads_a_peers_hdf5_file_as_h5py_does_a_local_one(
