@@ -177,10 +177,13 @@ class RunLog:
         Malformed entries and directories at a slot are skipped and their slots listed in
         ``self.skipped``; they and the files beyond the log's end are listed in ``self.debris``.
         """
-        if not self._storage.exists(self.log_dir):
+        names = self._storage.listdir(self.log_dir)
+        # a log holds its first fence from its first append on: only an empty listing can mean
+        # no log, and only then is it worth a stat (followers list the log every few seconds)
+        if not names and not self._storage.exists(self.log_dir):
             raise RecordError(f"no run log at {self.log_dir}; is this a run directory? "
                               "Use `hpcrun list` to see runs")
-        view = view_slots(self._storage.listdir(self.log_dir))
+        view = view_slots(names)
         self.debris, self.end = list(view.debris), view.last_slot
         out: list[LogEntry] = []
         for slot, name in view.slots:

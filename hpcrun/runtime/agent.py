@@ -101,7 +101,7 @@ class Agent:
         self.spec = spec
         self.site = site
         self.log = log
-        self.view = LogView(log)
+        self.view = LogView(log, clock=clock)
         self.requeuer = requeuer
         self.environ = dict(environ)
         self.clock = clock
@@ -384,7 +384,7 @@ class Agent:
 
     def _run_moved_on(self, inc: Incarnation) -> Watched | AgentExit | None:
         """A newer fence, a terminal state, or another node's fault ends this incarnation."""
-        self.view.refresh()
+        self.view.follow()  # backs off while the log is quiet: one listing per 3.2 s at most
         if self.view.fence.generation != inc.generation:
             return rejoin(self.view, self.node, inc)
         if self.view.terminal():
