@@ -42,6 +42,11 @@ class Storage(Protocol):
         """Durably replace ``path``: temp file in the same directory, fsync, rename, fsync dir."""
         ...
 
+    def replace_bytes(self, path: PathLike, data: bytes) -> None:
+        """Replace ``path`` whole but not durably: temp file, rename, no fsync (for files a
+        reader needs whole, never after a crash: heartbeats)."""
+        ...
+
     def read_bytes(self, path: PathLike) -> bytes: ...
 
     def exists(self, path: PathLike) -> bool: ...
@@ -109,6 +114,19 @@ class LocalStorage:
                 os.close(fd)
             os.replace(tmp, target)
             self.fsync_path(target.parent)
+        except OSError as exc:
+            raise _wrap("write", path, exc) from exc
+
+    def replace_bytes(self, path: PathLike, data: bytes) -> None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
         except OSError as exc:
             raise _wrap("write", path, exc) from exc
 
@@ -180,6 +198,8 @@ META_COST: dict[str, dict[MetaOp, int]] = {
     "create_exclusive": {_O: 2, _F: 2, _R: 1, _U: 1},
     # temp file: create (open), fsync; rename over the target; directory open + fsync
     "write_atomic": {_O: 2, _F: 2, _R: 1},
+    # temp file: create (open); rename over the target
+    "replace_bytes": {_O: 1, _R: 1},
     "read_bytes": {_O: 1},
     "exists": {_S: 1},
     "size": {_S: 1},
@@ -199,7 +219,7 @@ class CountingStorage:
     """Wraps a :class:`Storage` and counts each call by name, and the metadata operations the
     calls cost (:data:`META_COST`); safe to share between threads (a liveness beat's)."""
 
-    _OPS = ("create_exclusive", "write_atomic", "read_bytes", "exists", "size", "listdir",
+    _OPS = ("create_exclusive", "write_atomic", "replace_bytes", "read_bytes", "exists", "size", "listdir",
             "makedirs", "rename", "fsync_path", "remove", "rmtree")
 
     def __init__(self, inner: Storage) -> None:

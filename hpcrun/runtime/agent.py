@@ -38,7 +38,7 @@ from hpcrun.control.entries import (
     QuarantinePayload,
     StatePayload,
 )
-from hpcrun.control.log import EntryKind, RunLog, new_holder
+from hpcrun.control.log import EntryKind, RunLog, new_holder, write_log_copy
 from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import HpcrunError, StaleGenerationError
@@ -515,6 +515,8 @@ class Agent:
 
     # -- processes ---------------------------------------------------------------------------
     def _gang(self, inc: Incarnation) -> Gang:
+        # one reader of the log per node: the ranks start from what this view already read
+        write_log_copy(inc.log_copy(), self.view.entries)
         k = self.spec.resources.tasks_per_node
         first = self._place(inc).node_rank * k
         scripted = self.spec.script_mode

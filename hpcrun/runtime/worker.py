@@ -31,7 +31,7 @@ from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Inca
 from hpcrun.runtime.startup import StartMarks
 
 if TYPE_CHECKING:
-    from hpcrun.control.log import RunLog
+    from hpcrun.control.log import RunLog, read_log_copy
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.signals import StopFlag
     from hpcrun.runtime.context import Context
@@ -169,6 +169,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     groups = form_groups(env, settings)
     mark("groups")
     log = RunLog(inc.run_dir)
+    log.seed(read_log_copy(inc.log_copy()))  # what the agent read: only newer slots are opened
     layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
                     local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
     policy = spec.checkpoint
