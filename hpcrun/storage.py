@@ -219,8 +219,8 @@ class CountingStorage:
     """Wraps a :class:`Storage` and counts each call by name, and the metadata operations the
     calls cost (:data:`META_COST`); safe to share between threads (a liveness beat's)."""
 
-    _OPS = ("create_exclusive", "write_atomic", "replace_bytes", "read_bytes", "exists", "size", "listdir",
-            "makedirs", "rename", "fsync_path", "remove", "rmtree")
+    _OPS = ("create_exclusive", "write_atomic", "replace_bytes", "read_bytes", "exists", "size",
+            "listdir", "makedirs", "rename", "fsync_path", "remove", "rmtree")
 
     def __init__(self, inner: Storage) -> None:
         self.inner = inner

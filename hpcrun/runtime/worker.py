@@ -31,7 +31,7 @@ from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Inca
 from hpcrun.runtime.startup import StartMarks
 
 if TYPE_CHECKING:
-    from hpcrun.control.log import RunLog, read_log_copy
+    from hpcrun.control.log import RunLog
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.signals import StopFlag
     from hpcrun.runtime.context import Context
@@ -139,7 +139,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     the rank's event writer.
     """
     from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
-    from hpcrun.control.log import RunLog
+    from hpcrun.control.log import RunLog, read_log_copy
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.dist import form_groups
     from hpcrun.launch.env import DistEnv
