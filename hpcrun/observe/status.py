@@ -181,7 +181,7 @@ class StatusView:
     then shows no step and no ETTR: ``steps not reported by the script``)."""
     named_ranks: tuple[int, ...] = ()
     """The ranks worth naming, in rank order: hung, straggling, failed, and the
-    :data:`SLOWEST_K` furthest behind (what a large gang's text status lists)."""
+    :data:`SLOWEST_K` furthest behind the newest step (what a large gang's text status lists)."""
 
 
 def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
@@ -246,8 +246,11 @@ def live_incidents(facts: RecordFacts, step_times: StepTimes,
 
 
 def slowest_ranks(last_steps: Mapping[int, tuple[int, str]], k: int = SLOWEST_K) -> set[int]:
-    """The ``k`` ranks whose last step is furthest behind (ties: the lowest ranks)."""
-    return {r for _, r in sorted((st, r) for r, (st, _) in last_steps.items())[:k]}
+    """The ``k`` ranks whose last step is furthest behind the gang's newest (ties: the lowest
+    ranks); none when every rank is at the same step."""
+    newest = max((st for st, _ in last_steps.values()), default=0)
+    behind = sorted((st, r) for r, (st, _) in last_steps.items() if st < newest)
+    return {r for _, r in behind[:k]}
 
 
 def node_progress(heartbeats: Mapping[str, NodeHeartbeat],

@@ -162,7 +162,7 @@ def test_a_large_gang_prints_its_summary_and_only_the_ranks_worth_naming() -> No
     rank_lines = [ln for ln in text.splitlines() if ln.startswith("rank ")]
     named = {int(ln.split()[1]) for ln in rank_lines}
     assert hung in named and slow in named  # the hang and the straggler, with their lines
-    assert len(named) <= 2 + 3  # and the slowest three at most beside them
+    assert named == {hung, slow}  # every other rank is at the newest step: none is behind
     assert "gang        8 nodes, 64 ranks; slowest node at step 20, fastest at 24" in text
     assert f"ranks       {len(named)} of 64 shown" in text and "--ranks all" in text
     node_lines = [ln for ln in text.splitlines() if ln.startswith("node ")]
