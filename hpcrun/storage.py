@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from hpcrun.errors import ConfigError, StorageError, StorageTimeoutError
+from hpcrun.vocab import MetaOp
 
 T = TypeVar("T")
 
@@ -39,6 +40,11 @@ class Storage(Protocol):
 
     def write_atomic(self, path: PathLike, data: bytes) -> None:
         """Durably replace ``path``: temp file in the same directory, fsync, rename, fsync dir."""
+        ...
+
+    def replace_bytes(self, path: PathLike, data: bytes) -> None:
+        """Replace ``path`` whole but not durably: temp file, rename, no fsync (for files a
+        reader needs whole, never after a crash: heartbeats)."""
         ...
 
     def read_bytes(self, path: PathLike) -> bytes: ...
@@ -111,6 +117,19 @@ class LocalStorage:
         except OSError as exc:
             raise _wrap("write", path, exc) from exc
 
+    def replace_bytes(self, path: PathLike, data: bytes) -> None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise _wrap("write", path, exc) from exc
+
     def read_bytes(self, path: PathLike) -> bytes:
         try:
             return Path(path).read_bytes()
@@ -171,15 +190,42 @@ class LocalStorage:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class CountingStorage:
-    """Wraps a :class:`Storage` and counts each operation by name (for scale benchmarks)."""
+_O, _S, _L, _M, _R, _U, _F = (MetaOp.OPEN, MetaOp.STAT, MetaOp.LISTDIR, MetaOp.MKDIR,
+                               MetaOp.RENAME, MetaOp.UNLINK, MetaOp.FSYNC)
+META_COST: dict[str, dict[MetaOp, int]] = {
+    # temp file: create (open), fsync; link into place (rename); unlink the temp; directory
+    # open + fsync
+    "create_exclusive": {_O: 2, _F: 2, _R: 1, _U: 1},
+    # temp file: create (open), fsync; rename over the target; directory open + fsync
+    "write_atomic": {_O: 2, _F: 2, _R: 1},
+    # temp file: create (open); rename over the target
+    "replace_bytes": {_O: 1, _R: 1},
+    "read_bytes": {_O: 1},
+    "exists": {_S: 1},
+    "size": {_S: 1},
+    "listdir": {_L: 1},
+    "makedirs": {_M: 1},
+    "rename": {_R: 1},
+    "fsync_path": {_O: 1, _F: 1},
+    "remove": {_U: 1},
+    # at least the listing and the directory itself; each file inside costs one unlink more,
+    # which the seam does not see (rmtree runs only in retention and cleanup)
+    "rmtree": {_L: 1, _U: 1},
+}
+"""The metadata operations each :class:`Storage` call costs as :class:`LocalStorage` does it."""
 
-    _OPS = ("create_exclusive", "write_atomic", "read_bytes", "exists", "size", "listdir",
-            "makedirs", "rename", "fsync_path", "remove", "rmtree")
+
+class CountingStorage:
+    """Wraps a :class:`Storage` and counts each call by name, and the metadata operations the
+    calls cost (:data:`META_COST`); safe to share between threads (a liveness beat's)."""
+
+    _OPS = ("create_exclusive", "write_atomic", "replace_bytes", "read_bytes", "exists", "size",
+            "listdir", "makedirs", "rename", "fsync_path", "remove", "rmtree")
 
     def __init__(self, inner: Storage) -> None:
         self.inner = inner
         self.counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         if name not in self._OPS:
@@ -187,10 +233,29 @@ class CountingStorage:
         fn = getattr(self.inner, name)
 
         def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-            self.counts[name] += 1
+            with self._lock:
+                self.counts[name] += 1
             return fn(*args, **kwargs)
 
         return counted
+
+    def meta_ops(self) -> collections.Counter[MetaOp]:
+        """The metadata operations of every call so far, by kind."""
+        with self._lock:
+            counts = dict(self.counts)
+        out: collections.Counter[MetaOp] = collections.Counter()
+        for name, n in counts.items():
+            for op, cost in META_COST[name].items():
+                out[op] += cost * n
+        return out
+
+    def total_meta_ops(self) -> int:
+        """Every metadata operation so far."""
+        return sum(self.meta_ops().values())
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
 
 
 LOCAL_STORAGE = LocalStorage()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = ["TERMINAL", "AsyncPolicy", "Backend", "CadenceKind", "CheckpointFormat",
-           "ChecksumAlgorithm", "DistBackend", "FaultClass", "ResumeContract", "RunState",
+           "ChecksumAlgorithm", "DistBackend", "FaultClass", "MetaOp", "ResumeContract", "RunState",
            "SdcAction", "Tier"]
 
 
@@ -148,3 +148,19 @@ class Tracker(StrEnum):
     TENSORBOARD = "tensorboard"  # one log dir under the run directory
     WANDB = "wandb"              # Weights & Biases; WANDB_MODE=offline keeps it local
     MLFLOW = "mlflow"            # $MLFLOW_TRACKING_URI, else a file store in the run directory
+
+
+class MetaOp(StrEnum):
+    """A metadata operation on a shared filesystem: what its metadata server serves.
+
+    Parallel filesystems (Lustre, GPFS) are bound by these, not by bytes; the storage seam's
+    :class:`~hpcrun.storage.CountingStorage` counts them (``docs/performance.md``).
+    """
+
+    OPEN = "open"        # open(2) of a file or a directory (a create is an open)
+    STAT = "stat"        # stat(2) or an existence check
+    LISTDIR = "listdir"  # one directory listing
+    MKDIR = "mkdir"      # mkdir(2), exist_ok included
+    RENAME = "rename"    # rename(2) or link(2): a name moved or added over an existing file
+    UNLINK = "unlink"    # unlink(2)
+    FSYNC = "fsync"      # fsync(2) of a file or a directory

@@ -1,6 +1,7 @@
 """Scale benchmark of the real Checkpointer: ``python -m benchmarks.scale``.
 
-    python -m benchmarks.scale [--ranks 1 64 1024 16384] [--tensors 800] [--only checkpoint rto]
+    python -m benchmarks.scale [--ranks 1 64 1024 16384] [--tensors 800]
+                               [--only checkpoint rto metaops]
                                [--json out.json]
 
 Rank 0 is a real :class:`~hpcrun.checkpoint.Checkpointer` (save, hierarchical commit, restore:
@@ -282,9 +283,10 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-PARTS = ("checkpoint", "rto")
+PARTS = ("checkpoint", "rto", "metaops")
 """``--only`` choices: the Checkpointer at scale, the recovery time projection
-(:mod:`benchmarks.scale.rto`)."""
+(:mod:`benchmarks.scale.rto`), the shared filesystem's metadata load
+(:mod:`benchmarks.scale.metaops`)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -303,6 +305,11 @@ def main(argv: list[str] | None = None) -> None:
 
         out["rto"] = projected = rto.run(max(args.ranks))
         print(rto.render(projected))
+    if "metaops" in args.only:
+        from benchmarks.scale import metaops
+
+        out["metaops"] = counted = metaops.run([n for n in args.ranks if n >= 8] or [64])
+        print(metaops.render(counted))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

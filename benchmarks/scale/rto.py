@@ -255,7 +255,10 @@ def measure(*, clients: tuple[int, ...] = (16, 64, 256, 1024),
     store = [(n, statistics.median(store_rendezvous_s(n) for _ in range(5))) for n in clients]
     burst = [(n, max(store_rendezvous_s(n, burst=True) for _ in range(3))) for n in clients[:2]]
     server = [(n, store_server_cpu_s(n)) for n in clients if n >= 256]
-    return {"store_rendezvous": store, "store_burst_worst": burst, "store_server_cpu": server,
+    from benchmarks.scale import gloo
+
+    return {"gloo": gloo.measure(), "store_rendezvous": store, "store_burst_worst": burst,
+            "store_server_cpu": server,
             "hop_latency_s": hop_latency_s(),
             "liveness_nodes": liveness_nodes,
             "liveness_read_s": liveness_read_s(liveness_nodes)}
@@ -279,17 +282,27 @@ def project(measured: dict[str, Any], *, ranks: int = 16384, ranks_per_node: int
     hop = float(measured["hop_latency_s"])
     per_file = float(measured["liveness_read_s"]) / int(measured["liveness_nodes"])
     bound = NODE_STALE_ECHO_S if echo else NODE_STALE_S
+    modelled = store.at(ranks) + (ranks - 1) * hop
+    agreed, agreement = 0.0, "not measured"
+    if measured.get("gloo"):
+        from benchmarks.scale import gloo
+
+        fitted = gloo.fit(measured["gloo"], at=ranks)
+        agreed = fitted["projected_s"]
+        agreement = f"{fitted['best']} fit, {agreed:.2f} s at {ranks:,}"
     phases = {
         "detect": (bound + ALIVE_EVERY_S + per_node.detect_extra_s, per_file * nodes,
                    f"staleness {bound:g} s + read period {ALIVE_EVERY_S:g} s + gang exit and "
                    f"decision {per_node.detect_extra_s:g} s; "
                    f"{nodes:,} liveness files at {per_file * 1e6:.0f} µs each"),
         "swap": (per_node.swap_s, 0.0, "decision, quarantine, new fence: log appends"),
-        "start": (per_node.start_local_s, store.at(ranks) + (ranks - 1) * hop,
-                  f"warm start without the rendezvous; process groups of 4 ranks "
-                  f"{store.a * 1e3:.0f} ms + "
+        "start": (per_node.start_local_s, max(modelled, agreed),
+                  f"warm start without the rendezvous; the larger of: process groups of 4 "
+                  f"ranks {store.a * 1e3:.0f} ms + "
                   f"{store.b * 1e6:.0f} µs of server CPU x {ranks:,} ranks (served one after "
-                  f"another), ring bootstrap {ranks - 1:,} hops x {hop * 1e6:.1f} µs"),
+                  f"another) + ring bootstrap {ranks - 1:,} hops x {hop * 1e6:.1f} µs = "
+                  f"{modelled:.2f} s, and gloo group creation + one all-reduce measured at "
+                  f"2-16 ranks, {agreement}"),
         "restore": (bytes_per_node / read_rate, RESTORE_PLAN_16K_S if ranks >= 16384 else 0.0,
                     f"{bytes_per_node / 1e9:g} GB per node at {read_rate / 1e9:g} GB/s; "
                     f"restore planning {RESTORE_PLAN_16K_S:g} s at 16,384 ranks"),
@@ -328,6 +341,10 @@ def render(result: dict[str, Any]) -> str:
     cpu = ", ".join(f"{n:,}: {c * 1e6:.0f} µs" for n, c in m["store_server_cpu"])
     burst = ", ".join(f"{n:,}: {s * 1e3:.1f} ms" for n, s in m.get("store_burst_worst", []))
     ok = silent["total_s"] <= silent["target_s"]
+    if m.get("gloo"):
+        from benchmarks.scale import gloo
+
+        lines += ["", gloo.render(m["gloo"], gloo.fit(m["gloo"], at=silent["ranks"]))]
     return "\n".join([*lines, "",
                       f"- TCPStore rendezvous measured (clients: wall): {store}",
                       f"- the same, every client connecting at once (worst of 3): {burst}",

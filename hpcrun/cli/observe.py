@@ -48,7 +48,8 @@ def _reconcile(run_dir: Path, timeout_s: float) -> Any:
     return run_bounded(once, timeout_s=timeout_s)
 
 
-def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: float) -> str:
+def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: float,
+                 all_ranks: bool = False) -> str:
     from hpcrun.observe.campaign import campaign_lines
     from hpcrun.observe.collect import collect_status, spec_rpo
     from hpcrun.observe.status import render_text, status_json
@@ -64,7 +65,7 @@ def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: fl
         body["reconcile"] = None if outcome is None else {
             "ok": outcome.ok, "seconds": outcome.seconds, "detail": outcome.detail}
         return json.dumps(body, sort_keys=True, default=str)
-    text = "\n".join([render_text(collected.view), *(campaign_lines(
+    text = "\n".join([render_text(collected.view, all_ranks=all_ranks), *(campaign_lines(
         campaign, state=collected.view.facts.state) if campaign is not None else [])])
     text += f"\nread        {collected.read_s * 1000:.0f} ms"
     if outcome is not None:
@@ -113,8 +114,12 @@ def _campaign(run_dir: Path) -> Any:
               help="Also reconcile the record against Slurm (bounded by --timeout).")
 @click.option("--timeout", "timeout_s", default=10.0, show_default=True,
               help="Seconds the reconcile pass may take.")
+@click.option("--ranks", "ranks", type=click.Choice(["named", "all"]), default="named",
+              show_default=True,
+              help="Rank lines of a gang over 16 ranks: those worth naming (hung, straggling, "
+                   "failed, the slowest) or all. --json always holds every rank.")
 def status(run: str, watch: bool, interval: float, as_json: bool, reconcile: bool,
-           timeout_s: float) -> None:
+           timeout_s: float, ranks: str) -> None:
     """State, generation, job, step and rate, checkpoints, ETTR, rank tails and incidents.
 
     RUN is a run id, a unique prefix of one, or a run directory. For a sweep (its id or
@@ -123,9 +128,13 @@ def status(run: str, watch: bool, interval: float, as_json: bool, reconcile: boo
     from hpcrun.launch.runref import RefKind, resolve_reference
 
     entry = resolve_reference(run, environ=os.environ)
-    once = _sweep_status_once if entry.kind is RefKind.SWEEP else _status_once
     while True:
-        out = once(entry.path, as_json=as_json, reconcile=reconcile, timeout_s=timeout_s)
+        if entry.kind is RefKind.SWEEP:
+            out = _sweep_status_once(entry.path, as_json=as_json, reconcile=reconcile,
+                                     timeout_s=timeout_s)
+        else:
+            out = _status_once(entry.path, as_json=as_json, reconcile=reconcile,
+                               timeout_s=timeout_s, all_ranks=ranks == "all")
         if watch and not as_json:
             click.clear()
         click.echo(out)

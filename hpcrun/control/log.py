@@ -16,6 +16,7 @@ log's end. Debris (that, a malformed file or a directory at a slot) is listed in
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -142,6 +143,10 @@ class RunLog:
         """Debris the latest :meth:`read` found: outside the log, and among the slots read."""
         self.end = -1
         """The log's last slot at the latest :meth:`read`."""
+        self._read_cache: dict[tuple[int, str], LogEntry] = {}
+        """Entries already read, by slot and file name: an entry never changes once its slot
+        is taken, so a later read of this object opens only the slots it has not seen (a
+        rank's start reads the log three times: cadence, restore, partner copies)."""
 
     def append(self, kind: str, *, generation: int, holder: str,
                payload: Mapping[str, Any] | None = None) -> LogEntry:
@@ -177,10 +182,13 @@ class RunLog:
         Malformed entries and directories at a slot are skipped and their slots listed in
         ``self.skipped``; they and the files beyond the log's end are listed in ``self.debris``.
         """
-        if not self._storage.exists(self.log_dir):
+        names = self._storage.listdir(self.log_dir)
+        # a log holds its first fence from its first append on: only an empty listing can mean
+        # no log, and only then is it worth a stat (followers list the log every few seconds)
+        if not names and not self._storage.exists(self.log_dir):
             raise RecordError(f"no run log at {self.log_dir}; is this a run directory? "
                               "Use `hpcrun list` to see runs")
-        view = view_slots(self._storage.listdir(self.log_dir))
+        view = view_slots(names)
         self.debris, self.end = list(view.debris), view.last_slot
         out: list[LogEntry] = []
         for slot, name in view.slots:
@@ -191,8 +199,23 @@ class RunLog:
                 out.append(entry)
         return out
 
+    def seed(self, entries: Iterable[LogEntry]) -> None:
+        """Take ``entries`` (read from this log by another process of the node) as read: a
+        later :meth:`read` lists the log and opens only the slots it was not given."""
+        for e in entries:
+            self._read_cache[(e.slot, slot_name(e.slot))] = e
+
     def _read_slot(self, slot: int, name: str) -> LogEntry | None:
         """The entry at ``slot``, or None (debris noted, or moved aside since the listing)."""
+        cached = self._read_cache.get((slot, name))
+        if cached is not None:
+            return cached
+        entry = self._open_slot(slot, name)
+        if entry is not None:
+            self._read_cache[(slot, name)] = entry
+        return entry
+
+    def _open_slot(self, slot: int, name: str) -> LogEntry | None:
         try:
             raw = self._storage.read_bytes(self.log_dir / name)
         except StorageError as exc:
@@ -270,3 +293,32 @@ class RunLog:
             done = entry.slot
         self._fold_cache = (done, current)
         return current, counts
+
+
+LOG_COPY_SCHEMA_VERSION = 1
+
+
+def write_log_copy(path: Path, entries: Iterable[LogEntry]) -> None:
+    """Leave ``entries`` for the node's ranks in a node-local file (:func:`read_log_copy`).
+
+    The agent has read the whole log already; its ranks seed their :class:`RunLog` from this
+    copy instead of each opening every entry on the shared filesystem again. Not durable (a
+    missing copy only costs the reads it spares): a temp file and a rename keep it whole.
+    """
+    body = {"schema_version": LOG_COPY_SCHEMA_VERSION,
+            "entries": [[e.slot, e.to_bytes().decode()] for e in entries]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_log_copy(path: Path) -> list[LogEntry]:
+    """The entries :func:`write_log_copy` left; none when the copy is missing or damaged."""
+    try:
+        body = json.loads(path.read_bytes())
+        if body.get("schema_version") != LOG_COPY_SCHEMA_VERSION:
+            return []
+        return [LogEntry.from_bytes(int(slot), raw.encode()) for slot, raw in body["entries"]]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []

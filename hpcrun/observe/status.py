@@ -32,6 +32,11 @@ STATUS_SCHEMA_VERSION = 1
 ACTIVE_STATES = frozenset({"STARTING", "RUNNING", "RECOVERING"})
 StepTimes = tuple[dict[int, list[float]], dict[int, str]]
 """Per-rank step durations and each rank's node (see ``step_times_from_events``)."""
+ALL_LINES_UP_TO = 16
+"""A gang of at most this many ranks (and nodes) gets every rank and node line; a larger one
+gets the gang summary and the ranks worth naming (``hpcrun status --ranks all``: every line)."""
+SLOWEST_K = 3
+"""The ranks furthest behind that a large gang's status names beside the incidents."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,6 +179,9 @@ class StatusView:
     steps_reported: bool = True
     """Whether the ranks reported any step; False for a plain script that never does (status
     then shows no step and no ETTR: ``steps not reported by the script``)."""
+    named_ranks: tuple[int, ...] = ()
+    """The ranks worth naming, in rank order: hung, straggling, failed, and the
+    :data:`SLOWEST_K` furthest behind the newest step (what a large gang's text status lists)."""
 
 
 def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
@@ -215,20 +223,34 @@ def input_wait_fraction(events: Sequence[Event], *, window: int = 200) -> float 
 def live_incidents(facts: RecordFacts, step_times: StepTimes,
                    heartbeats: Mapping[str, NodeHeartbeat], now: float, *,
                    hang_threshold_s: float, straggler_threshold: float,
-                   window: int) -> list[str]:
-    """Hangs (while active), stragglers of the current generation, and the last faults."""
+                   window: int) -> tuple[list[str], set[int]]:
+    """Hangs (while active), stragglers of the current generation, and the last faults; and
+    the ranks they name."""
     out: list[str] = []
+    named: set[int] = set()
     if facts.state in ACTIVE_STATES:
         current = {n: hb for n, hb in heartbeats.items() if hb.generation == facts.generation}
+        hangs = detect_hangs(current, now, threshold_s=hang_threshold_s)
         out += [f"hang: node {h.node} rank {h.rank} no progress for {h.stalled_s:.0f} s at step "
-                f"{h.step}" for h in detect_hangs(current, now, threshold_s=hang_threshold_s)]
+                f"{h.step}" for h in hangs]
+        named |= {h.rank for h in hangs if h.rank >= 0}
     times, nodes = step_times
-    out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}"
-            for s in find_stragglers(times, straggler_threshold, window, nodes=nodes)]
+    stragglers = find_stragglers(times, straggler_threshold, window, nodes=nodes)
+    out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}" for s in stragglers]
+    named |= {s.rank for s in stragglers}
     out += [f.describe() for f in facts.faults[-5:]]
+    named |= {f.rank for f in facts.faults[-5:] if f.rank >= 0}
     out += [f"log debris: {d} (`hpcrun doctor {facts.run_id}` moves it aside)"
             for d in facts.log_debris]
-    return out
+    return out, named
+
+
+def slowest_ranks(last_steps: Mapping[int, tuple[int, str]], k: int = SLOWEST_K) -> set[int]:
+    """The ``k`` ranks whose last step is furthest behind the gang's newest (ties: the lowest
+    ranks); none when every rank is at the same step."""
+    newest = max((st for st, _ in last_steps.values()), default=0)
+    behind = sorted((st, r) for r, (st, _) in last_steps.items() if st < newest)
+    return {r for _, r in behind[:k]}
 
 
 def node_progress(heartbeats: Mapping[str, NodeHeartbeat],
@@ -322,20 +344,22 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     signals = alert_signals(facts, (), now, ages=ages, window=sw, step_times=step_times,
                             summary=s, budget_used_fraction=budget_used_fraction)
     alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
+    incidents, named = live_incidents(facts, step_times, heartbeats, now,
+                                      hang_threshold_s=hang_threshold_s,
+                                      straggler_threshold=straggler_threshold, window=sw)
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,
         rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=s.input_wait_fraction(),
         ettr=figures.ettr if figures and figures.steps_reported else None,
         waste_s=figures.waste_s if figures else {},
         tails=fill_tails(tails, last_steps),
-        incidents=tuple(live_incidents(facts, step_times, heartbeats, now,
-                                       hang_threshold_s=hang_threshold_s,
-                                       straggler_threshold=straggler_threshold, window=sw)),
+        incidents=tuple(incidents),
         alerts=tuple(a.message for a in alerts),
         nodes=node_progress(heartbeats, last_steps, now), figures=figures,
         metrics=s.metric_series(),
         reported_step=min((st for st, _ in last_steps.values()), default=0),
-        steps_reported=facts.step > 0 or (figures is not None and figures.steps_reported))
+        steps_reported=facts.step > 0 or (figures is not None and figures.steps_reported),
+        named_ranks=tuple(sorted(named | slowest_ranks(last_steps))))
 
 
 def status_json(view: StatusView) -> dict[str, Any]:
@@ -369,8 +393,13 @@ def _checkpoint_lines(view: StatusView) -> list[str]:
             + (f"; {ages}" if ages else ""), f"exposure    {exposure}"]
 
 
-def render_text(view: StatusView) -> str:
-    """The human status block."""
+def render_text(view: StatusView, *, all_ranks: bool = False) -> str:
+    """The human status block.
+
+    A gang of more than :data:`ALL_LINES_UP_TO` ranks or nodes gets one gang line for its
+    nodes and only the ranks worth naming (:attr:`StatusView.named_ranks`) and their nodes;
+    ``all_ranks`` (``--ranks all``) prints every node and rank line.
+    """
     f = view.facts
     lines = [
         f"run         {f.run_id}",
@@ -389,16 +418,49 @@ def render_text(view: StatusView) -> str:
     if view.input_wait_ratio is not None and f.state in ACTIVE_STATES:
         lines.append(f"input wait  {view.input_wait_ratio:.1%} of step time over the last "
                      "200 rank steps")
-    active = f.state in ACTIVE_STATES
-    lines += [f"node        {n}" + (f" step {d['step']}" if view.steps_reported else "")
-              + (f" heartbeat {_fmt_age(d['age_s'])} ago" if active and d["age_s"] is not None
-                 else "") for n, d in view.nodes.items()]
+    every = all_ranks or (len(view.tails) <= ALL_LINES_UP_TO
+                          and len(view.nodes) <= ALL_LINES_UP_TO)
+    tails = view.tails if every else _named_tails(view)
+    lines += _node_lines(view, every=every, named={t.node for t in tails})
     if f.quarantined:
         lines.append(f"quarantine  {', '.join(f.quarantined)}")
     lines += [f"incident    {i}" for i in view.incidents] or ["incidents   none open"]
     lines += [f"alert       {a}" for a in view.alerts]
-    lines += [f"rank {t.rank:>5} {t.node:<12} | {t.line}" for t in view.tails]
+    lines += [f"rank {t.rank:>5} {t.node:<12} | {t.line}" for t in tails]
+    if not every:
+        lines.append(f"ranks       {len(tails)} of {len(view.tails):,} shown (hung, straggling, "
+                     f"failed, the {SLOWEST_K} furthest behind); `--ranks all` for every line")
     return "\n".join(lines)
+
+
+def _named_tails(view: StatusView) -> tuple[RankTail, ...]:
+    named = set(view.named_ranks)
+    return tuple(t for t in view.tails if t.rank in named)
+
+
+def _node_lines(view: StatusView, *, every: bool, named: set[str]) -> list[str]:
+    active = view.facts.state in ACTIVE_STATES
+    shown = view.nodes if every else {n: d for n, d in view.nodes.items() if n in named}
+    lines = [f"node        {n}" + (f" step {d['step']}" if view.steps_reported else "")
+             + (f" heartbeat {_fmt_age(d['age_s'])} ago" if active and d["age_s"] is not None
+                else "") for n, d in shown.items()]
+    if every or not view.nodes:
+        return lines
+    return [_gang_line(view, active=active), *lines]
+
+
+def _gang_line(view: StatusView, *, active: bool) -> str:
+    """One line for every node: how many, the step range, the oldest heartbeat."""
+    nodes = view.nodes.values()
+    ranks = sum(int(d["ranks"]) for d in nodes)
+    text = f"gang        {len(view.nodes):,} nodes, {ranks:,} ranks"
+    if view.steps_reported:
+        steps = [int(d["step"]) for d in nodes]
+        text += f"; slowest node at step {min(steps)}, fastest at {max(steps)}"
+    ages = [d["age_s"] for d in nodes if d["age_s"] is not None]
+    if active and ages:
+        text += f"; oldest heartbeat {_fmt_age(max(ages))} ago"
+    return text
 
 
 def _progress_line(view: StatusView) -> str:

@@ -37,7 +37,7 @@ from hpcrun.control.entries import (
     QuarantinePayload,
     StatePayload,
 )
-from hpcrun.control.log import EntryKind, RunLog, new_holder
+from hpcrun.control.log import EntryKind, RunLog, new_holder, write_log_copy
 from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import HpcrunError, StaleGenerationError
@@ -104,7 +104,7 @@ class Agent:
         self.spec = spec
         self.site = site
         self.log = log
-        self.view = LogView(log)
+        self.view = LogView(log, clock=clock)
         self.requeuer = requeuer
         self.environ = dict(environ)
         self.clock = clock
@@ -389,7 +389,7 @@ class Agent:
 
     def _run_moved_on(self, inc: Incarnation) -> Watched | AgentExit | None:
         """A newer fence, a terminal state, or another node's fault ends this incarnation."""
-        self.view.refresh()
+        self.view.follow()  # backs off while the log is quiet: one listing per 3.2 s at most
         if self.view.fence.generation != inc.generation:
             return rejoin(self.view, self.node, inc)
         if self.view.terminal():
@@ -478,6 +478,8 @@ class Agent:
 
     # -- processes ---------------------------------------------------------------------------
     def _gang(self, inc: Incarnation) -> Gang:
+        # one reader of the log per node: the ranks start from what this view already read
+        write_log_copy(inc.log_copy(), self.view.entries)
         k = self.spec.resources.tasks_per_node
         first = self._place(inc).node_rank * k
         scripted = self.spec.script_mode

@@ -160,6 +160,10 @@ class Incarnation:
         base = self.node_local_root if self.node_local_root is not None else self.run_dir / "tmp"
         return base / self.run_id / "hb" / self.node
 
+    def log_copy(self) -> Path:
+        """Node-local copy of the run log the agent read, for its ranks to start from."""
+        return self.heartbeat_dir().parent.parent / "logcopy" / f"{self.node}.json"
+
     def exit_report(self, rank: int) -> Path:
         """Where a rank leaves a JSON note on how it ended, for its agent."""
         return self.heartbeat_dir().parent.parent / "exits" / f"rank-{rank:05d}.json"

@@ -82,3 +82,69 @@ def test_counting_storage_counts_metadata_operations(tmp_path: Path) -> None:
     log.append(EntryKind.NOTE, generation=-1, holder="", payload={})
     assert st.counts["create_exclusive"] == 1
     assert st.counts["listdir"] >= 1
+
+
+def test_a_rank_seeded_with_its_agents_log_copy_opens_only_newer_slots(tmp_path: Path) -> None:
+    from hpcrun.control.log import read_log_copy, write_log_copy
+
+    (tmp_path / "log").mkdir()
+    log = RunLog(tmp_path)
+    fence = log.claim("h")
+    for i in range(20):
+        log.append(EntryKind.PROGRESS, generation=fence.generation, holder="h",
+                   payload={"step": i})
+    agent_read = RunLog(tmp_path).read()
+    write_log_copy(tmp_path / "node-local" / "n0.json", agent_read)
+    log.append(EntryKind.NOTE, generation=fence.generation, holder="h", payload={"x": 1})
+    st = CountingStorage(LocalStorage())
+    rank = RunLog(tmp_path, storage=st)
+    rank.seed(read_log_copy(tmp_path / "node-local" / "n0.json"))
+    for _ in range(3):  # cadence, restore, partner copies
+        got = rank.read()
+    assert [e.to_bytes() for e in got] == [e.to_bytes() for e in RunLog(tmp_path).read()]
+    assert st.counts["read_bytes"] == 1  # the one entry newer than the copy, once
+    assert st.total_meta_ops() == 3 + 1  # three listings and that open
+    assert read_log_copy(tmp_path / "missing.json") == []
+
+
+def test_metadata_costs_match_the_calls_local_storage_makes(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             ) -> None:
+    import os as real_os
+
+    from hpcrun import storage
+    from hpcrun.storage import META_COST
+
+    made: list[str] = []
+
+    class Os:
+        def __getattr__(self, name: str) -> object:
+            attr = getattr(real_os, name)
+            if name in ("open", "fsync", "replace", "link", "unlink", "remove", "listdir",
+                        "makedirs", "stat"):
+                def counted(*a: object, **k: object) -> object:
+                    made.append(name)
+                    return attr(*a, **k)
+                return counted
+            return attr
+
+    monkeypatch.setattr(storage, "os", Os())
+    as_meta = {"open": "open", "fsync": "fsync", "replace": "rename", "link": "rename",
+               "unlink": "unlink", "remove": "unlink", "listdir": "listdir",
+               "makedirs": "mkdir", "stat": "stat"}
+    local = LocalStorage()
+    calls = {"create_exclusive": lambda: local.create_exclusive(tmp_path / "a", b"x"),
+             "write_atomic": lambda: local.write_atomic(tmp_path / "b", b"y"),
+             "replace_bytes": lambda: local.replace_bytes(tmp_path / "e", b"z"),
+             "listdir": lambda: local.listdir(tmp_path), "size": lambda: local.size(tmp_path / "a"),
+             "makedirs": lambda: local.makedirs(tmp_path / "d"),
+             "rename": lambda: local.rename(tmp_path / "b", tmp_path / "c"),
+             "fsync_path": lambda: local.fsync_path(tmp_path), "remove": lambda: local.remove(
+                 tmp_path / "c")}
+    for name, call in calls.items():
+        made.clear()
+        call()
+        counted: dict[str, int] = {}
+        for m in made:
+            counted[as_meta[m]] = counted.get(as_meta[m], 0) + 1
+        assert counted == {str(k): v for k, v in META_COST[name].items()}, name

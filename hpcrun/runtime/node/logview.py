@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import TypeVar
 
+from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
     EntryPayload,
     FaultPayload,
@@ -23,20 +24,53 @@ from hpcrun.vocab import FaultClass
 
 P = TypeVar("P", bound=EntryPayload)
 
+FOLLOW_BASE_S = 0.2
+"""How soon a follower lists the log again after a listing that found new entries."""
+FOLLOW_CAP_S = 3.2
+"""The longest a follower waits between two listings of a log that stopped changing.
+
+Each quiet listing doubles the wait (0.2, 0.4, ... 3.2 s), so a run in steady training costs
+every agent one listing per 3.2 s instead of five a second (``docs/performance.md``,
+shared-filesystem metadata). A new fence or another node's fault after a quiet spell is seen
+within this bound: a survivor whose ranks did not fail on their own rejoins up to 3.2 s later,
+well inside the detect budget, and below the 3 s staleness bound plus one read period that a
+node loss waits for anyway."""
+
+
+def next_follow_s(current_s: float, *, changed: bool, base_s: float = FOLLOW_BASE_S,
+                  cap_s: float = FOLLOW_CAP_S) -> float:
+    """The wait before the next listing: the base after a change, else twice the last, capped."""
+    return base_s if changed else min(cap_s, max(current_s, base_s) * 2)
+
 
 class LogView:
     """Reads only new slots on each refresh and keeps the fencing fold current."""
 
-    def __init__(self, log: RunLog) -> None:
+    def __init__(self, log: RunLog, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.log = log
         self.entries: list[LogEntry] = []
         self.fence: Fence = fold_fences(())[0]
         self.valid: list[LogEntry] = []
+        self._clock = clock
+        self._wait_s = 0.0
+        self._due = float("-inf")
+
+    def follow(self) -> list[LogEntry]:
+        """:meth:`refresh` when the follow pace says a listing is due, else nothing.
+
+        The pace backs off while the log stays quiet (:func:`next_follow_s`) and drops back to
+        :data:`FOLLOW_BASE_S` as soon as any refresh finds new entries.
+        """
+        if self._clock.monotonic() < self._due:
+            return []
+        return self.refresh()
 
     def refresh(self) -> list[LogEntry]:
         """Read new slots; return the new entries that count."""
         since = self.entries[-1].slot + 1 if self.entries else 0
         new = self.log.read(since_slot=since)
+        self._wait_s = next_follow_s(self._wait_s, changed=bool(new))
+        self._due = self._clock.monotonic() + self._wait_s
         if not new:
             return []
         self.entries.extend(new)

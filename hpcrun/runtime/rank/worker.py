@@ -139,7 +139,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     the rank's event writer.
     """
     from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
-    from hpcrun.control.log import RunLog
+    from hpcrun.control.log import RunLog, read_log_copy
     from hpcrun.control.record import load_run_spec
     from hpcrun.launch.dist import form_groups
     from hpcrun.launch.env import DistEnv
@@ -169,6 +169,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     groups = form_groups(env, settings)
     mark("groups")
     log = RunLog(inc.run_dir)
+    log.seed(read_log_copy(inc.log_copy()))  # what the agent read: only newer slots are opened
     layout = Layout(rank=env.rank, world_size=env.world_size, node_rank=env.node_rank,
                     local_rank=env.local_rank, num_nodes=env.num_nodes, node=inc.node)
     policy = spec.checkpoint

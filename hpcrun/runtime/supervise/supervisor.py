@@ -190,11 +190,16 @@ class Supervisor:
         in the log names another node (runs without hot spares: node 0, always)."""
         if self.liveness is None:
             return self.node.is_supervisor
-        return self.supervisor_node() == self.node.node
+        # asked every watch tick: at the follower's pace, not a listing each
+        return self.supervisor_node(fresh=False) == self.node.node
 
-    def supervisor_node(self) -> str:
-        """The node supervising this job start, as the log says."""
-        self.view.refresh()
+    def supervisor_node(self, *, fresh: bool = True) -> str:
+        """The node supervising this job start, as the log says (``fresh``: listed now, else
+        as the view's follow pace last listed it)."""
+        if fresh:
+            self.view.refresh()
+        else:
+            self.view.follow()
         return supervisor_of(self.view.valid, allocation=self.node.nodes,
                              job_start=self.node.job_start_key)
 
@@ -220,6 +225,7 @@ class Supervisor:
             self.log.publish_entry(claim, generation=generation, holder=holder)
         except StaleGenerationError:
             return False
+        self.view.refresh()  # this agent's own claim: its view knows it supervises now
         print(f"hpcrun agent {self.node.node}: supervisor {lost} lost; claimed supervision",
               file=sys.stderr)
         return self.supervising

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,35 @@ def test_the_rto_projection_adds_what_grows_with_the_gang_to_the_per_node_figure
     assert small["phases"]["start"]["total_s"] < start["total_s"]
     echo = project(measured, ranks=16384, echo=True)
     assert big["total_s"] - echo["total_s"] == pytest.approx(NODE_STALE_S - NODE_STALE_ECHO_S)
+
+
+def test_a_measured_gloo_fit_raises_the_start_phase_when_it_outgrows_the_store_model() -> None:
+    from benchmarks.scale.gloo import fit
+    from benchmarks.scale.rto import project
+
+    log_shaped = [{"ranks": n, "init_s": 0.05 + 0.02 * math.log2(n),
+                   "allreduce_s": 0.001} for n in (2, 4, 8, 16)]
+    linear = [{"ranks": n, "init_s": 0.05 + 0.01 * n, "allreduce_s": 0.0} for n in (2, 4, 8, 16)]
+    assert fit(log_shaped)["best"] == "log"
+    assert fit(linear)["best"] == "linear"
+    assert fit(linear, at=16384)["projected_s"] == pytest.approx(0.05 + 0.01 * 16384)
+    measured = {"store_rendezvous": [(16, 0.01)], "store_server_cpu": [(256, 1e-6)],
+                "hop_latency_s": 1e-6, "liveness_nodes": 100, "liveness_read_s": 0.002}
+    plain = project(measured, ranks=16384)["phases"]["start"]["grows_s"]
+    grown = project({**measured, "gloo": linear}, ranks=16384)["phases"]["start"]
+    assert grown["grows_s"] == pytest.approx(max(plain, 0.05 + 0.01 * 16384))
+    assert "linear fit" in grown["how"]
+
+
+def test_metadata_counts_drop_with_the_follower_and_the_nodes_log_copy() -> None:
+    from benchmarks.scale import metaops
+
+    result = metaops.run([64, 128], tensors=2)
+    small, big = result["rows"]
+    assert small["steady_per_node_s"] < small["steady_before_per_node_s"] / 3
+    assert result["log_reads"]["seeded_total"] == 3  # three listings, no entry opened
+    assert result["log_reads"]["cold_first"] >= metaops.LOG_ENTRIES
+    assert small["restart_per_rank"] < small["restart_before_per_rank"] / 10
+    assert big["steady_total_s"] == pytest.approx(
+        small["steady_total_s"] + 8 * small["steady_per_node_s"])  # per node x nodes
+    assert "steady load at 16 nodes" in metaops.render(result)

@@ -19,7 +19,6 @@ from hpcrun.checkpoint.readpipe import (
     resident_pages,
 )
 from hpcrun.checkpoint.shards import checksum
-from hpcrun.errors import CorruptCheckpointError
 from tests.unit.checkpoint.test_save_restore import _shard_files
 
 SIZES = (0, 1, 4095, 4096, 4097, 3 * 8192 + 17, 100_000)

@@ -46,6 +46,11 @@ def test_status_text_and_json(runs: tuple[CliRunner, Path]) -> None:
     body = json.loads(js.output)
     assert body["facts"]["step"] == 30 and body["reconcile"]["seconds"] >= 0
     assert body["read_s"] < 5
+    every = runner.invoke(cli, ["status", "demo-1", "--no-reconcile", "--ranks", "all"])
+    assert every.exit_code == 0, every.output
+    assert [ln.split()[1] for ln in every.output.splitlines() if ln.startswith("rank ")] == [
+        "0", "1", "2", "3"]
+    assert runner.invoke(cli, ["status", "demo-1", "--ranks", "some"]).exit_code != 0
 
 
 def test_list_and_logs(runs: tuple[CliRunner, Path]) -> None:

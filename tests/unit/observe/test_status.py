@@ -137,3 +137,39 @@ def test_a_finished_run_shows_final_figures_and_no_placeholders() -> None:
             "source); epochs 0, 1; dataset ds-7df4ca3dfdf2") in text
     assert "rate" not in text.split("progress", 1)[1].splitlines()[0]  # no recent rate
     assert "exposure    none: the final step is committed" in text
+
+
+def _big_gang_view(*, nodes: int = 8, k: int = 8) -> tuple[object, int, int]:
+    """A gang of ``nodes`` x ``k`` ranks with a hung rank (heartbeat) and a slow one (events)."""
+    hung, slow = 3 * k + 5, 2 * k + 1
+    events = [step(s, 10.0 * s, 10.0 * s + (20.0 if r == slow else 10.0), rank=r,
+                   node=f"n{r // k}")
+              for s in range(1, 25) for r in range(nodes * k) if not (r == hung and s > 20)]
+    hb = {f"n{n}": NodeHeartbeat(node=f"n{n}", ts=399.0, generation=1, ranks={
+        r: RankBeat(rank=r, step=20 if r == hung else 24, ts=200.0 if r == hung else 390.0,
+                    step_time_s=10.0, pid=r) for r in range(n * k, (n + 1) * k)})
+        for n in range(nodes)}
+    tails = [RankTail(rank=r, node=f"n{r // k}", line=f"[rank {r}] loss 2.1")
+             for r in range(nodes * k)]
+    view = build_status(_facts(faults=()), events=events, heartbeats=hb, tails=tails, now=400.0,
+                        hang_threshold_s=100.0)
+    return view, hung, slow
+
+
+def test_a_large_gang_prints_its_summary_and_only_the_ranks_worth_naming() -> None:
+    view, hung, slow = _big_gang_view()
+    text = render_text(view)  # type: ignore[arg-type]
+    rank_lines = [ln for ln in text.splitlines() if ln.startswith("rank ")]
+    named = {int(ln.split()[1]) for ln in rank_lines}
+    assert hung in named and slow in named  # the hang and the straggler, with their lines
+    assert named == {hung, slow}  # every other rank is at the newest step: none is behind
+    assert "gang        8 nodes, 64 ranks; slowest node at step 20, fastest at 24" in text
+    assert f"ranks       {len(named)} of 64 shown" in text and "--ranks all" in text
+    node_lines = [ln for ln in text.splitlines() if ln.startswith("node ")]
+    assert {ln.split()[1] for ln in node_lines} == {f"n{r // 8}" for r in named}
+    every = render_text(view, all_ranks=True)  # type: ignore[arg-type]
+    assert sum(ln.startswith("rank ") for ln in every.splitlines()) == 64
+    assert sum(ln.startswith("node ") for ln in every.splitlines()) == 8
+    body = status_json(view)  # type: ignore[arg-type]
+    assert len(body["tails"]) == 64 and len(body["nodes"]) == 8  # --json stays complete
+    assert hung in body["named_ranks"] and slow in body["named_ranks"]
