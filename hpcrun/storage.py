@@ -103,30 +103,27 @@ class LocalStorage:
         return True
 
     def write_atomic(self, path: PathLike, data: bytes) -> None:
-        target = Path(path)
-        tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, target)
-            self.fsync_path(target.parent)
-        except OSError as exc:
-            raise _wrap("write", path, exc) from exc
+        self._replace(path, data, durable=True)
 
     def replace_bytes(self, path: PathLike, data: bytes) -> None:
+        self._replace(path, data, durable=False)
+
+    def _replace(self, path: PathLike, data: bytes, *, durable: bool) -> None:
+        """Write under a private name, then rename into place; ``durable`` fsyncs the file and
+        its directory (a crash never loses it), else a reader sees old or new bytes, never part."""
         target = Path(path)
         tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
             try:
                 os.write(fd, data)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, target)
+            if durable:
+                self.fsync_path(target.parent)
         except OSError as exc:
             raise _wrap("write", path, exc) from exc
 

@@ -78,7 +78,7 @@ def _direct_len(extent: Extent) -> int:
 
 
 @contextlib.contextmanager
-def _open_pair(path: str, flags: int) -> Iterator[tuple[int, int | None]]:
+def open_pair(path: str, flags: int) -> Iterator[tuple[int, int | None]]:
     """A buffered fd and, where the filesystem supports it, an O_DIRECT fd on ``path``."""
     fd = os.open(path, flags)
     direct: int | None = None
@@ -118,7 +118,7 @@ def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
     """
     chunks = [c for e in extents for c in _split(e)]
     try:
-        with _open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
+        with open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             list(pool.map(lambda c: _write_one(fd, direct, c), chunks))
             if sync:
@@ -158,7 +158,7 @@ def read_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
     """
     chunks = [c for e in extents for c in _split(e)]
     try:
-        with _open_pair(os.fspath(path), os.O_RDONLY) as (fd, direct), \
+        with open_pair(os.fspath(path), os.O_RDONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             drop_cache(fd)
             list(pool.map(lambda c: _read_one(fd, direct, c), chunks))

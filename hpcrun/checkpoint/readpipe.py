@@ -17,7 +17,6 @@ This module touches the OS (reads, ``mincore``); the phases it measures are pure
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -26,7 +25,7 @@ import mmap
 import os
 import queue
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from hpcrun.checkpoint.rawio import (
     IO_THREADS,
     aligned_buffer,
     drop_cache,
+    open_pair,
     pread_into,
 )
 from hpcrun.errors import CheckpointError, StorageError
@@ -163,21 +163,6 @@ def choose_direct(chunks: Sequence[_Chunk], vec: np.ndarray | None) -> list[bool
     return out
 
 
-@contextlib.contextmanager
-def _fds(path: str) -> Iterator[tuple[int, int | None]]:
-    fd = os.open(path, os.O_RDONLY)
-    direct: int | None = None
-    if _O_DIRECT:
-        with contextlib.suppress(OSError):  # tmpfs and some network filesystems refuse it
-            direct = os.open(path, os.O_RDONLY | _O_DIRECT)
-    try:
-        yield fd, direct
-    finally:
-        os.close(fd)
-        if direct is not None:
-            os.close(direct)
-
-
 class _Bounce:
     """Reused, pre-touched aligned chunk buffers: O_DIRECT into a destination whose address is
     not block-aligned (a torch tensor's storage is 64-byte aligned) lands here first, then is
@@ -236,7 +221,7 @@ def read_verified(path: str | os.PathLike[str], items: Sequence[Wanted], *, algo
     chunks = plan_chunks(items, min(chunk, CHUNK))  # a bounce buffer holds one CHUNK
     t0 = time.perf_counter()
     try:
-        with _fds(os.fspath(path)) as (fd, direct), \
+        with open_pair(os.fspath(path), os.O_RDONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             if cold and direct is None:
                 drop_cache(fd)
