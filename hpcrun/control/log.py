@@ -309,7 +309,9 @@ def write_log_copy(path: Path, entries: Iterable[LogEntry]) -> None:
             "entries": [[e.slot, e.to_bytes().decode()] for e in entries]}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(json.dumps(body, separators=(",", ":")).encode())
     os.replace(tmp, path)
 
 

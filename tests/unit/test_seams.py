@@ -95,6 +95,7 @@ def test_a_rank_seeded_with_its_agents_log_copy_opens_only_newer_slots(tmp_path:
                    payload={"step": i})
     agent_read = RunLog(tmp_path).read()
     write_log_copy(tmp_path / "node-local" / "n0.json", agent_read)
+    assert (tmp_path / "node-local" / "n0.json").stat().st_mode & 0o777 == 0o600
     log.append(EntryKind.NOTE, generation=fence.generation, holder="h", payload={"x": 1})
     st = CountingStorage(LocalStorage())
     rank = RunLog(tmp_path, storage=st)
