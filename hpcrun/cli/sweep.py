@@ -126,6 +126,7 @@ def submit_sweep(req: SweepRequest) -> SweepSubmitted:
     cwd = repo_root_of(Path.cwd())
     sub = prepare_submission(str(base), req.site, req.backend, req.runs_root, req.verify_data,
                              cwd=cwd)
+    admit_points(sub, req, overrides, specs)
     sweep_id = new_run_id(f"{specs[0].name}-sweep", time.time())
     sweep_dir = sub.runs_root / sweep_id
     (sweep_dir / "logs").mkdir(parents=True, mode=0o750)
@@ -161,6 +162,28 @@ def _injections(req: SweepRequest, count: int) -> list[tuple[int, str]]:
     return injected
 
 
+def admit_points(sub: Submission, req: SweepRequest, overrides: list[dict[str, Any]],
+                 specs: list[Any]) -> None:
+    """Every point passes the admission ``submit`` gives its spec (the checks that can depend
+    on a point's values: :func:`hpcrun.launch.admit.point_problems`); raise listing every
+    point's problems, before anything is created."""
+    from hpcrun.errors import AdmissionError
+    from hpcrun.launch.admission import VerifyData
+    from hpcrun.launch.admit import point_problems
+
+    lines = [f"  point {i} ({', '.join(f'{k}={v}' for k, v in o.items()) or 'the base'}): "
+             f"{p.line()}"
+             for i, (o, spec) in enumerate(zip(overrides, specs, strict=True))
+             for p in point_problems(spec, sub.spec, sub.site, sub.backend,
+                                     verify_data=VerifyData(req.verify_data))]
+    if lines:
+        n = len(lines)
+        raise AdmissionError("\n".join([
+            f"sweep not submitted, nothing was created: {n} problem{'s' if n != 1 else ''} in "
+            "its points; fix them and submit again (`hpcrun sweep --dry-run` runs the same "
+            "checks)", *lines]))
+
+
 def dry_run_sweep(req: SweepRequest) -> tuple[str, str]:
     """Every check ``submit_sweep`` makes, and what it would submit; creates nothing.
 
@@ -174,6 +197,7 @@ def dry_run_sweep(req: SweepRequest) -> tuple[str, str]:
     _injections(req, len(specs))
     sub = prepare_submission(str(base), req.site, req.backend, req.runs_root, req.verify_data,
                              cwd=repo_root_of(Path.cwd()))
+    admit_points(sub, req, overrides, specs)
     sweep_dir = sub.runs_root / f"{specs[0].name}-sweep-<sweep-id>"
     if sub.backend == "slurm":
         from hpcrun.launch.sbatch import render_sbatch

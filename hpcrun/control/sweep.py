@@ -203,7 +203,19 @@ def _describe(point: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in point.items())
 
 
+def _schema_keys() -> frozenset[str]:
+    """Every key path of the spec's schema that holds a value (not a section)."""
+    from hpcrun.control.specref import reference_rows
+
+    return frozenset(r.key for r in reference_rows(RunSpec) if not r.section)
+
+
 def _check_key(filled: Mapping[str, Any], key: str, source: str) -> None:
+    """``key`` is a field of the spec's schema (``dist.step_timeout_s``, set or not in the base),
+    or a key the base spec holds (``config.lr``: ``config`` is free-form, so a name the base
+    does not have is refused as a likely typo)."""
+    if key in _schema_keys():
+        return
     node: Any = filled
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:

@@ -152,6 +152,21 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
                      report=assemble(findings))
 
 
+def point_problems(spec: RunSpec, base: RunSpec, site: SiteConfig, backend: str, *,
+                   verify_data: VerifyData, storage: Storage = LOCAL_STORAGE) -> list[Problem]:
+    """The problems of one sweep point: every check of :func:`admit` whose answer can depend on
+    a point's own values, run on the point's spec. Its resources are the base spec's (a sweep is
+    one job shape), so the scheduler's checks of the base hold for every point; its data and
+    entrypoint are probed again only where the point changes them."""
+    findings = [*membership_findings(spec, backend), *backend_findings(spec, site),
+                *probe_init_from(spec)]
+    if spec.data != base.data:
+        findings += probe_data(spec, verify_data, storage=storage)
+    if backend == "slurm":
+        findings += _script_findings(spec, site)
+    return [f for f in findings if isinstance(f, Problem)]
+
+
 def _load_spec(path: Path, findings: list[Finding]) -> RunSpec | None:
     from hpcrun.control.spec import load_spec
 

@@ -13,6 +13,7 @@ from hpcrun.control.sweep import (
     point_specs,
     render_points,
 )
+from hpcrun.errors import SpecError
 from tests.unit.launch.admission_cases import small_dataset
 
 BASE = {"name": "lm", "entrypoint": "m:f", "config": {"lr": 0.01, "seed": 0, "steps": 10}}
@@ -63,3 +64,34 @@ def test_a_dry_run_prints_the_script_and_the_points_and_creates_nothing(
     else:
         assert "4 points" in out and "at most 2 running at once" in out
     assert not runs.exists() and not index.exists()  # no sweep, no run, no link
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_point_submit_would_refuse_is_refused_with_its_index_and_nothing_is_created(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        dry_run: bool) -> None:
+    from hpcrun.cli.main import main
+
+    spec, runs, index = _spec(tmp_path), tmp_path / "runs", tmp_path / "index"
+    monkeypatch.setenv("HPCRUN_RUNS", str(index))
+    monkeypatch.chdir(Path(__file__).resolve().parents[3])
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(spec), "--grid", "dist.backend=gloo,nccl", "--backend", "local",
+              "--runs-root", str(runs), *(["--dry-run"] if dry_run else [])])
+    err = capsys.readouterr().err
+    assert exc.value.code not in (0, None), err
+    assert "sweep not submitted, nothing was created: 1 problem in its points" in err
+    [line] = [ln for ln in err.splitlines() if ln.startswith("  point ")]
+    assert line.startswith("  point 1 (dist.backend=nccl): ") and "nccl" in line[30:], err
+    assert not runs.exists() and not index.exists()
+
+
+def test_any_field_of_the_spec_schema_is_a_sweep_key_set_in_the_base_or_not() -> None:
+    points = [{"sdc.every_steps": 50, "dist.step_timeout_s": 90, "checkpoint.checksum": "sha256"}]
+    [spec] = point_specs(BASE, points, base_dir=Path("."))
+    assert (spec.sdc.every_steps, spec.dist.step_timeout_s) == (50, 90)
+    assert str(spec.checkpoint.checksum) == "sha256"
+    with pytest.raises(SpecError, match=r"sweep key 'config\.lrr' is not in"):
+        point_specs(BASE, [{"config.lrr": 1}], base_dir=Path("."))
+    with pytest.raises(SpecError, match=r"sweep key 'dist\.bakend' is not in"):
+        point_specs(BASE, [{"dist.bakend": "gloo"}], base_dir=Path("."))
