@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 from hpcrun.control.notes import (
     BatchSkippedNote,
     CreatedNote,
+    DdpRebuildsNote,
     DebrisKind,
     DependencyNote,
     DrainErrorNote,
@@ -68,6 +69,7 @@ __all__ = [
     "CommitPayload",
     "CreatedNote",
     "CursorPayload",
+    "DdpRebuildsNote",
     "DebrisKind",
     "DependencyNote",
     "DrainErrorNote",

@@ -65,6 +65,7 @@ class NoteEvent(StrEnum):
     TRACKER = "tracker"                              # the run's experiment-tracker run
     NO_RESTORE = "no_restore"                        # steps ran with no state registered
     INIT_FROM = "init_from"                          # a run started from an outside checkpoint
+    DDP_REBUILDS = "ddp_rebuilds"                    # a bitwise run's DDP rebuilds its buckets
 
 
 class DebrisKind(StrEnum):
@@ -415,6 +416,24 @@ class ReplicaCheckOffNote(NotePayload):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DdpRebuildsNote(NotePayload):
+    """A ``data.contract: bitwise`` run registered a DistributedDataParallel that rebuilds its
+    gradient buckets after its first step: a resume on 3 or more ranks reduces that step with
+    another layout, so its bits differ (docs/recovery.md, "Bitwise resume and DDP buckets")."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.DDP_REBUILDS
+    modules: tuple[str, ...] = ()
+    """The state keys holding such a module."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"modules": list(self.modules)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"modules": tuple(f.texts("modules", ()))}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PartnerCopyNote(NotePayload):
     """One node's tier-0 shards of a checkpoint, copied to (and held by) its partner node."""
 
@@ -547,6 +566,7 @@ _BY_EVENT: dict[str, type[NotePayload]] = {cls.EVENT.value: cls for cls in (
 _BY_EVENT[NoteEvent.TRACKER.value] = TrackerNote
 _BY_EVENT[NoteEvent.NO_RESTORE.value] = NoRestoreNote
 _BY_EVENT[NoteEvent.REPLICA_CHECK_OFF.value] = ReplicaCheckOffNote
+_BY_EVENT[NoteEvent.DDP_REBUILDS.value] = DdpRebuildsNote
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

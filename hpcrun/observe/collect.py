@@ -201,13 +201,26 @@ REPLICA_CHECK_OFF_WARNING = ("sdc: no replicas to compare: replica check off (a 
                              "without replicate dims; the canary and loss checks stay on)")
 
 
+DDP_REBUILDS_WARNING = ("data.contract bitwise, but the DistributedDataParallel in {modules} "
+                        "rebuilds its gradient buckets after its first step: a resume on 3 or "
+                        "more ranks will not reproduce the bits; build it with "
+                        "hpcrun.integrations.ddp.ddp(ctx, model) (or find_unused_parameters="
+                        "True), see docs/recovery.md")
+
+
 def run_warnings(run_dir: Path) -> tuple[str, ...]:
     """What the ranks noted in the run log that a user must know, one line each: the newest
     ``no_restore`` note (steps ran with no state registered, so no checkpoint will ever be
-    committed) and a ``replica_check_off`` note (the SDC replica check found no replicas)."""
+    committed), a ``replica_check_off`` note (the SDC replica check found no replicas) and a
+    ``ddp_rebuilds`` note (a bitwise run's DDP rebuilds its buckets)."""
     from hpcrun.control.fencing import fold_fences
     from hpcrun.control.log import EntryKind, RunLog
-    from hpcrun.control.notes import NoRestoreNote, ReplicaCheckOffNote, decode_note
+    from hpcrun.control.notes import (
+        DdpRebuildsNote,
+        NoRestoreNote,
+        ReplicaCheckOffNote,
+        decode_note,
+    )
     from hpcrun.control.payload import PayloadError
 
     try:
@@ -216,8 +229,8 @@ def run_warnings(run_dir: Path) -> tuple[str, ...]:
         return ()
     newest: dict[type, Any] = {}
     for e in valid:
-        if e.kind != EntryKind.NOTE or e.payload.get("event") not in ("no_restore",
-                                                                      "replica_check_off"):
+        if e.kind != EntryKind.NOTE or e.payload.get("event") not in (
+                "no_restore", "replica_check_off", "ddp_rebuilds"):
             continue
         try:
             note = decode_note(e.payload)
@@ -229,6 +242,8 @@ def run_warnings(run_dir: Path) -> tuple[str, ...]:
         out.append(NO_RESTORE_WARNING.format(step=newest[NoRestoreNote].step))
     if ReplicaCheckOffNote in newest:
         out.append(REPLICA_CHECK_OFF_WARNING)
+    if DdpRebuildsNote in newest:
+        out.append(DDP_REBUILDS_WARNING.format(modules=", ".join(newest[DdpRebuildsNote].modules)))
     return tuple(out)
 
 

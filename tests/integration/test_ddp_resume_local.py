@@ -98,3 +98,15 @@ def test_a_ddp_restored_on_4_ranks_trains_to_the_same_bits(tmp_path: Path) -> No
     # the control: torch's default layout parts the two runs (else this A/B proves nothing)
     assert all(r["default"] for r in results), results
     assert [r["bitwise"] for r in results] == [[]] * WORLD, results
+
+
+def test_a_bitwise_run_with_a_hand_built_ddp_is_told_in_status(tmp_path: Path) -> None:
+    from tests.integration.local_helpers import cli, local_spec, submit
+
+    spec = local_spec(entrypoint="tests.integration.plain_ddp:main", steps=4, every_steps=2,
+                      data={"contract": "bitwise"}, tasks_per_node=2)
+    run = submit(tmp_path / "runs", spec)
+    status = cli(tmp_path / "runs", "status", run.name, "--no-reconcile")
+    assert status.returncode == 0 and "SUCCEEDED" in status.stdout, status.stderr[-2000:]
+    assert ("DistributedDataParallel in model rebuilds its gradient buckets"
+            in status.stdout), status.stdout

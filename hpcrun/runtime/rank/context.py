@@ -32,13 +32,13 @@ from hpcrun.control.entries import (
     StatePayload,
 )
 from hpcrun.control.log import RunLog
-from hpcrun.control.notes import NoRestoreNote
+from hpcrun.control.notes import DdpRebuildsNote, NoRestoreNote
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
 from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.rank.sdc_guard import SdcGuard
-from hpcrun.vocab import Tier
+from hpcrun.vocab import ResumeContract, Tier
 
 if TYPE_CHECKING:
     import torch
@@ -178,7 +178,18 @@ class Context:
             self._init_from(os.fspath(source))
         self._cadence = self._new_cadence(self._p.step)
         self._sdc.start(self._state)
+        self._note_rebuilding_ddp()
         return self._p.step
+
+    def _note_rebuilding_ddp(self) -> None:
+        """Under ``data.contract: bitwise``, rank 0 notes a registered DDP that rebuilds its
+        buckets (status shows it): a resume on 3+ ranks could not reproduce the bits."""
+        if self.rank != 0 or self._spec.data.contract != ResumeContract.BITWISE:
+            return
+        modules = rebuilding_ddp(self._state)
+        if modules:
+            self._log.publish_entry(DdpRebuildsNote(modules=modules),
+                                    generation=self.generation, holder=self.inc.holder)
 
     def run_step(self, fn: Callable[[Any], Any], batch: Any) -> Any:
         """Run one training step ``fn(batch)`` and return what it returns (the loss).
@@ -479,3 +490,18 @@ class Context:
         finally:
             self._ckpt.close()
             self._events.close()
+
+
+def rebuilding_ddp(state: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys of ``state`` holding a ``DistributedDataParallel`` whose Reducer rebuilds its
+    gradient buckets after the first step (``find_unused_parameters`` off, or a static graph):
+    the layout a resumed run's first step reduces with differs from the one the run that kept
+    going uses (:mod:`hpcrun.integrations.ddp` builds one that does not)."""
+    ddp_module = sys.modules.get("torch.nn.parallel")
+    ddp_type = getattr(ddp_module, "DistributedDataParallel", None)
+    if ddp_type is None:  # torch's DDP never imported: no DDP in the state
+        return ()
+    return tuple(sorted(
+        k for k, v in state.items() if isinstance(v, ddp_type)
+        and (bool(getattr(v, "static_graph", False))
+             or not bool(getattr(v, "find_unused_parameters", False)))))

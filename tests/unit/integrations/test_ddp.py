@@ -34,3 +34,23 @@ def test_bitwise_refuses_arguments_that_rebuild_the_buckets(arg: dict[str, bool]
     with pytest.raises(SpecError, match=r"rebuild the gradient buckets.*exact-order") as err:
         ddp_kwargs(ResumeContract.BITWISE, CPU, **arg)
     assert str(next(iter(arg))) in str(err.value)
+
+
+def test_status_can_name_a_plain_ddp_that_rebuilds_and_not_the_helpers(tmp_path) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hpcrun.runtime.rank.context import rebuilding_ddp
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        plain = DistributedDataParallel(torch.nn.Linear(3, 2))
+        fixed = DistributedDataParallel(torch.nn.Linear(3, 2),
+                                        **ddp_kwargs(ResumeContract.BITWISE, CPU))
+        static = DistributedDataParallel(torch.nn.Linear(3, 2), static_graph=True)
+        assert rebuilding_ddp({"model": plain, "fixed": fixed, "optim": object()}) == ("model",)
+        assert rebuilding_ddp({"a": static, "b": fixed}) == ("a",)
+        assert rebuilding_ddp({"model": torch.nn.Linear(3, 2)}) == ()
+    finally:
+        dist.destroy_process_group()

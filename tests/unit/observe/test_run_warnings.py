@@ -31,3 +31,13 @@ def test_the_replica_check_off_note_is_one_line_however_often_it_was_written(
     warnings = run_warnings(run)
     assert len(warnings) == 2 and warnings[1] == REPLICA_CHECK_OFF_WARNING
     assert warnings[0].startswith("no checkpoint will be committed") and "step 4" in warnings[0]
+
+
+def test_a_bitwise_runs_rebuilding_ddp_is_named_with_the_fix(tmp_path: Path) -> None:
+    from hpcrun.control.notes import DdpRebuildsNote
+
+    run = _run(tmp_path)
+    RunLog(run).append_entry(DdpRebuildsNote(modules=("model",)), generation=UNFENCED, holder="")
+    [warning] = run_warnings(run)
+    assert "DistributedDataParallel in model rebuilds its gradient buckets" in warning
+    assert "hpcrun.integrations.ddp.ddp(ctx, model)" in warning
