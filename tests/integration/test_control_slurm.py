@@ -29,6 +29,10 @@ from tests.integration.helpers import (
     wait_until,
 )
 
+CRASH_AFTER_COMMIT = "crash@step=15,rank=1;slow@step=11,rank=0,seconds=0.4"
+"""Rank 1 crashes at step 15; the steps after the step-10 save are paced (0.4 s) so its
+asynchronous commit lands first, whatever the load, and the restore point is step 10."""
+
 pytestmark = pytest.mark.slurm
 
 
@@ -158,7 +162,7 @@ def test_requeue_backoff_pushes_the_begin_time(testbed: Testbed, runs: RunFactor
     spec = slurm_spec(testbed, tasks_per_node=1, steps=40, every_steps=10,
                       retry={"backoff_base_s": 20, "backoff_cap_s": 60, "jitter": False,
                              "in_allocation_restarts": 0})
-    run = runs.submit(spec, inject="crash@step=15,rank=1")
+    run = runs.submit(spec, inject=CRASH_AFTER_COMMIT)
     requeued = run.wait_for("the requeue", lambda: _requeue_sent(run), timeout=120)
     job = wait_until("the job to be pending", lambda: _pending(slurm, run.job_id), timeout=30)
     begin = _epoch(job["StartTime"])

@@ -72,7 +72,9 @@ def test_preemption_signal_resumes_from_the_committed_step(tmp_path: Path) -> No
 
 def test_killed_rank_is_restarted_inside_the_allocation(tmp_path: Path) -> None:
     run = submit(tmp_path, local_spec(steps=STEPS, every_steps=10, config={"ledger": True}),
-                 inject="crash@step=15,rank=1")
+                 # paced after the step-10 save, so its asynchronous commit lands before
+                 # the crash at step 15 whatever the load
+                 inject="crash@step=15,rank=1;slow@step=11,rank=0,seconds=0.4")
     record = read_record(run)
     assert (str(record.state), record.step) == ("SUCCEEDED", STEPS), record.state_info
     assert record.requeues == 0 and "REQUEUED" not in states(run)
