@@ -327,7 +327,7 @@ def test_corrupt_shards_of_the_newest_checkpoint_restore_the_previous_one(
     """The stop checkpoint's shards are damaged on both tiers (one truncated, one bit-flipped)
     between the requeue and the restore: it is never loaded, the previous one is."""
     steps = 60
-    run = runs.submit(_spec(testbed, steps=steps), inject=_pace(0.1))
+    run = runs.submit(_spec(testbed, steps=steps, ledger=True), inject=_pace(0.1))
     _wait_for_shared_checkpoint(run)
     assert run.cli("signal", run.name).returncode == 0
     run.wait_for("the requeue", lambda: any(
