@@ -50,8 +50,9 @@ def test_a_long_run_under_a_one_minute_limit_finishes_in_segments(
     site = _short_lead_site(tmp_path, runs)
     # At most ~30 s of stepping per allocation at ~4.5 steps/s (0.2 s pace): 200 steps take
     # two segments at the very least (on a loaded 2-core machine, 5 to 8). A warning that
-    # lands before the first step of an allocation (Slurm's 30 s check interval can send it 15 s in; a loaded machine starts the
-    # ranks later than that) is a stop without progress: a fault, against a budget with room.
+    # lands before the first step of an allocation (Slurm's 30 s check interval can send it
+    # 15 s in; a loaded machine starts the ranks later than that) is a stop without progress:
+    # a fault, against a budget with room.
     spec = slurm_spec(testbed, tasks_per_node=1, steps=200, every_steps=10, site=site,
                       resources={"time_limit_min": 1}, config={"ledger": True},
                       budgets={"max_requeues": 20})
