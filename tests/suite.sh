@@ -2,16 +2,17 @@
 # `make test`: the whole suite as two pytest processes side by side. The testbed tests
 # (`-m slurm`) run one after another in one process, as they would alone: the testbed is one
 # cluster and its tests crash and boot its nodes. Everything else (lint is done before, unit and
-# local-backend tests, the browser check) runs in the other; most testbed time is waiting on
-# Slurm (grace times, requeues), so the two overlap. The second process's output is kept in
-# $LOG_DIR/local.log and printed after the first's; the exit status is the first failure's.
+# local-backend tests, the browser check) runs in the other, over $LOCAL_WORKERS (2) pytest-xdist
+# workers; most testbed time is waiting on Slurm (grace times, requeues), so they overlap. The
+# second process's output is kept in $LOG_DIR/local.log and printed after the first's; the exit
+# status is the first failure's.
 # Usage: tests/suite.sh PYTHON [pytest args...]
 set -uo pipefail
 py=$1
 shift
 log_dir=${LOG_DIR:-.test-logs}
 mkdir -p "$log_dir"
-"$py" -m pytest tests -m "not slurm" "$@" >"$log_dir/local.log" 2>&1 &
+"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" "$@" >"$log_dir/local.log" 2>&1 &
 local_pid=$!
 "$py" -m pytest tests -m slurm "$@"
 slurm_rc=$?
