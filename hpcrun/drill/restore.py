@@ -113,8 +113,20 @@ def flip_manifest(ckpt_dir: Path) -> None:
 
 
 def flip_shard(ckpt_dir: Path) -> None:
+    """One bit flipped in the middle of the first shard's largest tensor (its bytes, not the
+    file's HDF5 metadata or free space, which no checksum covers)."""
+    import h5py
+
     shard = sorted(ckpt_dir.rglob("*.h5"))[0]
-    _flip(shard, 0.9)
+    extents: list[tuple[int, int]] = []
+    with h5py.File(shard, "r") as f:
+        f.visititems(lambda _, obj: extents.append(
+            (obj.id.get_storage_size(), obj.id.get_offset()))
+            if isinstance(obj, h5py.Dataset) and obj.id.get_offset() is not None else None)
+    size, offset = max(extents)
+    data = bytearray(shard.read_bytes())
+    data[offset + size // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
 
 
 def remove_shard(ckpt_dir: Path) -> None:

@@ -109,3 +109,14 @@ def test_void_entries_are_counted_not_trusted() -> None:
     got = check_contracts(replace(ev, entries=[*ev.entries, stale]), row_for("preempt-signal"))
     fencing = next(c for c in got if c.name == "fencing")
     assert fencing.ok is True and "1 void entry" in fencing.detail
+
+
+def test_a_row_that_ends_the_run_holds_checkpoints_without_a_commit_a_recovering_one_not() -> None:
+    ended = Evidence(run_id="r", state="CANCELLED", total_steps=30)  # no tier-1 commit
+    got = {c.name: c for c in check_contracts(ended, row_for("cancel-during-checkpoint"))}
+    assert got["checkpoints"].ok is True and "none was published torn" in got["checkpoints"].detail
+    torn = replace(ended, newest_verifies=False, newest_detail="shard missing")
+    got = {c.name: c for c in check_contracts(torn, row_for("cancel-during-checkpoint"))}
+    assert got["checkpoints"].ok is False
+    got = {c.name: c for c in check_contracts(ended, row_for("rank-kill"))}
+    assert got["checkpoints"].ok is False and "no evidence" in got["checkpoints"].detail
