@@ -12,9 +12,11 @@ py=$1
 shift
 log_dir=${LOG_DIR:-.test-logs}
 mkdir -p "$log_dir"
-"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" "$@" >"$log_dir/local.log" 2>&1 &
+# Each half keeps its per-test timings (JUnit XML in $LOG_DIR) and prints its 25 slowest tests.
+"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" --durations=25 \
+  --junit-xml="$log_dir/local.xml" "$@" >"$log_dir/local.log" 2>&1 &
 local_pid=$!
-"$py" -m pytest tests -m slurm "$@"
+"$py" -m pytest tests -m slurm --durations=25 --junit-xml="$log_dir/testbed.xml" "$@"
 slurm_rc=$?
 wait "$local_pid"
 local_rc=$?
