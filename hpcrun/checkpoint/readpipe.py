@@ -56,7 +56,8 @@ class RestorePhases:
     fault_s: float = 0.0
     """Faulting in (pre-touching) the read buffer: 0 when a warm buffer is reused."""
     read_s: float = 0.0
-    """Bytes moving from the tier into the buffer (first request to last byte)."""
+    """Bytes moving from the tier into the buffer: the shard's header check (its metadata and
+    the small datasets stored inline), then first request to last byte."""
     checksum_s: float = 0.0
     """Hashing left after the last byte arrived (the rest overlapped the reads)."""
     hash_s: float = 0.0

@@ -297,11 +297,12 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
     """
     src = LocalShard(Path(path)) if isinstance(path, (str, os.PathLike)) else path
     pairs = [(rec.datasets[i], buf) for i, buf in wanted]
+    t0 = time.perf_counter()  # the header check reads too: metadata and small datasets
     try:
         _check_header(src, rec, pairs, ckpt_id)
         if isinstance(src, LocalShard):
-            return _read_pipelined(src, pairs, algorithm, cold)
-        t0 = time.perf_counter()
+            header_s = time.perf_counter() - t0
+            return _read_pipelined(src, pairs, algorithm, cold).plus(read_s=header_s)
         src.read_into([(d.offset, buf) for d, buf in pairs if d.offset >= 0])
     except CorruptCheckpointError:
         raise

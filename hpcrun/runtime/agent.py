@@ -83,6 +83,8 @@ FENCE_WAIT_S = 300.0
 FAULT_KILL_GRACE_S = 0.5
 """SIGTERM grace for the ranks of a gang that already failed: they can commit nothing (their
 next collective has lost a peer), so only exits already under way are waited for."""
+SCRIPT_ECHO_WAIT_S = 3.0
+"""How long a script rank's non-zero exit waits for another node to log the fault it echoes."""
 
 
 class Watched(StrEnum):
@@ -401,12 +403,16 @@ class Agent:
                 self._place(inc).nodes, generation=inc.generation, holder=inc.holder,
                 attempt=inc.attempt)
             return Watched.PEER_FAILED if taken and self._record_vanished(inc) else None
-        if any(f.node != self.node.node for f in gang_faults(
-                self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT))):
+        if self._peer_faulted(inc):
             return Watched.PEER_FAILED
         if self._record_vanished(inc):
             return Watched.PEER_FAILED
         return None
+
+    def _peer_faulted(self, inc: Incarnation) -> bool:
+        """Whether another node logged a gang fault in this incarnation (as last read)."""
+        return any(f.node != self.node.node for f in gang_faults(
+            self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)))
 
     def _record_vanished(self, inc: Incarnation) -> bool:
         """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
@@ -426,6 +432,8 @@ class Agent:
 
         beats = read_rank_beats(inc.heartbeat_dir())
         causes = [ex for ex in failed if not ex.echo]
+        if causes and self._peer_fault_follows(inc, causes):
+            causes = []  # a script rank that raised from a collective whose peer died elsewhere
         if not causes:
             # Every failure here is an echo of a peer lost elsewhere: say so, but leave the
             # fault (and its retry budget) to the node where the cause happened.
@@ -448,6 +456,26 @@ class Agent:
                 "rank": ex.rank, "step": step,
                 "signature": f"{fault}:rank{ex.rank}:{ex.returncode}",
                 "detail": str(ex.report.get("detail") or how)[-2000:]})
+
+    def _peer_fault_follows(self, inc: Incarnation, causes: list[RankExit]) -> bool:
+        """Whether another node logs a gang fault within :data:`SCRIPT_ECHO_WAIT_S`, for
+        script ranks that only exited non-zero.
+
+        A script leaves no exit report, so an exit from a collective that lost its peer reads
+        like a crash of its own. Where the peer died (a signal, a node lost), that node's agent
+        logs the cause within a poll or two; waiting that long attributes the fault to it.
+        """
+        if (not self.spec.script_mode or len(self.node.nodes) < 2
+                or any(ex.returncode < 0 for ex in causes)):
+            return False
+        deadline = self.clock.monotonic() + SCRIPT_ECHO_WAIT_S
+        while True:
+            self.view.refresh()
+            if self._peer_faulted(inc):
+                return True
+            if self.clock.monotonic() >= deadline:
+                return False
+            self.clock.sleep(POLL_S)
 
     def _gpu_fault(self, inc: Incarnation, detail: str) -> Watched:
         """This node sees too few GPUs: a node failure, logged before any rank started."""

@@ -32,6 +32,8 @@ WARM_ENV = "HPCRUN_WARM"
 ENTRYPOINT_ENV = "HPCRUN_WARM_ENTRYPOINT"
 """The run's ``module:function`` (set by the agent): its module is imported while warm."""
 CODE_PATH_ENV = "HPCRUN_CODE_PATH"
+LET_GO_S = 1.0
+"""How long :meth:`WarmPool.close` waits on EOF before it sends SIGTERM to a warm process."""
 
 
 class WarmPool:
@@ -74,18 +76,24 @@ class WarmPool:
         return proc
 
     def close(self) -> None:
-        """Let every unused warm process go (EOF on its stdin; it exits 0)."""
-        for proc in self._ready.values():
+        """Let every unused warm process go: EOF on its stdin (read once its imports are done),
+        then SIGTERM for one still importing (before a hand-off it exits 0 on either)."""
+        procs = list(self._ready.values())
+        self._ready.clear()
+        for proc in procs:
             if proc.stdin is not None:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
-        for proc in self._ready.values():
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=LET_GO_S)
+            if proc.poll() is None:
+                proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._ready.clear()
 
 
 def handoff_line(env: Mapping[str, str], log: Path) -> bytes:
@@ -147,11 +155,19 @@ def _redirect(log: Path) -> None:
     os.close(fd)
 
 
+def _let_go(signum: int, frame: object) -> None:
+    os._exit(0)
+
+
 def main() -> None:
+    # Until a hand-off, SIGTERM is the agent letting an unused process go (it may still be
+    # importing torch): exit 0, as on EOF.
+    signal.signal(signal.SIGTERM, _let_go)
     _preimport(os.environ)
     handoff = read_handoff(sys.stdin.buffer)
     if handoff is None:
         os._exit(0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     env, log = handoff
     _redirect(log)
     os.environ.clear()
