@@ -49,7 +49,8 @@ def test_a_long_run_under_a_one_minute_limit_finishes_in_segments(
         testbed: Testbed, runs: RunFactory, slurm: JobClient, tmp_path: Path) -> None:
     site = _short_lead_site(tmp_path, runs)
     # At most ~30 s of stepping per allocation at ~4.5 steps/s (0.2 s pace): 200 steps take
-    # two segments at the very least (on a loaded 2-core machine, 5 to 8). A warning that
+    # two allocations with progress at the very least, so one segment (a stop with a commit)
+    # before the allocation that finishes (on a loaded 2-core machine, more). A warning that
     # lands before the first step of an allocation (Slurm's 30 s check interval can send it
     # 15 s in; a loaded machine starts the ranks later than that) is a stop without progress:
     # a fault, against a budget with room.
@@ -63,7 +64,7 @@ def test_a_long_run_under_a_one_minute_limit_finishes_in_segments(
         time.sleep(2)
     rec = run.record()
     assert str(rec.state) == "SUCCEEDED", _timeline(run)
-    assert rec.step == 200 and rec.segments >= 2, _timeline(run)
+    assert rec.step == 200 and rec.segments >= 1, _timeline(run)
     assert rec.job_ids == (run.job_id,)  # one job, requeued by itself each time
     # only stops without progress were faults; segments never counted against max_requeues
     assert len(rec.faults) == rec.requeues - rec.segments
@@ -107,7 +108,10 @@ def test_a_dependent_run_of_a_failed_upstream_ends_cancelled_with_the_reason(
     failing = slurm_spec(testbed, tasks_per_node=1, steps=40, every_steps=10,
                          retry={"max_attempts": {"process_crash": 0},
                                 "in_allocation_restarts": 0})
-    train = runs.submit(failing, inject="crash@step=5,rank=1,every=1", name="train.yaml")
+    # The upstream fails about 25 s into training: the dependent run is submitted well before
+    # (a submit that finds its upstream already FAILED is refused, as it should be).
+    train = runs.submit(failing, inject="slow@step=1,rank=0,seconds=1,every=1;"
+                        "crash@step=25,rank=1,every=1", name="train.yaml")
     evaluate = runs.submit(slurm_spec(testbed, tasks_per_node=1, steps=10, every_steps=10),
                            name="eval.yaml", extra=["--after", train.name])
     train.wait({"FAILED"}, timeout=180)
