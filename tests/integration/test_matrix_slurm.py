@@ -91,8 +91,13 @@ def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
     """
     steps = 150
     flag = runs.runs_root / "shared-tier-down"
+    # The frozen node's ranks keep training until Slurm declares it down (30-60 s): paced at
+    # 1 s a step in the first incarnation only, the old gang cannot reach the last step before
+    # the new fence (the new incarnation would then restore the final commit and have nothing
+    # left to run); the next incarnation runs unpaced.
+    first_pace = ";".join(f"slow@step=1,rank={r},seconds=1.0" for r in (0, 1))
     run = runs.submit(_spec(testbed, steps=steps),
-                      inject=f"{_pace(0.1)};storage@mode=fail,while={flag}")
+                      inject=f"{first_pace};storage@mode=fail,while={flag}")
     _wait_for_shared_checkpoint(run)
     first = run.record()
     victim = first.membership[0]  # the batch host and supervisor: its agent outlives the gang
