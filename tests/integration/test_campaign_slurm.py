@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from hpcrun.control.log import EntryKind
 from hpcrun.drill.contracts import check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, row_for
 from hpcrun.testbed import JobClient, Testbed
 from hpcrun.vocab import TERMINAL
-from tests.integration.helpers import RunFactory, TestbedRun, slurm_spec
+from tests.integration.helpers import RunFactory, TestbedRun, first_after, slurm_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -69,6 +70,16 @@ def test_a_long_run_under_a_one_minute_limit_finishes_in_segments(
     # only stops without progress were faults; segments never counted against max_requeues
     assert len(rec.faults) == rec.requeues - rec.segments
     assert all(f.fault == "preemption" for f in rec.faults)
+    # it left before the limit every time: Slurm saw requeues, then one completion, no TIMEOUT
+    history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
+    assert "TIMEOUT" not in {r.state for r in history}
+    assert history[-1].state == "COMPLETED" and len(history) == rec.requeues + 1
+    # each allocation resumed from the newest commit made before its stop
+    states = run.states()
+    for preempted in [e for s, e in states if s == "PREEMPTED"]:
+        commits = [e for e in run.valid(EntryKind.COMMIT) if e.slot < preempted.slot]
+        resumed = first_after(states, "RUNNING", preempted.slot)
+        assert resumed.payload["restored_step"] == max(int(e.payload["step"]) for e in commits)
     results = check_contracts(collect(run.run_dir, victim_rank=None),
                               row_for(DrillFault.PREEMPT_TIMELIMIT))
     print(f"\n{rec.segments} segments, {len(rec.faults)} stops without progress, "

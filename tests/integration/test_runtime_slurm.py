@@ -1,5 +1,6 @@
-"""Launch and worker runtime on the real Slurm testbed: submission paths, preemption by signal,
-by a higher-priority job and by the time limit, in-allocation restarts and spent retry budgets.
+"""Launch and worker runtime on the real Slurm testbed: submission paths, preemption by signal
+and by a higher-priority job, in-allocation restarts and spent retry budgets (the time limit's
+self-requeue is in ``test_campaign_slurm.py``).
 
 Every run is the tiny example on 2 nodes x 2 ranks (site ``testbed``); what is asserted is what a
 user reads: the run's state, its final step, how often it was requeued or restarted, and from
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -189,40 +189,6 @@ def test_high_priority_job_preempts_and_slurm_requeues_exactly_once(
     notes = [e for e in run.valid(EntryKind.NOTE) if e.payload.get("event") == "requeue_sent"]
     assert all("not requeueing" in str(n.payload["detail"]) for n in notes), notes
     print(f"\nreal preemption: resumed from committed step {committed}")
-
-
-@pytest.mark.slow
-def test_time_limit_signal_requeues_itself_until_done(
-        testbed: Testbed, runs: RunFactory, slurm: JobClient, tmp_path: Path) -> None:
-    site = (Path(__file__).resolve().parents[2] / "site_configs" / "testbed.yaml").read_text()
-    # lead 30 s on a 1-minute limit: the warning lands about 30 s into each allocation, the
-    # ranks train for 15-25 s of it (they start in 10-15 s), and 20+ s remain to commit, drain
-    # and requeue before the limit.
-    (tmp_path / "testbed-short.yaml").write_text(
-        site.replace("name: testbed", "name: testbed-short")
-        .replace("preempt_lead_s: 60", "preempt_lead_s: 30"))
-    runs.env["HPCRUN_SITE_CONFIGS"] = str(tmp_path)
-    spec = slurm_spec(testbed, steps=250, every_steps=10, site="testbed-short",
-                      resources={"time_limit_min": 1}, budgets={"max_requeues": 8},
-                      config={"ledger": True})
-    # ~7 steps/s: the 250 steps need two or three allocations of at most 60 s.
-    run = runs.submit(spec, inject="slow@step=1,rank=0,seconds=0.1,every=1")
-    rec = run.wait({"SUCCEEDED"}, timeout=420)
-    assert rec.step == 250 and rec.requeues >= 1 and rec.job_ids == (run.job_id,)
-    # a stop that committed progress is a segment; only one without progress is a fault
-    assert rec.segments >= 1 and len(rec.faults) == rec.requeues - rec.segments
-    assert {f.fault for f in rec.faults} <= {"preemption"}
-    history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
-    assert "TIMEOUT" not in {r.state for r in history}  # it left before the limit every time
-    assert history[-1].state == "COMPLETED" and len(history) == rec.requeues + 1
-    states = run.states()
-    for _, preempted in [(s, e) for s, e in states if s == "PREEMPTED"]:
-        commits = [e for e in run.valid(EntryKind.COMMIT) if e.slot < preempted.slot]
-        resumed = first_after(states, "RUNNING", preempted.slot)
-        assert resumed.payload["restored_step"] == max(int(e.payload["step"]) for e in commits)
-    _assert_ledger_exact(run, 250)
-    print(f"\ntime limit: {rec.requeues} self-requeues; Slurm history "
-          f"{[r.state for r in history]}")
 
 
 # -- failures inside the allocation ------------------------------------------------------------
