@@ -19,11 +19,12 @@ a spec is written to a temporary run.yaml: give data paths absolute).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -33,6 +34,9 @@ from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import is_terminal
 from hpcrun.errors import RunNotFinishedError, WaitTimeoutError
 from hpcrun.vocab import RunState
+
+if TYPE_CHECKING:
+    from hpcrun.launch.submission import SubmitContext
 
 SpecLike = str | os.PathLike[str] | Mapping[str, Any] | RunSpec
 """What :func:`submit` and :func:`sweep` accept as the spec."""
@@ -146,6 +150,17 @@ def _spec_file(spec: SpecLike) -> Path:
     return path
 
 
+def _context() -> SubmitContext:
+    """This process's submission context, wired to the runtime's agent; notices and warnings
+    go to stderr, one line each, as the CLI prints them."""
+    from hpcrun.launch.submission import SubmitContext
+    from hpcrun.runtime.agent import agent_main
+    from hpcrun.runtime.faults import parse_injections
+
+    return SubmitContext.from_process(agent_entry=agent_main, check_faults=parse_injections,
+                                      warn=lambda line: print(line, file=sys.stderr))
+
+
 def submit(spec: SpecLike, *, backend: str | None = None, site: str | None = None,
            runs_root: str | None = None, after: Sequence[str] = (),
            verify_data: str = "sample") -> RunHandle:
@@ -162,11 +177,11 @@ def submit(spec: SpecLike, *, backend: str | None = None, site: str | None = Non
     Raises:
         HpcrunError: admission refused the run (nothing was created), or submitting failed.
     """
-    from hpcrun.cli.run import SubmitRequest, submit_run
+    from hpcrun.launch.submission import SubmitRequest, submit_run
 
     done = submit_run(SubmitRequest(spec_path=_spec_file(spec), backend=backend, site=site,
                                     runs_root=runs_root, verify_data=verify_data,
-                                    after=tuple(after)))
+                                    after=tuple(after)), _context())
     return RunHandle(done.run_dir, done.job_id)
 
 
@@ -185,13 +200,13 @@ def sweep(spec: SpecLike, grid: Mapping[str, Sequence[Any]] | None = None, *,
     Raises:
         SpecError: an empty grid, a key not in the spec, duplicate points (nothing created).
     """
-    from hpcrun.cli.sweep import SweepRequest, submit_sweep
+    from hpcrun.launch.sweep_submission import SweepRequest, submit_sweep
 
     axes = tuple((str(k), tuple(v)) for k, v in (grid or {}).items())
     done = submit_sweep(SweepRequest(
         spec_path=_spec_file(spec), axes=axes, points=tuple(dict(p) for p in points),
         max_parallel=max_parallel, backend=backend, site=site, runs_root=runs_root,
-        verify_data=verify_data))
+        verify_data=verify_data), _context())
     return SweepHandle(done.sweep_dir, tuple(RunHandle(d) for d in done.run_dirs), done.job_id)
 
 

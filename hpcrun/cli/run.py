@@ -4,139 +4,37 @@ from __future__ import annotations
 
 import getpass
 import os
-import shlex
-import shutil
 import signal as _signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hpcrun.errors import HpcrunError, SchedulerError
 from hpcrun.runner import SubprocessRunner
 
+if TYPE_CHECKING:
+    from hpcrun.launch.submission import SubmitContext
+
 BACKENDS = ("slurm", "local")
 VERIFY_DATA = ("all", "sample", "none")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Submission:
-    """A loaded spec and site that passed admission, and where the run will live."""
-
-    spec: Any
-    """The validated (not yet frozen) RunSpec."""
-    site: Any
-    """The SiteConfig."""
-    backend: str
-    """``slurm`` or ``local``."""
-    runs_root: Path
-    """Directory under which the run directory is created."""
-    report: Any
-    """The :class:`~hpcrun.launch.admission.AdmissionReport` it passed."""
-
-
-def prepare_submission(spec_path: str, site_name: str | None, backend: str | None,
-             runs_root: str | None, verify_data: str, *, inject: str | None = None,
-             cwd: Path | None = None) -> Submission:
-    """Run every admission check; raise :class:`AdmissionError` listing every problem found,
-    before anything is created."""
-    from hpcrun.launch.admission import VerifyData
-    from hpcrun.launch.admit import AdmissionRequest, admit
-
-    request = AdmissionRequest(
-        spec_path=Path(spec_path), code_path=cwd or repo_root_of(Path.cwd()),
-        python=sys.executable, user=getpass.getuser(), site=site_name, backend=backend,
-        runs_root=runs_root, have_sbatch=shutil.which("sbatch") is not None,
-        verify_data=VerifyData(verify_data))
-    result = admit(request, environ=os.environ, runner=SubprocessRunner(),
-                   extra=_inject_findings(inject))
-    if result.notice:
-        click.echo(result.notice, err=True)
-    for skipped in result.report.skipped:
-        click.echo(f"hpcrun: not checked: {skipped.line()}", err=True)
-    if not result.report.ok or result.runs_root is None:
-        raise result.report.refusal()
-    return Submission(spec=result.spec, site=result.site, backend=result.backend,
-                      runs_root=result.runs_root, report=result.report)
-
-
-def _inject_findings(inject: str | None) -> list[Any]:
-    if not inject:
-        return []
-    from hpcrun.errors import SpecError
-    from hpcrun.launch.admission import CheckKind, problem_of
+def submit_context() -> SubmitContext:
+    """This process's submission context (:mod:`hpcrun.launch.submission`), wired to the
+    runtime's agent; notices and warnings are printed on stderr."""
+    from hpcrun.launch.submission import SubmitContext
+    from hpcrun.runtime.agent import agent_main
     from hpcrun.runtime.faults import parse_injections
 
-    try:
-        parse_injections(inject)
-    except SpecError as exc:
-        return [problem_of(CheckKind.SPEC, exc)]
-    return []
+    return SubmitContext.from_process(agent_entry=agent_main, check_faults=parse_injections,
+                                      warn=_warn)
 
 
-def _stripe(run_dir: Path, site: Any, runner: SubprocessRunner) -> None:
-    """The checkpoint directory gets the site's Lustre layout (or a warning that it cannot)."""
-    from hpcrun.checkpoint.tiers import shared_root
-    from hpcrun.launch.striping import apply_striping
-
-    warning = apply_striping(site.shared_tier, shared_root(run_dir), runner=runner)
-    if warning is not None:
-        click.echo(f"hpcrun: warning: {warning}", err=True)
-
-
-def create_run_dir(sub: Submission, cwd: Path, *, spec: Any = None,
-            run_id: str | None = None) -> tuple[Path, Any, dict[str, str]]:
-    """Freeze the spec (``sub.spec`` unless ``spec`` is given: a sweep point), create the run
-    record; return (run_dir, frozen spec, job environment)."""
-    from hpcrun.control.record import create_run
-    from hpcrun.control.spec import freeze_spec
-    from hpcrun.launch import codever
-    from hpcrun.launch.codever import SNAPSHOT_DIR, git_state, runtime_versions, snapshot_tree
-    from hpcrun.launch.site import save_site_snapshot
-
-    runner = SubprocessRunner()
-    commit, dirty = git_state(cwd, runner)
-    # Outside git the code is read now and hashed into the spec: what every requeue runs.
-    project = None if commit else codever.read_project(cwd, exclude=(sub.runs_root,))
-    if (warning := codever.no_snapshot_warning(project)) is not None:
-        click.echo(f"hpcrun: warning: {warning}", err=True)
-    code = codever.code_version(commit, dirty, project)
-    spec = freeze_spec(spec if spec is not None else sub.spec, code=code,
-                       versions=runtime_versions())
-    sub.runs_root.mkdir(parents=True, exist_ok=True, mode=0o750)
-    run_dir = Path(create_run(sub.runs_root, spec, run_id=run_id))
-    save_site_snapshot(run_dir, sub.site)
-    _stripe(run_dir, sub.site, runner)
-    code_path = cwd
-    if dirty:
-        snapshot_tree(cwd, run_dir / SNAPSHOT_DIR, runner)
-        code_path = run_dir / SNAPSHOT_DIR
-    elif project is not None and code.content is not None:
-        codever.write_snapshot(project, run_dir / SNAPSHOT_DIR)
-        code_path = run_dir / SNAPSHOT_DIR
-    link_into_runs_root(run_dir)
-    return run_dir, spec, {"HPCRUN_CODE_PATH": str(code_path)}
-
-
-def link_into_runs_root(run_dir: Path) -> None:
-    """Link a run (or a sweep) created outside every runs root into the primary one, so
-    `hpcrun status ID` finds it anywhere; a link that cannot be made is a warning (the run
-    exists, and its path always works)."""
-    from hpcrun.launch.runref import link_into_primary_root
-
-    try:
-        link_into_primary_root(run_dir, environ=os.environ)
-    except HpcrunError as exc:
-        click.echo(f"hpcrun: warning: {exc}", err=True)
-
-
-def repo_root_of(cwd: Path) -> Path:
-    from hpcrun.launch.codever import repo_root
-
-    return repo_root(cwd, SubprocessRunner())
+def _warn(line: str) -> None:
+    click.echo(line, err=True)
 
 
 @click.command()
@@ -168,169 +66,24 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     On Slurm the gang is one sbatch allocation (through submitit) running one hpcrun agent per
     node; on the local backend the same agents run as local processes. Prints the run id.
     """
+    from hpcrun.launch.submission import SubmitRequest, dry_run_submission, submit_run
+
+    req = SubmitRequest(spec_path=Path(spec_path), backend=backend, site=site_name,
+                        runs_root=runs_root, verify_data=verify_data, inject=inject, after=after)
     if dry_run:
-        sub = prepare_submission(spec_path, site_name, backend, runs_root, verify_data,
-                                 inject=inject, cwd=repo_root_of(Path.cwd()))
-        dependency = _upstream(after)  # an --after that can never be met is refused here too
-        click.echo(sub.report.render(), err=True)
-        click.echo(_dry_run_text(sub))
-        if dependency.flag:
-            click.echo(f"would wait: --dependency={dependency.flag}")
+        plan = dry_run_submission(req, submit_context())
+        click.echo(plan.report, err=True)
+        click.echo(plan.plan)
+        if plan.wait_flag:
+            click.echo(f"would wait: --dependency={plan.wait_flag}")
         return
-    done = submit_run(SubmitRequest(spec_path=Path(spec_path), backend=backend, site=site_name,
-                                    runs_root=runs_root, verify_data=verify_data, inject=inject,
-                                    after=after))
+    done = submit_run(req, submit_context())
     if done.local is not None:
         click.echo(done.run_dir.name)
         if wait:
             sys.exit(_wait_local(done.local, done.run_dir))
         return
     click.echo(f"{done.run_dir.name} (slurm job {done.job_id})")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SubmitRequest:
-    """What ``hpcrun submit`` (or :func:`hpcrun.submit`) was asked for."""
-
-    spec_path: Path
-    """The run.yaml."""
-    backend: str | None = None
-    """Where to run (default: the site's)."""
-    site: str | None = None
-    """Site config name or path."""
-    runs_root: str | None = None
-    """Where the run directory goes."""
-    verify_data: str = "sample"
-    """Admission's data check."""
-    inject: str | None = None
-    """Drills: scheduled faults."""
-    after: tuple[str, ...] = ()
-    """``RUN_OR_SWEEP[:ok|any]`` the run waits for."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Submitted:
-    """A created and started run."""
-
-    run_dir: Path
-    """Its run directory."""
-    job_id: str | None = None
-    """Its Slurm job id (None on the local backend)."""
-    local: subprocess.Popen[bytes] | None = None
-    """The local launcher (None on Slurm)."""
-
-
-def submit_run(req: SubmitRequest) -> Submitted:
-    """Admission, then freeze the spec, create the run record and start the gang; every bad
-    input raises before anything is created."""
-    cwd = repo_root_of(Path.cwd())
-    upstream = _upstream(req.after)
-    sub = prepare_submission(str(req.spec_path), req.site, req.backend, req.runs_root,
-                             req.verify_data, inject=req.inject, cwd=cwd)
-    if req.after and sub.backend != "slurm":
-        from hpcrun.errors import SpecError
-
-        raise SpecError(f"--after needs the slurm backend (Slurm holds the run in its queue), "
-                        f"found backend {sub.backend!r}; nothing was submitted")
-    run_dir, spec, job_env = create_run_dir(sub, cwd)
-    if req.inject:
-        job_env["HPCRUN_INJECT"] = req.inject
-    if req.after:
-        _record_dependency(run_dir, upstream)
-    if sub.backend == "local":
-        local = _start_local(run_dir, job_env)
-        _record_local_job(run_dir, local.pid)
-        return Submitted(run_dir=run_dir, local=local)
-    job_id = _submit_slurm(run_dir, spec, sub.site, job_env, dependency=upstream.flag)
-    return Submitted(run_dir=run_dir, job_id=job_id)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Dependency:
-    """What ``--after`` resolved to."""
-
-    after: tuple[str, ...] = ()
-    """Upstream runs as ``RUN:kind``."""
-    dirs: tuple[str, ...] = ()
-    """Their run directories."""
-    flag: str | None = None
-    """The ``--dependency`` value."""
-
-
-def _upstream(after: tuple[str, ...]) -> Dependency:
-    """Resolve ``--after``; raises a clear error (before anything is created) for a run that
-    does not exist or can never satisfy it."""
-    if not after:
-        return Dependency()
-    from hpcrun.control.depend import Upstream, parse_after, plan_dependency
-
-    ups, dirs = [], []
-    for text in after:
-        a = parse_after(text)
-        found = _upstream_runs(a.run)
-        dirs += [str(d) for d, _ in found]
-        ups.append(Upstream(after=a, records=tuple(r for _, r in found)))
-    names = tuple(f"{rec.run_id}:{u.after.kind.value}" for u in ups for rec in u.records)
-    return Dependency(after=names, dirs=tuple(dirs), flag=plan_dependency(ups))
-
-
-def _upstream_runs(name: str) -> list[tuple[Path, Any]]:
-    """(run directory, record) of run ``name``, or of every point of sweep ``name``."""
-    from hpcrun.control.record import read_record
-    from hpcrun.errors import RecordError
-    from hpcrun.launch.runref import expand_runs
-
-    try:
-        return [(d, read_record(d)) for d in expand_runs(name, environ=os.environ)]
-    except RecordError as exc:
-        raise RecordError(f"--after {name}: {exc}; nothing was submitted") from None
-
-
-def _record_dependency(run_dir: Path, dep: Dependency) -> None:
-    from hpcrun.control.entries import DependencyNote
-    from hpcrun.control.fencing import UNFENCED
-    from hpcrun.control.log import RunLog
-
-    RunLog(run_dir).append_entry(DependencyNote(after=dep.after, flag=dep.flag, dirs=dep.dirs),
-                                 generation=UNFENCED, holder="")
-
-
-def _dry_run_text(sub: Submission) -> str:
-    placeholder = sub.runs_root / f"{sub.spec.name}-<run-id>"
-    if sub.backend == "local":
-        from hpcrun.launch.local import plan_local
-        from hpcrun.launch.site import expand_path
-
-        return plan_local(run_dir=placeholder, nodes=sub.spec.resources.nodes,
-                          tasks_per_node=sub.spec.resources.tasks_per_node,
-                          node_local_base=expand_path(sub.site.node_local_path, os.environ),
-                          ).describe()
-    from hpcrun.launch.sbatch import render_sbatch
-
-    return render_sbatch(sub.spec, sub.site, run_dir=placeholder, op_id="<op-id>")
-
-
-def _start_local(run_dir: Path, job_env: dict[str, str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **job_env}
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True, mode=0o750)
-    with open(run_dir / "logs" / "launcher.out", "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "hpcrun.launch.local", "--run-dir", str(run_dir)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=job_env["HPCRUN_CODE_PATH"])
-
-
-def _record_local_job(run_dir: Path, pid: int) -> None:
-    """Bind the local launcher's job to the run at once, so every command reads the run's
-    backend from its record (the agents publish the same job when they start)."""
-    from hpcrun.control.entries import JobPayload
-    from hpcrun.control.fencing import UNFENCED
-    from hpcrun.control.log import RunLog
-    from hpcrun.launch.local import local_job_id
-    from hpcrun.vocab import Backend
-
-    RunLog(run_dir).append_entry(JobPayload(job_id=local_job_id(pid), backend=Backend.LOCAL),
-                                 generation=UNFENCED, holder="")
 
 
 def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
@@ -344,27 +97,6 @@ def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
              else f"at step {record.step}")
     click.echo(f"{run_dir.name}: {record.state} {where} (generation {record.generation})")
     return rc
-
-
-def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
-                  dependency: str | None = None) -> str:
-    from hpcrun.control.entries import ActionKind, JobPayload, OpPayload
-    from hpcrun.control.fencing import UNFENCED
-    from hpcrun.control.log import RunLog
-    from hpcrun.launch.submit import submit_submitit
-    from hpcrun.runtime.agent import agent_main
-
-    log = RunLog(run_dir)
-    op_id = f"{run_dir.name}.submit.0"
-    log.append_entry(OpPayload(op_id=op_id, action=ActionKind.SUBMIT), generation=UNFENCED,
-                     holder="")
-    write_job_script(run_dir, spec, site, job_env, op_id=op_id)  # what a reconcile resubmits
-    os.environ.update(job_env)  # sbatch exports the submitting environment to the job
-    job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id, entry=agent_main,
-                             dependency=dependency)
-    log.append_entry(JobPayload(job_id=job_id, backend="slurm", op_id=op_id),
-                     generation=UNFENCED, holder="")
-    return job_id
 
 
 @click.command()
@@ -382,31 +114,13 @@ def sbatch(spec_path: str, site_name: str | None, runs_root: str | None,
     The script starts the same per-node agents as `hpcrun submit`, after the same admission
     checks.
     """
-    sub = prepare_submission(spec_path, site_name, "slurm", runs_root, verify_data)
-    run_dir, spec, job_env = create_run_dir(sub, repo_root_of(Path.cwd()))
-    script = write_job_script(run_dir, spec, sub.site, job_env, op_id=f"{run_dir.name}.submit.0")
+    from hpcrun.launch.submission import SubmitRequest, create_script_run
+
+    run_dir, script = create_script_run(
+        SubmitRequest(spec_path=Path(spec_path), backend="slurm", site=site_name,
+                      runs_root=runs_root, verify_data=verify_data), submit_context())
     click.echo(script, nl=False)
     click.echo(f"hpcrun: created run {run_dir.name} at {run_dir}", err=True)
-
-
-def write_job_script(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str], *,
-                op_id: str) -> str:
-    """The run's batch script for its first job; ``RUN_DIR/job.sh`` keeps the one a reconcile
-    pass resubmits when the run's job is gone (``hpcrun status`` / ``hpcrun watch``): the same,
-    except that an elastic run asks for ``--nodes=min-max`` there."""
-    from hpcrun.launch.sbatch import render_sbatch
-
-    def with_env(script: str) -> str:
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in job_env.items())
-        lines = script.splitlines(keepends=True)
-        body_at = next((i for i, ln in enumerate(lines)
-                        if not ln.startswith("#") and ln.strip()), len(lines))
-        return "".join(lines[:body_at]) + exports + "".join(lines[body_at:])
-
-    text = with_env(render_sbatch(spec, site, run_dir=run_dir, op_id=op_id))
-    again = with_env(render_sbatch(spec, site, run_dir=run_dir, op_id=op_id, requeue=True))
-    (run_dir / "job.sh").write_text(again)
-    return text
 
 
 @click.command()

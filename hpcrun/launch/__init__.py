@@ -3,6 +3,8 @@
 - :mod:`hpcrun.launch.site`: ``SiteConfig`` and ``load_site`` (``site_configs/*.yaml``).
 - :mod:`hpcrun.launch.sbatch`: ``sbatch_args`` (the job's flags) and ``render_sbatch``.
 - :mod:`hpcrun.launch.submit`: ``submit_submitit`` and ``submit_sbatch``.
+- :mod:`hpcrun.launch.submission`: the submission pipeline (``submit_run``), shared by
+  ``hpcrun submit`` and ``hpcrun.submit``; :mod:`hpcrun.launch.sweep_submission`: a sweep's.
 - :mod:`hpcrun.launch.env`: ``DistEnv.from_environ`` and ``derive_master_port``.
 - :mod:`hpcrun.launch.dist`: ``form_groups``, ``init_process_group``, ``destroy_process_group``,
   ``device_for``.
