@@ -13,7 +13,9 @@ shift
 log_dir=${LOG_DIR:-.test-logs}
 mkdir -p "$log_dir"
 # Each half keeps its per-test timings (JUnit XML in $LOG_DIR) and prints its 25 slowest tests.
-"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" --durations=25 \
+# worksteal: the local-backend runs (30-300 s each) are spread over both workers to the end,
+# instead of queueing on one worker.
+"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" --dist worksteal --durations=25 \
   --junit-xml="$log_dir/local.xml" "$@" >"$log_dir/local.log" 2>&1 &
 local_pid=$!
 "$py" -m pytest tests -m slurm --durations=25 --junit-xml="$log_dir/testbed.xml" "$@"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -148,42 +147,3 @@ def test_high_priority_job_preempts_and_requeues_low_one(slurm: JobClient,
     assert (job_dir / "events").read_text().splitlines() == [
         "start restart=0", "usr1 restart=0", "start restart=1"]
     assert "PREEMPTED" in {r.state for r in slurm.history(victim)}
-
-
-_SURVIVOR = """#!/bin/bash
-echo "start restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NODELIST" >> {d}/events
-if [ -z "$SLURM_RESTART_COUNT" ]; then
-    touch {d}/ready
-    srun sleep 300
-fi
-"""
-
-
-@pytest.mark.slow
-def test_node_crash_requeues_job_onto_other_nodes(testbed: Testbed, slurm: JobClient,
-                                                  job_dir: Path) -> None:
-    job = slurm.submit(_SURVIVOR.format(d=job_dir), "-N2", "--requeue",
-                       f"--output={job_dir}/out.txt")
-    _wait_for_file(job_dir / "ready", timeout=_QUEUE_WAIT)
-    first_nodes = _hostnames(slurm, (job_dir / "events").read_text())
-    victim = first_nodes[1]  # node2 on an idle testbed; never the batch host
-    try:
-        crashed = subprocess.run(
-            [sys.executable, "-m", "hpcrun.cli.main", "testbed", "crash", victim,
-             "--state-dir", str(testbed.config.state_dir)],
-            capture_output=True, text=True, check=False, timeout=60)
-        assert crashed.returncode == 0, crashed.stderr
-        assert slurm.wait_for_state(job, {"COMPLETED"}, timeout=120) == "COMPLETED"
-    finally:
-        testbed.boot(victim)
-    runs = (job_dir / "events").read_text().splitlines()
-    assert len(runs) == 2 and runs[1].startswith("start restart=1")
-    second_nodes = _hostnames(slurm, runs[1])
-    assert len(second_nodes) == 2 and victim not in second_nodes
-    history = slurm.wait_for_accounting(job, {"NODE_FAIL", "COMPLETED"}, timeout=30)
-    assert [r.state for r in history] == ["NODE_FAIL", "COMPLETED"]
-
-
-def _hostnames(slurm: JobClient, event: str) -> list[str]:
-    hostlist = event.splitlines()[0].split("nodes=")[1]
-    return slurm.run("scontrol", "show", "hostnames", hostlist).stdout.split()
