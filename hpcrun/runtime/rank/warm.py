@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -39,9 +39,11 @@ LET_GO_S = 1.0
 class WarmPool:
     """One pre-started, pre-imported process per local rank slot, refilled after each take."""
 
-    def __init__(self, *, slots: int, env: Mapping[str, str], python: str, log_dir: Path,
-                 cwd: str | None, preexec: Callable[[], object]) -> None:
-        self._slots, self._env, self._python = slots, dict(env), python
+    def __init__(self, *, slots: int, env: Mapping[str, str], argv: Sequence[str],
+                 log_dir: Path, cwd: str | None, preexec: Callable[[], object]) -> None:
+        """``argv``: a warm process's command line (``python -m hpcrun.runtime.rank.warm``,
+        started through the container's runtime when the ranks run in an image)."""
+        self._slots, self._env, self._argv = slots, dict(env), list(argv)
         self._log_dir, self._cwd, self._preexec = log_dir, cwd, preexec
         self._ready: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -57,7 +59,7 @@ class WarmPool:
         out = open(self._log_dir / f"warm-{slot}.out", "ab")  # noqa: SIM115 - the child's
         try:
             return subprocess.Popen(
-                [self._python, "-m", "hpcrun.runtime.rank.warm"], env=self._env,
+                self._argv, env=self._env,
                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd,
                 start_new_session=True, preexec_fn=self._preexec)
         finally:
