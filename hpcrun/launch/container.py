@@ -164,13 +164,17 @@ def _str_list(value: object, key: str, source: str) -> tuple[str, ...]:
 # -- the rank's command line ---------------------------------------------------------------------
 
 def rank_binds(paths: Iterable[str | Path | None], mounts: Sequence[str] = ()) -> tuple[str, ...]:
-    """The ``SRC:DST`` binds of a rank (pure): each path at its own place, a path under another
-    one left out (its parent's bind holds it), then the site's ``mounts`` as written."""
-    kept: list[str] = []
+    """The ``SRC:DST`` binds of a rank (pure): the site's ``mounts`` as written, then each path
+    at its own place, except a path under another one or under a mount at its own place (that
+    bind already holds it: a read-only image needs a mount point for each destination, and a
+    site can mount a parent, e.g. a node-local tier whose path names the job)."""
+    kept = [src.rstrip("/") for src, dst, *_ in (m.split(":") for m in mounts) if src == dst]
+    own: list[str] = []
     for path in sorted({os.path.normpath(str(p)) for p in paths if p}):
-        if path != "/" and not any(path.startswith(k.rstrip("/") + "/") for k in kept):
+        if path != "/" and not any(path == k or path.startswith(k + "/") for k in kept):
             kept.append(path)
-    return (*(f"{p}:{p}" for p in kept), *mounts)
+            own.append(path)
+    return (*mounts, *(f"{p}:{p}" for p in own))
 
 
 def rank_command(container: ContainerConfig | None, argv: Sequence[str], *,

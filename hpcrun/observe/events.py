@@ -64,7 +64,7 @@ class EventKind(StrEnum):
     HANG = "hang"                # data: stalled_s, hang_rank, hang_node
     STATE = "state"              # data: state, nodes (STARTING marks an allocation's start)
     RANK_START = "rank_start"    # data: backend, device, cpus (binding), collective timeouts,
-    #                              image_root (started in an image: the directory at /)
+    #                              image_root, image_root_id (in an image: what / is)
 
 
 SPAN_KINDS = frozenset({

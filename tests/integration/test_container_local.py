@@ -11,7 +11,6 @@ image's only inside ``ch-run``'s mount namespace.
 
 from __future__ import annotations
 
-import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,13 +47,13 @@ def _site(tmp_path: Path) -> Path:
     return sites
 
 
-def _start_process_s(run: Path) -> float:
-    """Median over the run's generations of the ``process`` part of a rank's start (hand-off
-    to the rank's code running: the container's start is in it)."""
-    events = read_events(run)
-    gens = sorted({e.generation for e in events if e.kind == "startup"})
-    parts = [start_parts(events, g).get("process") for g in gens]
-    return statistics.median(p for p in parts if p is not None)
+def _first_start_s(run: Path) -> float | None:
+    """The ``process`` part of the first incarnation's start, median over its ranks: from the
+    hand-off to the rank's code running, the container's own start included (printed, not
+    asserted: speed targets live in benchmarks/)."""
+    events = list(read_events(run))
+    first = min((e.generation for e in events if e.kind == "startup"), default=None)
+    return None if first is None else start_parts(events, first).get("process")
 
 
 def test_ranks_in_charliecloud_resume_and_restart_bitwise_like_the_host(tmp_path: Path) -> None:
@@ -79,10 +78,12 @@ def test_ranks_in_charliecloud_resume_and_restart_bitwise_like_the_host(tmp_path
     # Every rank of every incarnation ran with the image at its /; the host's ranks did not.
     starts = [e for e in read_events(cut) if e.kind == "rank_start"]
     assert len({e.generation for e in starts}) >= 3, starts
-    assert {e.data.get("image_root") for e in starts} == {str(tmp_path / "image")}, starts
-    assert all("image_root" not in e.data for e in read_events(ref) if e.kind == "rank_start")
+    image = (tmp_path / "image").stat()
+    assert {(e.data.get("image_root"), e.data.get("image_root_id")) for e in starts} == {
+        (str(tmp_path / "image"), f"{image.st_dev}:{image.st_ino}")}, starts
+    assert all("image_root_id" not in e.data for e in read_events(ref) if e.kind == "rank_start")
 
     a, b = load_state(ref, find_committed(ref)), load_state(cut, find_committed(cut))
     assert a.step == b.step == STEPS and diff_states(a, b) == []
-    print(f"start 'process' part, median: host {_start_process_s(ref):.3f} s, "
-          f"in ch-run {_start_process_s(cut):.3f} s")
+    print(f"first start, process part (median over ranks): host {_first_start_s(ref)} s, "
+          f"in ch-run {_first_start_s(cut)} s")

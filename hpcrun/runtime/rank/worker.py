@@ -201,7 +201,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
                  cpus=bound, pg_init_timeout_s=settings.timeouts.init_s,
                  step_timeout_s=settings.timeouts.step_s,
                  checkpoint_timeout_s=settings.timeouts.checkpoint_s,
-                 **({"image_root": image_root} if image_root is not None else {}))
+                 **(image_root or {}))
     beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
@@ -216,10 +216,12 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     return ctx
 
 
-def check_image(environ: Mapping[str, str]) -> str | None:
+def check_image(environ: Mapping[str, str]) -> dict[str, str] | None:
     """In an image (its agent passed its hpcrun's version and digest): refuse a different
-    hpcrun before anything else runs, and return the directory mounted at ``/`` (the image's,
-    recorded in ``rank_start``); None on the host.
+    hpcrun before anything else runs, and return what ``rank_start`` records of the rank's
+    ``/``: ``image_root``, the directory mounted there (the image's, as its filesystem names
+    it), and ``image_root_id``, its ``device:inode`` (the image directory's on the host, however
+    the host's mounts name it); None on the host.
 
     Raises:
         ConfigError: the image's hpcrun is not the agent's (a ``user_error``: not retried).
@@ -235,10 +237,12 @@ def check_image(environ: Mapping[str, str]) -> str | None:
     if HOST_DIGEST_ENV not in environ:
         return None
     check_same_hpcrun(environ, version=__version__, digest=package_digest())
+    root = os.stat("/")
     try:
-        return root_mount(Path("/proc/self/mountinfo").read_text())
+        mounted = root_mount(Path("/proc/self/mountinfo").read_text())
     except OSError:
-        return ""
+        mounted = ""
+    return {"image_root": mounted, "image_root_id": f"{root.st_dev}:{root.st_ino}"}
 
 
 def _peers(inc: Incarnation, spec: RunSpec, gang: tuple[str, ...],

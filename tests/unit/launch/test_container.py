@@ -53,10 +53,12 @@ def test_without_a_container_or_under_pyxis_the_rank_argv_is_unchanged() -> None
     assert render_container(pyxis, [], "python3")[0] == ["--container-image=nvcr.io#x"]
 
 
-def test_binds_keep_one_per_tree_then_the_sites_mounts() -> None:
-    binds = rank_binds(["/runs/r/x", "/runs/r", None, "/code", "/code/.venv", "/", "/code/"],
-                       ("/lustre:/lustre:ro",))
-    assert binds == ("/code:/code", "/runs/r:/runs/r", "/lustre:/lustre:ro")
+def test_binds_are_the_sites_mounts_then_one_per_tree_not_already_mounted() -> None:
+    binds = rank_binds(["/runs/r/x", "/runs/r", None, "/code", "/code/.venv", "/", "/code/",
+                        "/scratch/local/hpcrun/42", "/lustre/data"],
+                       ("/lustre:/lustre:ro", "/scratch/local:/scratch/local", "/a:/b"))
+    assert binds == ("/lustre:/lustre:ro", "/scratch/local:/scratch/local", "/a:/b",
+                     "/code:/code", "/runs/r:/runs/r")
 
 
 def test_apptainer_flags_that_drop_the_environment_are_refused() -> None:

@@ -26,7 +26,7 @@ def test_ranks_start_in_the_image_with_the_runs_paths_bound(tmp_path: Path) -> N
         assert any(b.startswith(f"{path.resolve()}:") or b.startswith(f"{path}:")
                    or str(path.resolve()).startswith(b.split(":")[0] + "/")
                    for b in image.binds), (path, image.binds)
-    assert image.binds[-1] == "/scratch:/scratch" and HOST_DIGEST_ENV in image.env
+    assert image.binds[0] == "/scratch:/scratch" and HOST_DIGEST_ENV in image.env
     argv = rank_argv(image, "/host/python", ["-m", "hpcrun.runtime.rank.worker"])
     assert argv[:1] == ["ch-run"] and argv[-4:] == ["--", sys.executable, "-m",
                                                     "hpcrun.runtime.rank.worker"]
