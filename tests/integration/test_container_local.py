@@ -33,8 +33,8 @@ from tests.integration.local_helpers import REPO_ROOT, local_spec, submit, valid
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CH_RUN is None, reason=NO_CH_RUN)]
 
-STEPS = 30
-FAULTS = "preempt@step=8;crash@step=18,rank=1,restart=1"
+STEPS = 24
+FAULTS = "preempt@step=6;crash@step=14,rank=1,restart=1"
 
 
 def _site(tmp_path: Path) -> Path:

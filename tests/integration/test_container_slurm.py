@@ -38,8 +38,8 @@ from tests.integration.helpers import REPO_ROOT, RunFactory, slurm_spec
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(CH_RUN is None, reason=NO_CH_RUN)]
 
-STEPS = 30
-FAULTS = "preempt@step=8;crash@step=18,rank=1,restart=1"
+STEPS = 24
+FAULTS = "preempt@step=6;crash@step=14,rank=1,restart=1"
 NODE_LOCAL = Path("/scratch/local")
 """The testbed's node-local tier root (site_configs/testbed.yaml: node_local_path)."""
 

@@ -8,7 +8,9 @@ environment and its log file: values only, nothing pickled) and closes the pipe;
 points its stdout/stderr at the rank's log, replaces its environment and runs
 :func:`hpcrun.runtime.rank.worker.run` as a freshly spawned rank would. EOF without a line (the
 agent discarded it) exits 0. The pool refills itself after each hand-off, so the next incarnation
-finds its processes already warm; a hot spare's agent keeps its own.
+finds its processes already warm; a hot spare's agent keeps its own. When the ranks run in an
+image (Charliecloud, Apptainer), the agent's ``argv`` starts each warm process through the
+runtime, so the image's interpreter is the one that pre-imports.
 """
 
 from __future__ import annotations
