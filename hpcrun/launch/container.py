@@ -26,6 +26,7 @@ Everything but :func:`package_digest`, :func:`container_problems`'s filesystem l
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -239,9 +240,11 @@ def _image_problems(container: ContainerConfig) -> list[str]:
     return []
 
 
+@functools.cache
 def package_digest() -> str:
     """``sha256:`` of this interpreter's hpcrun sources (:func:`~hpcrun.launch.codever.
-    content_digest` of every ``.py`` file of the package, by relative path)."""
+    content_digest` of every ``.py`` file of the package, by relative path), read once per
+    process (a warm process reads it before its hand-off)."""
     from hpcrun.launch.codever import content_digest
 
     root = Path(__file__).resolve().parents[1]

@@ -56,7 +56,7 @@ def build_image(dest: Path, mount_points: Iterable[Path] = ()) -> Path:
 
 
 def container_site(base: dict[str, Any], *, name: str, image: Path,
-                   node_local: Path) -> dict[str, Any]:
+                   node_local: str | Path) -> dict[str, Any]:
     """``base`` (a site config's mapping) with ranks in ``image`` through Charliecloud; the
     node-local tier under ``node_local`` (a path the image can hold: under ``/tmp``)."""
     return {**base, "name": name, "node_local_path": str(node_local),

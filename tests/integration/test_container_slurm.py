@@ -6,9 +6,10 @@ restarted in the allocation, and the run ends bitwise identical to the same run 
 container.
 
 The image (:mod:`tests.integration.container_helpers`) lies in the shared directory, so every
-node sees it; its mount points include the testbed's node-local tier (``/scratch/local``, which
-each node's mount namespace binds to its own directory) and the shared directory, mounted by the
-site so a path that names the job id needs no mount point of its own.
+node sees it; its mount points include the testbed's node-local tier
+(``testbed.node_local_path``, which each node's mount namespace binds to its own directory) and
+the shared directory, both mounted by the site, so a path that names the job id needs no mount
+point of its own.
 """
 
 from __future__ import annotations
@@ -40,18 +41,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
 
 STEPS = 24
 FAULTS = "preempt@step=6;crash@step=14,rank=1,restart=1"
-NODE_LOCAL = Path("/scratch/local")
-"""The testbed's node-local tier root (site_configs/testbed.yaml: node_local_path)."""
-
-
 def _site(testbed: Testbed, job_dir: Path) -> tuple[Path, Path]:
     image = job_dir / "image"
-    shared = testbed.shared_dir
-    build_image(image, [REPO_ROOT, *interpreter_dirs(), NODE_LOCAL, shared])
+    shared, node_local = testbed.shared_dir, Path(testbed.node_local_path)  # each node's own
+    build_image(image, [REPO_ROOT, *interpreter_dirs(), node_local, shared])
     base = yaml.safe_load((REPO_ROOT / "site_configs" / "testbed.yaml").read_text())
     body = container_site(base, name="testbed-ch", image=image,
-                          node_local=Path(base["node_local_path"]))
-    body["container"]["mounts"] = [*HOST_MOUNTS, f"{NODE_LOCAL}:{NODE_LOCAL}",
+                          node_local=base["node_local_path"])
+    body["container"]["mounts"] = [*HOST_MOUNTS, f"{node_local}:{node_local}",
                                    f"{shared}:{shared}"]
     body["env"] = {**base.get("env", {}), **ch_env()}
     sites = job_dir / "sites"
@@ -65,6 +62,8 @@ def test_ranks_in_charliecloud_resume_and_restart_bitwise_on_slurm(
     sites, image = _site(testbed, job_dir)
     spec = slurm_spec(testbed, steps=STEPS, every_steps=5, tasks_per_node=1,
                       data={"contract": "bitwise"})
+    for name in ("host", "inside"):
+        (job_dir / name).mkdir()
     host = RunFactory(testbed, job_dir / "host")
     inside = RunFactory(testbed, job_dir / "inside", extra_env={SITE_CONFIGS_ENV: str(sites)})
     try:

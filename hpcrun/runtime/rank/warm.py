@@ -125,10 +125,13 @@ def _preimport(environ: Mapping[str, str]) -> None:
     import hpcrun.checkpoint.checkpointer
     import hpcrun.runtime.rank.context
     import hpcrun.runtime.rank.worker  # noqa: F401
+    from hpcrun.launch.container import HOST_DIGEST_ENV, package_digest
 
     # The first optimizer built in a process imports torch's compiler stack (about 1 s of CPU,
     # measured): build a throwaway one here, off the critical path.
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    if HOST_DIGEST_ENV in environ:  # in an image: the rank compares its hpcrun with the agent's
+        package_digest()
     preimport_entrypoint(environ.get(ENTRYPOINT_ENV, ""), environ.get(CODE_PATH_ENV) or None)
 
 
