@@ -115,3 +115,21 @@ def test_the_root_mount_is_the_image_directory_inside_ch_run() -> None:
               "137 136 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw\n")
     assert root_mount(host) == "/"
     assert root_mount(inside) == "/tmp/img"
+
+
+def test_admission_refuses_a_missing_image_and_skips_pyxis(tmp_path: Path) -> None:
+    from hpcrun.launch.admission import Passed, Problem, Skipped
+    from hpcrun.launch.admit import container_findings
+    from hpcrun.launch.site import load_site
+
+    base = "name: x\nnode_local_path: /l\nshared_path: /s\n"
+    site = tmp_path / "s.yaml"
+    site.write_text(base + f"container: {{runtime: charliecloud, image: {tmp_path / 'no'}}}\n")
+    [missing] = container_findings(load_site(str(site)), "slurm")
+    assert isinstance(missing, Problem) and "expected a readable image directory" in missing.what
+    (tmp_path / "img" / "usr").mkdir(parents=True)
+    site.write_text(base + f"container: {{runtime: charliecloud, image: {tmp_path / 'img'}}}\n")
+    [ok] = container_findings(load_site(str(site)), "slurm")
+    assert isinstance(ok, Passed) and "hpcrun preflight" in ok.what
+    site.write_text(base + "container: {runtime: pyxis, image: 'nvcr.io#x'}\n")
+    assert isinstance(container_findings(load_site(str(site)), "slurm")[0], Skipped)
