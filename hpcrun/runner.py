@@ -84,3 +84,38 @@ class SubprocessRunner:
         return CommandResult(
             argv=tuple(argv), returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr
         )
+
+
+SLURM_WRAPPER_ENV = "HPCRUN_SLURM_WRAPPER"
+"""A command prefix every Slurm call of the agent runs through (a Pyxis site's agents run in an
+image without Slurm's clients: e.g. ``ssh -o BatchMode=yes slurm-gw`` or a site script that runs
+its arguments on the host)."""
+
+
+class PrefixRunner:
+    """Runs each command as ``prefix + argv`` through ``inner`` (the result names ``argv``)."""
+
+    def __init__(self, inner: CommandRunner, prefix: Sequence[str]) -> None:
+        self._inner = inner
+        self._prefix = list(prefix)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        result = self._inner.run([*self._prefix, *argv], input=input, env=env, timeout=timeout)
+        return CommandResult(argv=tuple(argv), returncode=result.returncode,
+                             stdout=result.stdout, stderr=result.stderr)
+
+
+def slurm_runner(environ: Mapping[str, str], inner: CommandRunner | None = None) -> CommandRunner:
+    """The runner of an agent's Slurm calls: through :data:`SLURM_WRAPPER_ENV` when set."""
+    import shlex
+
+    base = inner if inner is not None else SubprocessRunner()
+    prefix = shlex.split(environ.get(SLURM_WRAPPER_ENV, ""))
+    return PrefixRunner(base, prefix) if prefix else base

@@ -144,6 +144,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
     if spec is not None and site is not None:
         findings += backend_findings(spec, site)
     if site is not None:
+        findings += container_findings(site, backend)
         findings += _storage_findings(site, backend, runs_root, environ, storage)
     if spec is not None and site is not None and backend == "slurm":
         findings += _script_findings(spec, site)
@@ -379,6 +380,28 @@ def _storage_findings(site: SiteConfig, backend: str, runs_root: Path | None,
                               what=f"node-local tier {site.node_local_path}: {shown}; it lives "
                                    "on the compute nodes (`hpcrun preflight` checks it there)")]
     return [*out, probe_writable(f"node-local tier (under {prefix})", prefix, storage=storage)]
+
+
+# -- container ---------------------------------------------------------------------------------
+
+def container_findings(site: SiteConfig, backend: str) -> list[Finding]:
+    """The site's image is readable here and, on the local backend, its runtime is on PATH (on
+    Slurm, ``hpcrun preflight`` run on a compute node checks the runtime there)."""
+    from hpcrun.launch.container import COMMAND, ContainerRuntime, container_problems
+
+    container = site.container
+    if container is None:
+        return []
+    if container.runtime == ContainerRuntime.PYXIS:
+        return [Skipped(check=CheckKind.SITE, what=f"pyxis image {container.image}: enroot "
+                        "pulls it on the compute nodes (`hpcrun preflight` there checks it)")]
+    problems = container_problems(container, backend=backend)
+    if problems:
+        return [Problem(check=CheckKind.SITE, what=p) for p in problems]
+    where = "on PATH" if backend == "local" else (
+        "on the compute nodes (`hpcrun preflight` there checks it)")
+    return [Passed(check=CheckKind.SITE, what=f"{container.runtime} image {container.image} "
+                   f"is readable; {COMMAND[container.runtime]} {where}")]
 
 
 # -- process group backend ---------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 - ``setup:`` shell lines run by the batch shell before the agents start (``module load``,
   ``source .../activate``, ``conda activate``).
-- ``container:`` runs the agents (and so the ranks) in an image: Pyxis/enroot adds
-  ``--container-image`` and ``--container-mounts`` to the agents' ``srun``; Apptainer wraps the
-  interpreter in ``apptainer exec --nv --bind ...``.
+- ``container:`` (:mod:`hpcrun.launch.container`) runs the ranks in an image (Charliecloud,
+  Apptainer: the agent stays on the host) or the agents in one (Pyxis: ``--container-image`` on
+  their ``srun``).
 - ``sbatch_extra:`` any ``sbatch`` option hpcrun does not model (``--mem``, ``--exclusive``,
   ``--reservation``, ``--switches``, ``--mail-type``, ``--network``), site defaults first, the
   spec's ``resources.sbatch_extra`` overriding them; each is checked against
@@ -15,18 +15,12 @@ Everything here is pure: values in, values out.
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from collections.abc import Mapping
 
 from hpcrun.errors import ConfigError
-from hpcrun.launch.sections import section_mapping
 
-__all__ = ["MODELED_OPTIONS", "SBATCH_OPTIONS", "ContainerConfig", "ContainerRuntime",
-           "check_sbatch_option", "container_from_dict", "merge_sbatch_extra",
-           "render_container", "sbatch_extra_from_dict"]
+__all__ = ["MODELED_OPTIONS", "SBATCH_OPTIONS", "check_sbatch_option", "merge_sbatch_extra",
+           "sbatch_extra_from_dict"]
 
 BARE = ""
 """Value of a flag that takes no argument (``--exclusive``)."""
@@ -69,100 +63,6 @@ MODELED_OPTIONS: Mapping[str, str] = {
     "export": "the site's env (exported by the job script)",
 }
 """Options hpcrun sets itself, and the setting to use instead of ``sbatch_extra``."""
-
-
-class ContainerRuntime(StrEnum):
-    """How the agents run inside an image."""
-
-    PYXIS = "pyxis"          # srun --container-image (NVIDIA Pyxis + enroot)
-    APPTAINER = "apptainer"  # apptainer exec --nv IMAGE python (also Singularity sites)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ContainerConfig:
-    """The image the agents and their ranks run in."""
-
-    runtime: ContainerRuntime
-    """``pyxis`` or ``apptainer``."""
-    image: str
-    """Image reference: ``nvcr.io#nvidia/pytorch:24.05-py3`` (Pyxis), a ``.sif`` path
-    (Apptainer)."""
-    mounts: tuple[str, ...] = ()
-    """``SRC:DST[:FLAGS]`` bind mounts; the shared tier and the run directory must be in it."""
-    flags: tuple[str, ...] = ()
-    """Extra flags: added to ``srun`` (Pyxis, e.g. ``--container-workdir=/work``) or to
-    ``apptainer exec`` (e.g. ``--cleanenv``)."""
-    gpus: bool = True
-    """Apptainer: pass ``--nv`` (the host's NVIDIA driver into the image)."""
-
-    def __post_init__(self) -> None:
-        if not self.image.strip():
-            raise ConfigError("container.image: expected an image reference, found ''; name "
-                              "the image (a .sif path for apptainer, a registry ref for pyxis)")
-        for mount in self.mounts:
-            if ":" not in mount or mount.startswith(":"):
-                raise ConfigError(f"container.mounts: expected SRC:DST[:FLAGS], found "
-                                  f"{mount!r}; write e.g. /lustre:/lustre")
-
-    def srun_flags(self) -> tuple[str, ...]:
-        """Flags for the agents' ``srun`` (Pyxis); none for Apptainer."""
-        if self.runtime != ContainerRuntime.PYXIS:
-            return ()
-        mounts = (f"--container-mounts={','.join(self.mounts)}",) if self.mounts else ()
-        return (f"--container-image={self.image}", *mounts, *self.flags)
-
-    def wrap(self, python: str) -> str:
-        """The interpreter command inside the image (Apptainer); ``python`` as is for Pyxis."""
-        if self.runtime != ContainerRuntime.APPTAINER:
-            return python
-        nv = ("--nv",) if self.gpus else ()
-        binds = tuple(f"--bind={m}" for m in self.mounts)
-        words = ("apptainer", "exec", *nv, *binds, *self.flags, self.image)
-        return " ".join(shlex.quote(w) for w in words) + " " + python
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form, as :func:`container_from_dict` reads it."""
-        return {"runtime": self.runtime.value, "image": self.image, "mounts": list(self.mounts),
-                "flags": list(self.flags), "gpus": self.gpus}
-
-
-_CONTAINER_KEYS = ("runtime", "image", "mounts", "flags", "gpus")
-
-
-def container_from_dict(raw: object, *, source: str) -> ContainerConfig | None:
-    """Validate a site config's ``container:`` mapping (None: no container).
-
-    Raises:
-        ConfigError: naming ``source`` and the key.
-    """
-    raw = section_mapping(raw, key="container", keys=_CONTAINER_KEYS, source=source,
-                          expected="a mapping with runtime and image")
-    if raw is None:
-        return None
-    runtime = raw.get("runtime")
-    if runtime not in {r.value for r in ContainerRuntime}:
-        raise ConfigError(f"{source}: key 'container.runtime': expected pyxis or apptainer, "
-                          f"found {runtime!r}")
-    lists = {k: _str_list(raw.get(k), f"container.{k}", source) for k in ("mounts", "flags")}
-    gpus = raw.get("gpus", True)
-    if not isinstance(gpus, bool):
-        raise ConfigError(f"{source}: key 'container.gpus': expected true/false, found {gpus!r}")
-    image = raw.get("image")
-    if not isinstance(image, str):
-        raise ConfigError(f"{source}: key 'container.image': expected a string, found {image!r}")
-    try:
-        return ContainerConfig(runtime=ContainerRuntime(runtime), image=image, gpus=gpus,
-                               **lists)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-
-
-def _str_list(value: object, key: str, source: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{source}: key {key!r}: expected a list of strings, found {value!r}")
-    return tuple(value)
 
 
 def sbatch_extra_from_dict(raw: object, *, source: str) -> dict[str, str]:
@@ -224,11 +124,3 @@ def merge_sbatch_extra(site: Mapping[str, str], spec: Mapping[str, str], *,
         check_sbatch_option(option, source=source)
     merged = {**site, **spec}
     return sorted(merged.items())
-
-
-def render_container(container: ContainerConfig | None, srun_args: Sequence[str],
-                     python: str) -> tuple[list[str], str]:
-    """The agents' ``srun`` flags and interpreter command with ``container`` applied."""
-    if container is None:
-        return list(srun_args), python
-    return [*srun_args, *container.srun_flags()], container.wrap(python)

@@ -31,7 +31,8 @@ from hpcrun.control.elastic import (
     survives_node_loss,
 )
 from hpcrun.errors import ConfigError
-from hpcrun.launch.jobsetup import merge_sbatch_extra, render_container
+from hpcrun.launch.container import render_container
+from hpcrun.launch.jobsetup import merge_sbatch_extra
 from hpcrun.launch.scriptslots import directive, env_name, guarded_setup, one_line, word
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.site import SiteConfig

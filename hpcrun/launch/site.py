@@ -28,7 +28,8 @@ import yaml
 from hpcrun.checkpoint.cadence import DEFAULT_MTBF_PRIOR_H
 from hpcrun.errors import ConfigError
 from hpcrun.launch.alertsinks import AlertSinks, alert_sinks_from_dict
-from hpcrun.launch.jobsetup import ContainerConfig, container_from_dict, sbatch_extra_from_dict
+from hpcrun.launch.container import ContainerConfig, container_from_dict
+from hpcrun.launch.jobsetup import sbatch_extra_from_dict
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.striping import SharedTierConfig, shared_tier_from_dict
@@ -113,8 +114,8 @@ class SiteConfig:
     """Shell lines the job runs before the agents start (``module load ...``, ``source
     /path/venv/bin/activate``, ``conda activate env``); a failing line ends the job."""
     container: ContainerConfig | None = None
-    """The image the agents and ranks run in (:class:`~hpcrun.launch.jobsetup.ContainerConfig`);
-    None: the host environment."""
+    """The image the ranks (Charliecloud, Apptainer) or the agents (Pyxis) run in
+    (:class:`~hpcrun.launch.container.ContainerConfig`); None: the host environment."""
     sbatch_extra: Mapping[str, str] = field(default_factory=dict)
     """sbatch options hpcrun does not model (``mem: 0``, ``exclusive: true``); a spec's
     ``resources.sbatch_extra`` overrides them option by option."""

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import SchedulerError
-from hpcrun.launch.jobsetup import render_container
+from hpcrun.launch.container import render_container
 from hpcrun.launch.sbatch import (
     BARE,
     agent_count_exports,
@@ -130,8 +130,6 @@ def submit_submitit(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: st
     run_dir = Path(run_dir)
     job_logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
     interpreter = python or site.python
-    if site.container is not None:  # Apptainer wraps the interpreter; Pyxis leaves it as is
-        interpreter = site.container.wrap(interpreter or "python3")
     try:
         executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR, python=interpreter)
         executor.update_parameters(**submitit_parameters(

@@ -60,6 +60,7 @@ from hpcrun.runtime.node.drainproc import DrainProcess
 from hpcrun.runtime.node.gang import Gang, node_ending
 from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault
 from hpcrun.runtime.node.hangwatch import hang_watch
+from hpcrun.runtime.node.image import rank_argv, rank_image, rank_python
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView, decoded, gang_faults
 from hpcrun.runtime.node.membership import LivenessBeat, initial_gang, survives_node_loss
@@ -116,6 +117,9 @@ class Agent:
         self.rank_signal = script.rank_signal(spec) if spec.script_mode else self.preempt_signal
         self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
+        self.image = rank_image(site.container, spec, run_dir=run_dir,
+                                node_local_root=node.node_local_root, environ=self.environ,
+                                python=python)
         self.warm = self._warm_pool()
         self.drains = DrainProcess()
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
@@ -511,12 +515,17 @@ class Agent:
         k = self.spec.resources.tasks_per_node
         first = self._place(inc).node_rank * k
         scripted = self.spec.script_mode
+        argv = (script.rank_argv(self.spec, rank_python(self.image, self.python)) if scripted
+                else ["-m", "hpcrun.runtime.rank.worker"])
         return Gang(ranks=list(range(first, first + k)), env_for=lambda r: self._rank_env(inc, r),
-                    log_dir=inc.logs_dir(), exit_report_for=inc.exit_report, python=self.python,
+                    log_dir=inc.logs_dir(), exit_report_for=inc.exit_report,
                     cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
                     preempt_signal=self.rank_signal, warm=self.warm,
-                    argv=script.rank_argv(self.spec, self.python) if scripted else None,
+                    argv=self._rank_argv(argv),
                     read_exit=self._script_exit if scripted else None)
+
+    def _rank_argv(self, argv: list[str]) -> list[str]:
+        return rank_argv(self.image, self.python, argv)
 
     def _script_exit(self, ex: RankExit) -> RankExit:
         return script.script_exit(ex, stopping=self.stop.is_set)
@@ -529,7 +538,8 @@ class Agent:
             return None  # a script's imports are its own
         env = {**self._base_env(), ENTRYPOINT_ENV: self.spec.entrypoint}
         return WarmPool(slots=self.spec.resources.tasks_per_node, env=env,
-                        python=self.python, log_dir=self.run_dir / "logs" / self.node.node,
+                        argv=self._rank_argv(["-m", "hpcrun.runtime.rank.warm"]),
+                        log_dir=self.run_dir / "logs" / self.node.node,
                         cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
                         preexec=functools.partial(signal.signal, self.preempt_signal,
                                                   signal.SIG_IGN))
@@ -538,6 +548,8 @@ class Agent:
         """What every rank's environment starts from (the incarnation's variables come next)."""
         env = {k_: v for k_, v in self.environ.items() if not k_.startswith("HPCRUN_AGENT_")}
         env.setdefault("OMP_NUM_THREADS", "1")
+        if self.image is not None:
+            env.update(self.image.env)
         if self.node.backend == "local":
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env
@@ -595,7 +607,7 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     ensure_private_dir(run_dir, what="run directory", mode=0o750)
     (run_dir / "logs" / node.node).mkdir(parents=True, exist_ok=True)
     return Agent(run_dir=run_dir, node=node, spec=spec, site=site, log=RunLog(run_dir),
-                 requeuer=requeuer_for(node, spec), environ=environ)
+                 requeuer=requeuer_for(node, spec, environ), environ=environ)
 
 
 def agent_main(run_dir: str) -> int:

@@ -15,9 +15,11 @@ from pathlib import Path
 from hpcrun.errors import ArgumentError
 from hpcrun.testbed.config import CONTROLLER_HOSTNAME, TestbedConfig
 
-PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server")
-"""Debian packages ``up`` installs when one of :data:`REQUIRED_BINARIES` is missing."""
-REQUIRED_BINARIES = ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd")
+PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server", "charliecloud-runtime")
+"""Debian packages ``up`` installs when one of :data:`REQUIRED_BINARIES` is missing
+(``charliecloud-runtime``: ``ch-run``, which the container tests start ranks with; the
+``charliecloud`` meta package would pull in its image builders and docker.io)."""
+REQUIRED_BINARIES = ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd", "ch-run")
 SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_RUN_DIR = Path("/run/munge")

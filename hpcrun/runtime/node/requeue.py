@@ -168,14 +168,17 @@ class SlurmRequeuer:
         return None if value in ("None", "Unknown", "") else value
 
 
-def requeuer_for(node: NodeInfo, spec: RunSpec) -> Requeuer:
-    """The requeuer of this node's backend: Slurm's, or the local launcher's."""
+def requeuer_for(node: NodeInfo, spec: RunSpec,
+                 environ: Mapping[str, str] | None = None) -> Requeuer:
+    """The requeuer of this node's backend: Slurm's, or the local launcher's. Its Slurm calls go
+    through the site's ``HPCRUN_SLURM_WRAPPER`` when ``environ`` sets one (agents inside a Pyxis
+    image: :func:`hpcrun.runner.slurm_runner`)."""
     if node.backend == "local":
         return LocalRequeuer()
     from hpcrun.control.elastic import requeue_resize
-    from hpcrun.runner import SubprocessRunner
+    from hpcrun.runner import slurm_runner
     from hpcrun.scheduler.slurm import SlurmClient
 
     # an elastic run's requeued job starts once min_nodes are free
-    return SlurmRequeuer(SlurmClient(SubprocessRunner()), node.job_id,
+    return SlurmRequeuer(SlurmClient(slurm_runner(environ or {})), node.job_id,
                          resize=requeue_resize(spec))

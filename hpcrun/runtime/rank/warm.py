@@ -8,7 +8,9 @@ environment and its log file: values only, nothing pickled) and closes the pipe;
 points its stdout/stderr at the rank's log, replaces its environment and runs
 :func:`hpcrun.runtime.rank.worker.run` as a freshly spawned rank would. EOF without a line (the
 agent discarded it) exits 0. The pool refills itself after each hand-off, so the next incarnation
-finds its processes already warm; a hot spare's agent keeps its own.
+finds its processes already warm; a hot spare's agent keeps its own. When the ranks run in an
+image (Charliecloud, Apptainer), the agent's ``argv`` starts each warm process through the
+runtime, so the image's interpreter is the one that pre-imports.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -39,9 +41,11 @@ LET_GO_S = 1.0
 class WarmPool:
     """One pre-started, pre-imported process per local rank slot, refilled after each take."""
 
-    def __init__(self, *, slots: int, env: Mapping[str, str], python: str, log_dir: Path,
-                 cwd: str | None, preexec: Callable[[], object]) -> None:
-        self._slots, self._env, self._python = slots, dict(env), python
+    def __init__(self, *, slots: int, env: Mapping[str, str], argv: Sequence[str],
+                 log_dir: Path, cwd: str | None, preexec: Callable[[], object]) -> None:
+        """``argv``: a warm process's command line (``python -m hpcrun.runtime.rank.warm``,
+        started through the container's runtime when the ranks run in an image)."""
+        self._slots, self._env, self._argv = slots, dict(env), list(argv)
         self._log_dir, self._cwd, self._preexec = log_dir, cwd, preexec
         self._ready: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -57,7 +61,7 @@ class WarmPool:
         out = open(self._log_dir / f"warm-{slot}.out", "ab")  # noqa: SIM115 - the child's
         try:
             return subprocess.Popen(
-                [self._python, "-m", "hpcrun.runtime.rank.warm"], env=self._env,
+                self._argv, env=self._env,
                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=self._cwd,
                 start_new_session=True, preexec_fn=self._preexec)
         finally:
@@ -121,10 +125,13 @@ def _preimport(environ: Mapping[str, str]) -> None:
     import hpcrun.checkpoint.checkpointer
     import hpcrun.runtime.rank.context
     import hpcrun.runtime.rank.worker  # noqa: F401
+    from hpcrun.launch.container import HOST_DIGEST_ENV, package_digest
 
     # The first optimizer built in a process imports torch's compiler stack (about 1 s of CPU,
     # measured): build a throwaway one here, off the critical path.
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    if HOST_DIGEST_ENV in environ:  # in an image: the rank compares its hpcrun with the agent's
+        package_digest()
     preimport_entrypoint(environ.get(ENTRYPOINT_ENV, ""), environ.get(CODE_PATH_ENV) or None)
 
 

@@ -158,6 +158,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
 
     mark = marks.mark if marks is not None else (lambda name: None)
     mark("imports")
+    image_root = check_image(environ)
     env = DistEnv.from_environ(environ)
     inc = Incarnation.from_environ(environ)
     spec = load_run_spec(inc.run_dir)
@@ -199,7 +200,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     events.emit(EventKind.RANK_START, 0, backend=groups.backend, device=str(groups.device),
                  cpus=bound, pg_init_timeout_s=settings.timeouts.init_s,
                  step_timeout_s=settings.timeouts.step_s,
-                 checkpoint_timeout_s=settings.timeouts.checkpoint_s)
+                 checkpoint_timeout_s=settings.timeouts.checkpoint_s,
+                 **(image_root or {}))
     beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
@@ -212,6 +214,35 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         marks.mark("context")
         marks.bind(events)
     return ctx
+
+
+def check_image(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """In an image (its agent passed its hpcrun's version and digest): refuse a different
+    hpcrun before anything else runs, and return what ``rank_start`` records of the rank's
+    ``/``: ``image_root``, the directory mounted there (the image's, as its filesystem names
+    it), and ``image_root_id``, its ``device:inode`` (the image directory's on the host, however
+    the host's mounts name it); None on the host.
+
+    Raises:
+        ConfigError: the image's hpcrun is not the agent's (a ``user_error``: not retried).
+    """
+    from hpcrun.launch.container import (
+        HOST_DIGEST_ENV,
+        check_same_hpcrun,
+        package_digest,
+        root_mount,
+    )
+    from hpcrun.version import __version__
+
+    if HOST_DIGEST_ENV not in environ:
+        return None
+    check_same_hpcrun(environ, version=__version__, digest=package_digest())
+    root = os.stat("/")
+    try:
+        mounted = root_mount(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        mounted = ""
+    return {"image_root": mounted, "image_root_id": f"{root.st_dev}:{root.st_ino}"}
 
 
 def _peers(inc: Incarnation, spec: RunSpec, gang: tuple[str, ...],

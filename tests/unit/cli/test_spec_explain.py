@@ -30,7 +30,7 @@ def test_every_site_field_is_in_docs_site_md_with_its_default() -> None:
     text = (REPO_ROOT / "docs" / "site.md").read_text()
     assert "| `preempt_signal` | string | `\"USR1\"` |  | Signal Slurm sends" in text
     assert "| `gpus_per_node` | integer | `0` |" in text
-    assert "| `container.runtime` | string | required | pyxis, apptainer |" in text
+    assert "| `container.runtime` | string | required | pyxis, apptainer, charliecloud |" in text
     assert "| `shared_tier.deadline_s` | number | `300` |" in text
 
 

@@ -61,7 +61,7 @@ trap forward_preempt USR2
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
 srun -n 4 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 \
-    apptainer exec --nv --bind=/gpfs/scratch:/gpfs/scratch --bind=/tmp:/tmp --cleanenv /gpfs/images/pytorch-24.05.sif /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
     wait "$srun_pid"

@@ -59,7 +59,7 @@ trap forward_preempt USR2
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
 srun -n 2 --ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=0 \
-    apptainer exec --nv --bind=/gpfs/scratch:/gpfs/scratch --bind=/tmp:/tmp --cleanenv /gpfs/images/pytorch-24.05.sif python3 -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+    python3 -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
     wait "$srun_pid"

@@ -61,3 +61,17 @@ def test_the_agent_gives_an_elastic_run_a_requeuer_with_its_range() -> None:
     assert requeuer_for(node, elastic)._resize == {  # type: ignore[union-attr]
         "NumNodes": "2-3", "NumTasks": "2"}
     assert requeuer_for(node, RunSpec.from_dict(base))._resize == {}  # type: ignore[union-attr]
+
+
+def test_agents_inside_a_pyxis_image_reach_slurm_through_the_sites_wrapper() -> None:
+    """Images ship no Slurm clients: every Slurm call of the agent runs as the site's
+    ``HPCRUN_SLURM_WRAPPER`` followed by the command, and reads as the command itself."""
+    from hpcrun.runner import SLURM_WRAPPER_ENV, slurm_runner
+    from hpcrun.testing.fakes import FakeRunner
+
+    host = FakeRunner({"ssh -o BatchMode=yes gw scontrol": "ok\n"})
+    runner = slurm_runner({SLURM_WRAPPER_ENV: "ssh -o BatchMode=yes gw"}, host)
+    result = runner.run(["scontrol", "requeuehold", "7"])
+    assert host.calls == [("ssh", "-o", "BatchMode=yes", "gw", "scontrol", "requeuehold", "7")]
+    assert (result.argv, result.stdout) == (("scontrol", "requeuehold", "7"), "ok\n")
+    assert slurm_runner({}, host) is host

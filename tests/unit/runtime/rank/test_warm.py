@@ -24,7 +24,8 @@ def test_the_handoff_is_one_json_line_of_values() -> None:
 
 def _pool(tmp_path: Path) -> WarmPool:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return WarmPool(slots=1, env=env, python=sys.executable, log_dir=tmp_path / "logs",
+    return WarmPool(slots=1, env=env, argv=[sys.executable, "-m", "hpcrun.runtime.rank.warm"],
+                    log_dir=tmp_path / "logs",
                     cwd=str(REPO), preexec=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
 
 
