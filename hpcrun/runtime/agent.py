@@ -24,16 +24,12 @@ import sys
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpcrun.checkpoint.peer.ledger import ring_partner
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import (
-    FaultPayload,
     JobPayload,
-    NodeExitNote,
-    PayloadError,
-    PeerLostNote,
     QuarantinePayload,
     StatePayload,
 )
@@ -57,12 +53,13 @@ from hpcrun.runtime.incarnation import (
 from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.node.drainproc import DrainProcess
+from hpcrun.runtime.node.faultlog import FaultLog
 from hpcrun.runtime.node.gang import Gang, node_ending
-from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir, exit_fault
+from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir
 from hpcrun.runtime.node.hangwatch import hang_watch
 from hpcrun.runtime.node.image import rank_argv, rank_image, rank_python
 from hpcrun.runtime.node.info import NodeInfo
-from hpcrun.runtime.node.logview import LogView, decoded, gang_faults
+from hpcrun.runtime.node.logview import LogView, decoded
 from hpcrun.runtime.node.membership import LivenessBeat, initial_gang, survives_node_loss
 from hpcrun.runtime.node.requeue import Requeuer, requeuer_for
 from hpcrun.runtime.node.stepio import detach_stdio
@@ -84,8 +81,6 @@ FENCE_WAIT_S = 300.0
 FAULT_KILL_GRACE_S = 0.5
 """SIGTERM grace for the ranks of a gang that already failed: they can commit nothing (their
 next collective has lost a peer), so only exits already under way are waited for."""
-SCRIPT_ECHO_WAIT_S = 3.0
-"""How long a script rank's non-zero exit waits for another node to log the fault it echoes."""
 
 
 class Watched(StrEnum):
@@ -108,6 +103,8 @@ class Agent:
         self.site = site
         self.log = log
         self.view = LogView(log, clock=clock)
+        self.faults = FaultLog(log=log, view=self.view, node=node.node, nodes=node.nodes,
+                               script_mode=spec.script_mode, clock=clock)
         self.requeuer = requeuer
         self.environ = dict(environ)
         self.clock = clock
@@ -339,7 +336,7 @@ class Agent:
         status = node_ending(gang.exits.values()) if outcome is Watched.DONE else Ending.FAILED
         if status is not Ending.FAILED and drainer is not None:
             drain_round_safely(self._drain_target(inc), self.log, last=True)
-        self._report_node_exit(inc, status)
+        self.faults.node_exit(inc, status)
         ended = (self.supervisor.conclude(inc) if self.supervisor.supervising
                  else self.supervisor.follow(inc))
         obs.finish()  # decided, every node's last lines are in: the final run summary
@@ -356,7 +353,7 @@ class Agent:
         """Supervise the ranks until they all end, one fails, or the run moves on."""
         hang = hang_watch(inc, gang, spec=self.spec, environ=self.environ, node=self.node.node,
                           clock=self.clock,
-                          record_fault=lambda payload: self._append_fault(inc, payload))
+                          record_fault=lambda payload: self.faults.append(inc, payload))
         try:
             return self._watch_loop(inc, gang, agg, hang)
         finally:
@@ -372,7 +369,7 @@ class Agent:
             budget.check(self.stop)
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
             if failed:
-                self._record_rank_faults(inc, failed)
+                self.faults.rank_failures(inc, failed)
                 return Watched.FAILED
             relay.tick(gang.signal)
             if self.spec.script_mode and grace.expired(stopping=self.stop.is_set,
@@ -407,16 +404,11 @@ class Agent:
                 self._place(inc).nodes, generation=inc.generation, holder=inc.holder,
                 attempt=inc.attempt)
             return Watched.PEER_FAILED if taken and self._record_vanished(inc) else None
-        if self._peer_faulted(inc):
+        if self.faults.peer_faulted(inc):
             return Watched.PEER_FAILED
         if self._record_vanished(inc):
             return Watched.PEER_FAILED
         return None
-
-    def _peer_faulted(self, inc: Incarnation) -> bool:
-        """Whether another node logged a gang fault in this incarnation (as last read)."""
-        return any(f.node != self.node.node for f in gang_faults(
-            self.view.valid_of(inc.generation, inc.holder, EntryKind.FAULT)))
 
     def _record_vanished(self, inc: Incarnation) -> bool:
         """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
@@ -431,82 +423,13 @@ class Agent:
         return bool(lost)
 
     # -- reporting ---------------------------------------------------------------------------
-    def _record_rank_faults(self, inc: Incarnation, failed: list[RankExit]) -> None:
-        from hpcrun.observe.heartbeat import read_rank_beats
-
-        beats = read_rank_beats(inc.heartbeat_dir())
-        causes = [ex for ex in failed if not ex.echo]
-        if causes and self._peer_fault_follows(inc, causes):
-            causes = []  # a script rank that raised from a collective whose peer died elsewhere
-        if not causes:
-            # Every failure here is an echo of a peer lost elsewhere: say so, but leave the
-            # fault (and its retry budget) to the node where the cause happened.
-            self.log.append_entry(PeerLostNote(node=self.node.node,
-                                               ranks=tuple(ex.rank for ex in failed)),
-                                  generation=inc.generation, holder=inc.holder)
-            return
-        # One failure is the cause, the rest are its echoes. A rank killed by a signal is the
-        # cause: its peers then raise from a collective that lost it, and one poll may find
-        # them all ended, in rank order rather than time order.
-        for ex in sorted(causes, key=lambda e: e.returncode >= 0)[:1]:
-            how = (f"killed by signal {-ex.returncode}" if ex.returncode < 0
-                   else f"exited {ex.returncode}")
-            # A rank killed outright leaves no report: its last heartbeat says where it was.
-            step = ex.report.get("step")
-            if step is None and ex.rank in beats:
-                step = beats[ex.rank].step
-            self._append_fault(inc, {
-                "fault": (fault := exit_fault(ex, inc)), "node": self.node.node,
-                "rank": ex.rank, "step": step,
-                "signature": f"{fault}:rank{ex.rank}:{ex.returncode}",
-                "detail": str(ex.report.get("detail") or how)[-2000:]})
-
-    def _peer_fault_follows(self, inc: Incarnation, causes: list[RankExit]) -> bool:
-        """Whether another node logs a gang fault within :data:`SCRIPT_ECHO_WAIT_S`, for
-        script ranks that only exited non-zero.
-
-        A script leaves no exit report, so an exit from a collective that lost its peer reads
-        like a crash of its own. Where the peer died (a signal, a node lost), that node's agent
-        logs the cause within a poll or two; waiting that long attributes the fault to it.
-        """
-        if (not self.spec.script_mode or len(self.node.nodes) < 2
-                or any(ex.returncode < 0 for ex in causes)):
-            return False
-        deadline = self.clock.monotonic() + SCRIPT_ECHO_WAIT_S
-        while True:
-            self.view.refresh()
-            if self._peer_faulted(inc):
-                return True
-            if self.clock.monotonic() >= deadline:
-                return False
-            self.clock.sleep(POLL_S)
-
     def _gpu_fault(self, inc: Incarnation, detail: str) -> Watched:
         """This node sees too few GPUs: a node failure, logged before any rank started."""
         print(f"hpcrun agent: error: {detail}", file=sys.stderr)
-        self._append_fault(inc, {"fault": "node_failure", "node": self.node.node, "rank": None,
+        self.faults.append(inc, {"fault": "node_failure", "node": self.node.node, "rank": None,
                                  "step": None, "signature": f"gpus:{self.node.node}",
                                  "detail": detail})
         return Watched.FAILED
-
-    def _append_fault(self, inc: Incarnation, payload: Mapping[str, Any]) -> None:
-        """Log a FAULT through :class:`FaultPayload`; a payload it cannot hold is logged as is.
-
-        A rank's exit report may name a word outside the fault classes (``stale``): it is
-        logged as the rank wrote it, and readers take it as ``unknown``.
-        """
-        try:
-            fault = FaultPayload.from_payload(payload)
-        except PayloadError:
-            self.log.append(EntryKind.FAULT, generation=inc.generation, holder=inc.holder,
-                            payload=dict(payload))
-            return
-        self.log.append_entry(fault, generation=inc.generation, holder=inc.holder)
-
-    def _report_node_exit(self, inc: Incarnation, status: Ending) -> None:
-        self.log.append_entry(NodeExitNote(node=self.node.node, status=status,
-                                           attempt=inc.attempt),
-                              generation=inc.generation, holder=inc.holder)
 
     # -- processes ---------------------------------------------------------------------------
     def _gang(self, inc: Incarnation) -> Gang:
