@@ -130,7 +130,7 @@ def read_global(run_dir: Path, ckpt: Any) -> GlobalCheckpoint:
     tensors, meta = assemble(m, plan, bufs, rank=0, world_size=m.world_size,
                              rows=_all_rows(m))
     local = frozenset(d.key for s in m.shards for d in s.datasets
-                      if d.placement == "local" and d.key != META_KEY)
+                      if d.placement == Placement.LOCAL and d.key != META_KEY)
     states = {name: decode_tree(node, tensors) for name, node in meta.items()
               if not name.startswith("__")}
     return GlobalCheckpoint(manifest=m, states=states, rank_local=local)

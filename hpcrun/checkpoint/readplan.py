@@ -275,7 +275,7 @@ def _plan_rank(b: _Builder, pos: int, need: Need, pieces: Mapping[str, list[tupl
                        stop=d0.global_shape[0] if d0.global_shape else 1)
             targets.append((t, tuple(b.share(j, i, d) for j, i, d in parts)))
             continue
-        if d0.placement == "local" or key == META_KEY:
+        if d0.placement == Placement.LOCAL or key == META_KEY:
             own = [(j, i, d) for j, i, d in parts if j == src]
             if not own:
                 continue

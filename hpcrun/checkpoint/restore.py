@@ -159,7 +159,7 @@ def assemble(m: Manifest, plan: GatherPlan, gathered: Sequence[np.ndarray], *, r
         for i, d in enumerate(shard.datasets):
             r, off = plan.where[(j, i)]
             raw = gathered[r][off:off + d.nbytes]
-            if d.placement == "local":
+            if d.placement == Placement.LOCAL:
                 if j == source:
                     _take_local(d, raw, m, world_size, tensors, meta)
             else:

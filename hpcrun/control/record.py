@@ -63,7 +63,7 @@ from hpcrun.control.states import can_transition, is_terminal
 from hpcrun.errors import FormatError, RecordError, SpecError, StorageError
 from hpcrun.safedirs import ensure_private_dir
 from hpcrun.storage import LOCAL_STORAGE, Storage
-from hpcrun.vocab import FaultClass, RunState, Tier
+from hpcrun.vocab import Backend, FaultClass, RunState, Tier
 
 RECORD_SCHEMA_VERSION = 2
 RUN_SPEC_FILE = "spec.json"
@@ -209,7 +209,8 @@ class RunRecord:
 
     def slurm_job_ids(self) -> tuple[str, ...]:
         """The job ids Slurm runs (local-backend jobs left out)."""
-        return tuple(j for j in self.job_ids if self.job_backends.get(j, "slurm") == "slurm")
+        return tuple(j for j in self.job_ids
+                     if self.job_backends.get(j, Backend.SLURM) == Backend.SLURM)
 
     def op_done(self, op_id: str) -> bool:
         """Whether operation ``op_id`` is recorded as carried out."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from hpcrun.drill.contracts import ContractResult
 from hpcrun.errors import HpcrunError
+from hpcrun.vocab import Backend
 
 Check = ContractResult
 PROBE_BYTES = 32 << 20
@@ -203,7 +204,7 @@ def preflight(spec_path: Path, *, backend: str = "local") -> list[Check]:
         scratch = Path(tmp)
         rows += [
             _guard("process group", lambda: process_group_check(min(world, 4))
-                   if backend == "local" else Check(
+                   if backend == Backend.LOCAL else Check(
                        name="process group", ok=None,
                        detail="checked on the allocation by `hpcrun canary --backend slurm`")),
             _guard("shared tier", lambda: storage_check("shared tier", shared)),

@@ -31,7 +31,7 @@ from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, MatrixRow, default_at, injection
 from hpcrun.drill.rto import RtoSplit, rto_splits
 from hpcrun.errors import HpcrunError, SpecError
-from hpcrun.vocab import TERMINAL
+from hpcrun.vocab import TERMINAL, Backend
 
 HANG_S = 6.0
 """Hang threshold the drill sets (``HPCRUN_HANG_S``): detection in seconds, not minutes."""
@@ -289,7 +289,7 @@ def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str
     if row.fault == DrillFault.CANCEL:
         return cancel
     if row.fault in (DrillFault.NODE_LOSS, DrillFault.NODE_LOSS_SHRINK, *_WITH_SPARE) \
-            and backend == "slurm":
+            and backend == Backend.SLURM:
         return crash_node
     return None
 
@@ -304,7 +304,7 @@ def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
     A node lost before Slurm marks it down can make srun abort the whole step, and the job
     then ends FAILED instead of NODE_FAIL + requeue; recovering it is `hpcrun watch`'s job.
     """
-    if backend != "slurm":
+    if backend != Backend.SLURM:
         return action
     from hpcrun.clock import SYSTEM_CLOCK
     from hpcrun.control.watch import watch_once

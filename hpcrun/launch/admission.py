@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from hpcrun.errors import AdmissionError, ConfigError
 from hpcrun.launch.site import expand_path, path_variables
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -112,7 +113,7 @@ def membership_findings(spec: RunSpec, backend: str) -> list[Finding]:
     """Whether the spec's hot spares can work on ``backend`` (pure): the local backend emulates
     nodes on one host and cannot lose one, so it has nowhere to swap a spare in."""
     spares = spec.resources.spare_nodes
-    if spares > 0 and backend == "local":
+    if spares > 0 and backend == Backend.LOCAL:
         return [Problem(check=CheckKind.SPEC,
                         what=f"resources.spare_nodes is {spares} but the run would start on "
                              "the local backend, which has no spare nodes to swap in",

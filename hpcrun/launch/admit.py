@@ -55,6 +55,7 @@ from hpcrun.launch.admission import (
 from hpcrun.launch.site import SiteConfig, expand_path, load_site
 from hpcrun.runner import CommandRunner
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -110,7 +111,7 @@ def choose_backend(requested: str | None, site: SiteConfig, *,
     """The backend to use and a notice for the user ("" when none is due). Pure."""
     if requested:
         return requested, ""
-    if str(site.backend) == "local":
+    if str(site.backend) == Backend.LOCAL:
         return "local", ""
     if not have_sbatch:
         return "local", "hpcrun: sbatch not found on PATH; running on the embedded local backend"
@@ -127,7 +128,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
                        if site is not None else (request.backend or "local", ""))
     runs_root = _runs_root(request, site, environ, findings)
     if spec is not None:
-        python = site.python if site is not None and backend == "slurm" and site.python \
+        python = site.python if site is not None and backend == Backend.SLURM and site.python \
             else request.python
         target = ProbeTarget(python=python, code_path=str(request.code_path))
         findings += (probe_script(spec, target) if spec.script_mode else probe_entrypoint(
@@ -146,7 +147,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
     if site is not None:
         findings += container_findings(site, backend)
         findings += _storage_findings(site, backend, runs_root, environ, storage)
-    if spec is not None and site is not None and backend == "slurm":
+    if spec is not None and site is not None and backend == Backend.SLURM:
         findings += _script_findings(spec, site)
         findings += _scheduler_findings(spec, site, runner, request.user)
     return Admission(spec=spec, site=site, backend=backend, runs_root=runs_root, notice=notice,
@@ -163,7 +164,7 @@ def point_problems(spec: RunSpec, base: RunSpec, site: SiteConfig, backend: str,
                 *probe_init_from(spec)]
     if spec.data != base.data:
         findings += probe_data(spec, verify_data, storage=storage)
-    if backend == "slurm":
+    if backend == Backend.SLURM:
         findings += _script_findings(spec, site)
     return [f for f in findings if isinstance(f, Problem)]
 
@@ -367,7 +368,7 @@ def _storage_findings(site: SiteConfig, backend: str, runs_root: Path | None,
     out: list[Finding] = []
     if runs_root is not None:
         out.append(probe_writable("runs root (shared tier)", runs_root, storage=storage))
-    if backend == "local":
+    if backend == Backend.LOCAL:
         try:
             local = expand_path(site.node_local_path, environ)
         except ConfigError as exc:
@@ -398,7 +399,7 @@ def container_findings(site: SiteConfig, backend: str) -> list[Finding]:
     problems = container_problems(container, backend=backend)
     if problems:
         return [Problem(check=CheckKind.SITE, what=p) for p in problems]
-    where = "on PATH" if backend == "local" else (
+    where = "on PATH" if backend == Backend.LOCAL else (
         "on the compute nodes (`hpcrun preflight` there checks it)")
     return [Passed(check=CheckKind.SITE, what=f"{container.runtime} image {container.image} "
                    f"is readable; {COMMAND[container.runtime]} {where}")]

@@ -37,6 +37,7 @@ from typing import Any
 
 from hpcrun.errors import ConfigError
 from hpcrun.launch.sections import section_mapping
+from hpcrun.vocab import Backend
 
 __all__ = ["HOST_DIGEST_ENV", "HOST_VERSION_ENV", "ContainerConfig", "ContainerRuntime",
            "check_same_hpcrun", "container_from_dict", "container_problems", "host_environ",
@@ -216,7 +217,7 @@ def container_problems(container: ContainerConfig, *, backend: str,
     """
     out = _image_problems(container)
     command = COMMAND[container.runtime]
-    if backend == "local" and container.ranks_inside and which(command) is None:
+    if backend == Backend.LOCAL and container.ranks_inside and which(command) is None:
         out.append(f"container.runtime {container.runtime}: {command!r} is not on PATH; "
                    f"expected the {container.runtime} runtime installed here, install it or "
                    "put it on PATH")

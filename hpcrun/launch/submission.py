@@ -34,6 +34,7 @@ from typing import Any
 from hpcrun.errors import HpcrunError, SpecError
 from hpcrun.launch.submit import AgentEntry
 from hpcrun.runner import CommandRunner, SubprocessRunner
+from hpcrun.vocab import Backend
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -242,7 +243,7 @@ def submit_run(req: SubmitRequest, context: SubmitContext) -> Submitted:
     code_dir = code_root(context)
     upstream = resolve_upstream(req.after, context.environ)
     sub = prepare_submission(req, context, code_path=code_dir)
-    if req.after and sub.backend != "slurm":
+    if req.after and sub.backend != Backend.SLURM:
         raise SpecError(f"--after needs the slurm backend (Slurm holds the run in its queue), "
                         f"found backend {sub.backend!r}; nothing was submitted")
     run_dir, spec, job_env = create_run_dir(sub, context, code_dir)
@@ -250,7 +251,7 @@ def submit_run(req: SubmitRequest, context: SubmitContext) -> Submitted:
         job_env["HPCRUN_INJECT"] = req.inject
     if req.after:
         _record_dependency(run_dir, upstream)
-    if sub.backend == "local":
+    if sub.backend == Backend.LOCAL:
         local = _start_local(run_dir, job_env, context.environ)
         _record_local_job(run_dir, local.pid)
         return Submitted(run_dir=run_dir, local=local)
@@ -315,7 +316,7 @@ def _record_dependency(run_dir: Path, dep: Dependency) -> None:
 
 def _dry_run_text(sub: Submission, environ: Mapping[str, str]) -> str:
     placeholder = sub.runs_root / f"{sub.spec.name}-<run-id>"
-    if sub.backend == "local":
+    if sub.backend == Backend.LOCAL:
         from hpcrun.launch.local import plan_local
         from hpcrun.launch.site import expand_path
 

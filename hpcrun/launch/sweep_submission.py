@@ -40,6 +40,7 @@ from hpcrun.launch.submission import (
     prepare_submission,
     write_job_script,
 )
+from hpcrun.vocab import Backend
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -154,7 +155,7 @@ def submit_sweep(req: SweepRequest, context: SubmitContext) -> SweepSubmitted:
                                                                    strict=True))))
     write_sweep_index(sweep_dir, index)
     link_into_runs_root(sweep_dir, context)
-    if sub.backend == "local":
+    if sub.backend == Backend.LOCAL:
         _start_local_sweep(sweep_dir, points[0][2], context.environ)
         return SweepSubmitted(sweep_dir=sweep_dir, run_dirs=tuple(p[0] for p in points),
                               job_id=None)
@@ -209,7 +210,7 @@ def dry_run_sweep(req: SweepRequest, context: SubmitContext) -> DryRun:
     sub = prepare_submission(_base_request(base, req), context, code_path=code_root(context))
     admit_points(sub, req, overrides, specs)
     sweep_dir = sub.runs_root / f"{specs[0].name}-sweep-<sweep-id>"
-    if sub.backend == "slurm":
+    if sub.backend == Backend.SLURM:
         from hpcrun.launch.sbatch import render_sbatch
 
         head = render_sbatch(specs[0], sub.site, run_dir=sweep_dir, op_id="<op-id>",

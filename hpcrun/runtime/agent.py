@@ -68,6 +68,7 @@ from hpcrun.runtime.rank import script
 from hpcrun.runtime.rank.warm import all_stepped
 from hpcrun.runtime.supervise.decide import vanished_node_fault
 from hpcrun.runtime.supervise.supervisor import Supervisor, rejoin
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry
@@ -132,7 +133,7 @@ class Agent:
                 stack.callback(self.warm.close)
             stack.callback(self.drains.reap)
             if survives_node_loss(self.spec):
-                if self.node.backend == "slurm":
+                if self.node.backend == Backend.SLURM:
                     detach_stdio(node_logs_dir(self.run_dir, self.node.node))
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
@@ -473,7 +474,7 @@ class Agent:
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.image is not None:
             env.update(self.image.env)
-        if self.node.backend == "local":
+        if self.node.backend == Backend.LOCAL:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         return env
 

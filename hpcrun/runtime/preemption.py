@@ -47,6 +47,7 @@ from hpcrun.runtime.supervise.decisions import (
     SwapSpare,
     retry_decision,
 )
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.record import RunRecord
@@ -176,7 +177,7 @@ PREEMPTED_REASON = "stopped at a step boundary after a preemption signal and com
 def slurm_is_ending(obs: Observations) -> bool:
     """Whether the stop came from SIGTERM: Slurm itself is ending the allocation (scancel, a
     preemption's grace period, the time limit) instead of warning with the preemption signal."""
-    return (obs.backend == "slurm" and obs.stop_signum == signal.SIGTERM
+    return (obs.backend == Backend.SLURM and obs.stop_signum == signal.SIGTERM
             and obs.preempt_signal != signal.SIGTERM)
 
 
@@ -211,4 +212,4 @@ def sigterm_ignored() -> Iterator[None]:
 def requeued_exit(backend: str) -> int:
     """How an agent exits after a requeue: on the local backend EXIT_PREEMPTED tells the
     launcher to start the next allocation; on Slurm the job simply ends (Slurm restarts it)."""
-    return EXIT_PREEMPTED if backend == "local" else EXIT_OK
+    return EXIT_PREEMPTED if backend == Backend.LOCAL else EXIT_OK

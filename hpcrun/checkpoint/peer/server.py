@@ -50,6 +50,7 @@ from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.checkpoint.tiers import node_local_root as node_local_root_of
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError, HpcrunError, StorageError
+from hpcrun.vocab import Backend
 
 _log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def addr_path(run_dir: Path, node: str) -> Path:
 
 def node_address(node: str, backend: str) -> str:
     """This node's own address (what its server binds to); loopback for the local backend."""
-    if backend == "local":
+    if backend == Backend.LOCAL:
         return "127.0.0.1"
     try:
         return socket.gethostbyname(node)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrun.errors import EnvError
+from hpcrun.vocab import Backend
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,7 +37,7 @@ class NodeInfo:
     @property
     def master_addr(self) -> str:
         # Local nodes are emulated on this host: their names do not resolve.
-        return "127.0.0.1" if self.backend == "local" else self.nodes[0]
+        return "127.0.0.1" if self.backend == Backend.LOCAL else self.nodes[0]
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str], *, node_local_template: str | None) -> NodeInfo:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.runtime.preemption import sigterm_ignored
 from hpcrun.scheduler.slurm import SlurmJobState
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -173,7 +174,7 @@ def requeuer_for(node: NodeInfo, spec: RunSpec,
     """The requeuer of this node's backend: Slurm's, or the local launcher's. Its Slurm calls go
     through the site's ``HPCRUN_SLURM_WRAPPER`` when ``environ`` sets one (agents inside a Pyxis
     image: :func:`hpcrun.runner.slurm_runner`)."""
-    if node.backend == "local":
+    if node.backend == Backend.LOCAL:
         return LocalRequeuer()
     from hpcrun.control.elastic import requeue_resize
     from hpcrun.runner import slurm_runner

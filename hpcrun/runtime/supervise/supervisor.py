@@ -101,7 +101,7 @@ from hpcrun.runtime.supervise.decisions import (
 )
 from hpcrun.runtime.supervise.takeover import claim_due, supervisor_of
 from hpcrun.storage import LOCAL_STORAGE
-from hpcrun.vocab import Tier
+from hpcrun.vocab import Backend, Tier
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -354,7 +354,7 @@ class Supervisor:
         job before its time limit. Once the other agents have exited (stopped beating; bounded
         by ``RELEASE_WAIT_S``, so the final run summary and drains are written), end the job.
         """
-        if self.node.backend != "slurm" or self.node.is_supervisor or self.liveness is None:
+        if self.node.backend != Backend.SLURM or self.node.is_supervisor or self.liveness is None:
             return
         others = set(self.node.nodes) - {self.node.node}
         deadline = self.clock.monotonic() + RELEASE_WAIT_S
@@ -482,7 +482,7 @@ class Supervisor:
         """The run has ended: the job's exit ``status`` for its batch shell
         (:func:`~hpcrun.launch.sbatch.job_exit_lines`), then the post-run manifest, published
         under ``inc``'s fence (both best effort)."""
-        if self.node.backend == "slurm":
+        if self.node.backend == Backend.SLURM:
             try:
                 LOCAL_STORAGE.write_atomic(job_exit_path(self.run_dir, self.node.job_id),
                                             f"{status}\n".encode())
