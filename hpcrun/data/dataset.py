@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hpcrun.data.docfiles import DocumentFiles
-from hpcrun.data.formats import ObjectFormat, ObjectReader, TokenMap, digest_file
+from hpcrun.data.formats import NPY_LOCK, ObjectFormat, ObjectReader, TokenMap, digest_file
 from hpcrun.data.manifest import DatasetManifest, ObjectEntry, SourceEntry, digest_arrays
 from hpcrun.errors import DataError, OutOfRangeError
 from hpcrun.storage import LOCAL_STORAGE, Storage
@@ -66,7 +66,7 @@ def load_index(path: Path, expected: str, obj: ObjectEntry) -> dict[str, np.ndar
         DataError: missing, unreadable, or not the index the manifest names.
     """
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with NPY_LOCK, np.load(path, allow_pickle=False) as npz:  # small: headers and all
             arrays = {k: np.asarray(npz[k], dtype=np.int64) for k in _INDEX_KEYS}
     except (OSError, KeyError, ValueError) as exc:
         raise DataError(f"index {path} of object {obj.path} is missing or unreadable "

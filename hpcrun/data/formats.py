@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import re
+import threading
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -293,6 +294,13 @@ def parse_npy_header(head: bytes) -> NpyLayout | None:
     return NpyLayout(offset=end, dtype=_dtype(descr), shape=shape)
 
 
+NPY_LOCK = threading.Lock()
+"""Held around every ``.npy``/``.npz`` header read. numpy parses a header with
+``ast.literal_eval``, and CPython 3.11's AST constructor is not thread-safe (two threads at once
+can raise ``SystemError: AST constructor recursion depth mismatch``); the bytes after the header
+are read outside it."""
+
+
 @functools.lru_cache(maxsize=64)
 def _dtype(descr: str) -> np.dtype:
     """``np.dtype(descr)``, cached: a corpus of one file per document has one or two."""
@@ -300,7 +308,8 @@ def _dtype(descr: str) -> np.dtype:
 
 
 def _npy_layout_slow(path: str) -> NpyLayout:
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    with NPY_LOCK:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     if arr.ndim not in (1, 2) or not arr.flags.c_contiguous or not isinstance(arr, np.memmap):
         raise DataError(f"{path}: expected a C-ordered 1-D or 2-D token array, found shape "
                         f"{arr.shape}; rewrite it with numpy.save")
@@ -314,7 +323,8 @@ def _empty() -> np.ndarray:
 
 
 def _scan_npy(path: str, with_hashes: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    with NPY_LOCK:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
     if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer) \
             or not arr.flags.c_contiguous:
         raise DataError(f"{path}: expected a C-ordered 1-D or 2-D integer token array, found "
