@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.errors import ConfigError
-from hpcrun.launch.sections import section_mapping
+from hpcrun.launch.sections import section_mapping, str_tuple
 from hpcrun.vocab import Backend
 
 __all__ = ["HOST_DIGEST_ENV", "HOST_VERSION_ENV", "ContainerConfig", "ContainerRuntime",
@@ -138,7 +138,7 @@ def container_from_dict(raw: object, *, source: str) -> ContainerConfig | None:
     if runtime not in {r.value for r in ContainerRuntime}:
         raise ConfigError(f"{source}: key 'container.runtime': expected "
                           f"{', '.join(r.value for r in ContainerRuntime)}, found {runtime!r}")
-    lists = {k: _str_list(raw.get(k), f"container.{k}", source) for k in ("mounts", "flags")}
+    lists = {k: str_tuple(f"container.{k}", raw.get(k), source) for k in ("mounts", "flags")}
     gpus = raw.get("gpus", True)
     if not isinstance(gpus, bool):
         raise ConfigError(f"{source}: key 'container.gpus': expected true/false, found {gpus!r}")
@@ -154,13 +154,6 @@ def container_from_dict(raw: object, *, source: str) -> ContainerConfig | None:
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
-
-def _str_list(value: object, key: str, source: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{source}: key {key!r}: expected a list of strings, found {value!r}")
-    return tuple(value)
 
 
 # -- the rank's command line ---------------------------------------------------------------------

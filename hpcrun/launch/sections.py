@@ -1,4 +1,5 @@
-"""One check for a site config's nested sections (``container:``, ``shared_tier:``)."""
+"""The checks a site config's sections share: a nested mapping (``container:``,
+``shared_tier:``) and a list of strings."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ def section_mapping(raw: object, *, key: str, keys: Sequence[str], source: str,
         raise ConfigError(f"{source}: key '{key}.{unknown[0]}': unknown; expected one of "
                           f"{', '.join(keys)}")
     return raw
+
+
+def str_tuple(key: str, value: object, source: str) -> tuple[str, ...]:
+    """``value`` as a tuple of strings (empty when absent).
+
+    Raises:
+        ConfigError: naming ``source`` and ``key`` when ``value`` is not a list of strings.
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{source}: key {key!r}: expected a list of strings, found {value!r}")
+    return tuple(value)

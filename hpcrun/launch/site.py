@@ -30,6 +30,7 @@ from hpcrun.errors import ConfigError
 from hpcrun.launch.alertsinks import AlertSinks, alert_sinks_from_dict
 from hpcrun.launch.container import ContainerConfig, container_from_dict
 from hpcrun.launch.jobsetup import sbatch_extra_from_dict
+from hpcrun.launch.sections import str_tuple
 from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.striping import SharedTierConfig, shared_tier_from_dict
@@ -242,7 +243,7 @@ def _check_keys(body: Mapping[Any, Any], source: str) -> None:
 
 def _convert(key: str, value: object, source: str) -> object:
     if key in _LIST_KEYS:
-        return _as_str_tuple(key, value, source)
+        return str_tuple(key, value, source)
     if key in _ENV_KEYS:
         return _as_env(value, source, key=key)
     if key == "container":
@@ -277,14 +278,6 @@ def _as_enum(key: str, value: str, source: str) -> StrEnum:
         choices = ", ".join(m.value for m in enum)  # type: ignore[attr-defined]
         raise ConfigError(f"{source}: key {key!r}: expected one of {choices}, "
                           f"found {value!r}") from None
-
-
-def _as_str_tuple(key: str, value: object, source: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{source}: key {key!r}: expected a list of strings, found {value!r}")
-    return tuple(value)
 
 
 def _as_env(value: object, source: str, *, key: str = "env") -> dict[str, str]:
