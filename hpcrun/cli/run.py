@@ -87,15 +87,14 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
 
 
 def _wait_local(proc: subprocess.Popen[bytes], run_dir: Path) -> int:
+    """Wait for the local launcher; print the run's end in the words status uses."""
     rc = proc.wait()
-    from hpcrun.control.record import read_record
-    from hpcrun.observe.collect import spec_script_mode
-    from hpcrun.observe.figures import STEPS_NOT_REPORTED
+    from hpcrun.observe.collect import collect_status
+    from hpcrun.observe.status import progress_text
 
-    record = read_record(run_dir)
-    where = (STEPS_NOT_REPORTED if record.step == 0 and spec_script_mode(run_dir)
-             else f"at step {record.step}")
-    click.echo(f"{run_dir.name}: {record.state} {where} (generation {record.generation})")
+    view = collect_status(run_dir).view
+    click.echo(f"{run_dir.name}: {view.facts.state}, {progress_text(view, live=False)} "
+               f"(generation {view.facts.generation})")
     return rc
 
 

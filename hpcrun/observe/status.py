@@ -464,16 +464,23 @@ def _gang_line(view: StatusView, *, active: bool) -> str:
 
 
 def _progress_line(view: StatusView) -> str:
+    return f"progress    {progress_text(view)}"
+
+
+def progress_text(view: StatusView, *, live: bool = True) -> str:
+    """The run's progress in words, as status prints it; ``live=False`` leaves out the recent
+    rate and the state's counts (the last line of ``submit --wait``, after the state)."""
     f = view.facts
+    rate = _recent_rate(view) if live else ""
     if view.steps_reported and f.step == 0 and view.reported_step > 0:
-        return (f"progress    step {view.reported_step} reported, none committed"
-                + _recent_rate(view))
+        return f"step {view.reported_step} reported, none committed" + rate
     if view.steps_reported:
-        return f"progress    step {f.step}  tokens {f.tokens:,}" + _recent_rate(view)
+        return f"step {f.step}{'  ' if live else ', '}tokens {f.tokens:,}" + rate
     if f.state in ACTIVE_STATES and not f.script_mode:
-        return "progress    no step reported yet"
-    return (f"progress    {STEPS_NOT_REPORTED} (state {f.state}, requeues {f.requeues}, "
-            f"restarts {f.restarts})")
+        return "no step reported yet"
+    counts = (f" (state {f.state}, requeues {f.requeues}, restarts {f.restarts})" if live
+              else "")
+    return STEPS_NOT_REPORTED + counts
 
 
 def _recent_rate(view: StatusView) -> str:

@@ -116,7 +116,7 @@ def test_submit_wait_of_a_silent_script_does_not_say_step_0(tmp_path: Path) -> N
     out = cli(root, "submit", str(path), "--backend", "local", "--wait")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].endswith(
-        "SUCCEEDED steps not reported by the script (generation 1)"), out.stdout
+        "SUCCEEDED, steps not reported by the script (generation 1)"), out.stdout
 
 
 def test_a_killed_script_rank_is_restarted_in_the_allocation(tmp_path: Path) -> None:
