@@ -7,9 +7,10 @@ suspect loss):
 1. every ``sdc.every_steps`` steps (and after the stop and final commits) each rank
    :func:`fingerprint`\\ s its parameters on their device and the ranks exchange the
    fingerprints in one small collective on the host (CPU) group;
-2. when they agree the check passed: the state is the new *known state* (a snapshot kept on the
-   parameters' device, taken only when the step is registered through ``ctx.run_step``), and
-   the caller marks the newest committed checkpoint known-good;
+2. when they agree the check passed: the state is the new *known state* (a snapshot of this
+   rank's own shards in host memory, pinned for a device and its buffers reused, never a
+   second copy on the device; taken only when the step is registered through
+   ``ctx.run_step``), and the caller marks the newest committed checkpoint known-good;
 3. when they disagree, or a rank saw a suspect loss, every rank replays the window since the
    known state with the same inputs (the user's step function registered through
    ``ctx.run_step``; the step is collective in DDP, so the whole gang replays it) and

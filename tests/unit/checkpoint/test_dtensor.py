@@ -142,6 +142,40 @@ def test_unknown_tensor_subclass_is_refused_at_registration(incarnation) -> None
         incarnation().restore({"model": {"w": odd}})  # a fresh run: nothing to restore yet
 
 
+class ShardedTensor:
+    """Named as torch's older sharded tensor (not a torch.Tensor), which hpcrun refuses."""
+
+
+def test_a_sharded_tensor_is_refused_at_registration_with_the_way_out(incarnation) -> None:
+    with pytest.raises(CheckpointError, match=r"'model/w'.*ShardedTensor.*fully_shard"):
+        incarnation().restore({"model": {"w": ShardedTensor()}})
+
+
+_PARTIAL = """
+import os, torch, torch.distributed as dist
+from torch.distributed.tensor import DTensor, Partial, init_device_mesh
+from hpcrun.checkpoint.chunks import local_box
+from hpcrun.errors import CheckpointError
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+try:
+    local_box(DTensor.from_local(torch.ones(4), mesh, [Partial()]), "model/w")
+except CheckpointError as e:
+    print(e)
+dist.destroy_process_group()
+"""
+
+
+def test_a_dtensor_with_a_pending_reduction_is_refused() -> None:
+    out = subprocess.run([sys.executable, "-c", _PARTIAL], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, "PORT": str(_free_port()), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "'model/w'" in out.stdout and "Partial placement" in out.stdout, out.stdout
+    assert "redistribute it to Shard or Replicate" in out.stdout
+
+
 # -- real gangs (gloo, one process per rank) -----------------------------------------------------
 
 def _free_port() -> int:
