@@ -164,6 +164,12 @@ def prepare_submission(req: SubmitRequest, context: SubmitContext, *,
         context.warn(f"hpcrun: not checked: {skipped.line()}")
     if not result.report.ok or result.runs_root is None:
         raise result.report.refusal()
+    if req.inject and result.spec.script_mode:
+        raise SpecError(
+            f"--inject {req.inject!r} cannot fire in a script run: its faults fire at hpcrun's "
+            "step boundaries (main(ctx)), which a plain script does not have; drop --inject "
+            "and drill the run with `hpcrun signal RUN` (a preemption) or by killing one of "
+            "its rank processes")
     return Submission(spec=result.spec, site=result.site, backend=result.backend,
                       runs_root=result.runs_root, report=result.report)
 

@@ -5,6 +5,7 @@ anything."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,18 @@ def test_a_bad_fault_schedule_is_an_admission_problem(tmp_path: Path) -> None:
     req = SubmitRequest(spec_path=_spec(tmp_path), backend="local", inject="melt@step=3")
     with pytest.raises(AdmissionError, match=r"HPCRUN_INJECT part 'melt@step=3' is malformed"):
         dry_run_submission(req, _context(tmp_path, []))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_fault_schedule_for_a_plain_script_is_refused_before_anything_is_created(
+        tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "run.yaml", {
+        "name": "plain", "command": [sys.executable, "-c", "print('trained')"], "site": "local",
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time_limit_min": 5}})
+    req = SubmitRequest(spec_path=spec, backend="local", inject="crash@step=3,rank=0")
+    with pytest.raises(SpecError, match=r"--inject 'crash@step=3,rank=0' cannot fire in a "
+                                        r"script run.*hpcrun signal RUN"):
+        submit_run(req, _context(tmp_path, []))
     assert not (tmp_path / "runs").exists()
 
 
