@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from hpcrun.control.record import read_record
+from hpcrun.observe.tracker import tracker_run_id
 from hpcrun.testing.runs import wait_for_state
 from tests.integration.local_helpers import REPO_ROOT, cli, states, submit
 
@@ -117,6 +118,21 @@ def test_submit_wait_of_a_silent_script_does_not_say_step_0(tmp_path: Path) -> N
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].endswith(
         "SUCCEEDED, steps not reported by the script (generation 1)"), out.stdout
+
+
+_PRINT_WANDB = ("import os; print('wandb', os.environ['RANK'], os.environ.get('WANDB_RUN_ID'), "
+                "os.environ.get('WANDB_RESUME'))")
+
+
+def test_rank_0_of_a_script_gets_the_runs_one_wandb_run(tmp_path: Path) -> None:
+    """A script's own ``wandb.init()`` on rank 0 resumes one run per hpcrun run: the id is the
+    run's (what a ``main(ctx)`` run's tracker uses), the same in every incarnation."""
+    spec = {"name": "tracked", "command": [sys.executable, "-c", _PRINT_WANDB], "site": "local",
+            "resources": {"nodes": 1, "tasks_per_node": 2, "time_limit_min": 5}}
+    run = submit(tmp_path, spec)
+    assert str(read_record(run).state) == "SUCCEEDED"
+    assert f"wandb 0 {tracker_run_id(run.name)} allow" in rank_log(run, 0)
+    assert "wandb 1 None None" in rank_log(run, 1)
 
 
 def test_a_killed_script_rank_is_restarted_in_the_allocation(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ user's script unchanged on every rank, as torchrun would (docs/scripts.md):
    ``ROLE_WORLD_SIZE``, ``TORCHELASTIC_*``) beside the ``HPCRUN_*`` variables
    :mod:`hpcrun.lite` reads. hpcrun forms no process group: the script's own
    ``init_process_group(backend)`` with ``env://`` forms the default one. No warm process is
-   used: the script's imports are its own.
+   used: the script's imports are its own. Rank 0 also gets ``WANDB_RUN_ID`` and
+   ``WANDB_RESUME=allow`` (:func:`tracker_environ`), so a script's own wandb run is one run
+   across requeues.
 2. **Preemption.** The agent relays a preemption to every rank as the spec's ``preempt_signal``
    (:func:`rank_signal`, SIGTERM by default: what torchrun forwards to its workers, so what
    torchrun scripts handle), again every 2 s until they exit. The ranks then have the site's
@@ -71,6 +73,17 @@ def rank_environ(dist: DistEnv, spec: RunSpec, *, run_id: str) -> dict[str, str]
     max_restarts = int(spec.retry.max_attempts.get(str(FaultClass.PROCESS_CRASH), 0))
     return {**dist.torchrun_environ(run_id=run_id, max_restarts=max_restarts),
             RANK_SIGNAL_ENV: spec.preempt_signal}
+
+
+def tracker_environ(rank: int, *, run_id: str) -> dict[str, str]:
+    """Rank 0's wandb run, one per hpcrun run across requeues and restarts, as a ``main(ctx)``
+    run's tracker has it (:func:`hpcrun.observe.tracker.tracker_run_id`): the script's own
+    ``wandb.init()`` resumes it. The agent keeps what the user's environment already sets."""
+    if rank != 0:
+        return {}
+    from hpcrun.observe.tracker import tracker_run_id
+
+    return {"WANDB_RUN_ID": tracker_run_id(run_id), "WANDB_RESUME": "allow"}
 
 
 def grace_s(site: SiteConfig) -> float:
