@@ -1,6 +1,6 @@
 """``make bench`` / ``python -m benchmarks``: every comparison side by side, in one run.
 
-    python -m benchmarks [--quick] [--only ckpt drain partner data ops restart scale]
+    python -m benchmarks [--quick] [--only ckpt fsdp drain partner data ops restart scale]
                          [--repeats N]
                          [--sizes 1 4] [--dir /var/tmp] [--out benchmarks/results]
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks import harness
 
-SECTIONS = ("ckpt", "drain", "partner", "data", "ops", "restart", "scale")
+SECTIONS = ("ckpt", "fsdp", "drain", "partner", "data", "ops", "restart", "scale")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,6 +53,14 @@ def _ckpt(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> N
             reps = args.repeats if size <= 2 else min(args.repeats, args.repeats_large)
             out.update(suite_ckpt.run_size(size, Path(tmp), reps))
         md += suite_ckpt.render(name, results[name])
+
+
+def _fsdp(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> None:
+    from benchmarks import suite_fsdp
+
+    with harness.section(results, "fsdp") as out:
+        out.update(suite_fsdp.run(min(args.sizes[0], 1.0), 4, args.repeats, args.dir))
+    md += suite_fsdp.render(results["fsdp"])
 
 
 def _drain(args: argparse.Namespace, results: dict[str, Any], md: list[str]) -> None:
@@ -112,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"machine": harness.machine(), "args": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     md = ["# hpcrun benchmarks", ""]
-    steps = {"ckpt": _ckpt, "drain": _drain, "partner": _partner, "data": _data, "ops": _ops,
-             "restart": _restart, "scale": _scale}
+    steps = {"ckpt": _ckpt, "fsdp": _fsdp, "drain": _drain, "partner": _partner, "data": _data,
+             "ops": _ops, "restart": _restart, "scale": _scale}
     for name in SECTIONS:
         if name in args.only:
             steps[name](args, results, md)
