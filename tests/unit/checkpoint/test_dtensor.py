@@ -224,18 +224,22 @@ def test_fsdp2_reshards_2_to_4_and_3_uneven(gang_dirs) -> None:
     _same(out, "restored-3")
 
 
-def test_tp_by_fsdp_restores_onto_fsdp_2(gang_dirs) -> None:
+def test_tp_by_fsdp_restores_onto_fsdp_2_and_4(gang_dirs) -> None:
     run, out = gang_dirs
     _gang("save", "tp", 4, run, out)
     _gang("restore", "fsdp", 2, run, out)
     _same(out, "restored-2")
+    _gang("restore", "fsdp", 4, run, out)
+    _same(out, "restored-4")
 
 
-def test_fsdp_4_restores_onto_tp_by_fsdp(gang_dirs) -> None:
+def test_fsdp_4_restores_onto_tp_by_fsdp_and_onto_fsdp_2(gang_dirs) -> None:
     run, out = gang_dirs
     _gang("save", "fsdp", 4, run, out)
     _gang("restore", "tp", 4, run, out)
     _same(out, "restored-4")
+    _gang("restore", "fsdp", 2, run, out)
+    _same(out, "restored-2")
 
 
 def test_hsdp_writes_each_box_once_and_restores_onto_fsdp(gang_dirs) -> None:
