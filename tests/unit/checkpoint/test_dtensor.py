@@ -29,6 +29,7 @@ from hpcrun.checkpoint.readplan import Need, plan_node
 from hpcrun.checkpoint.restore import build_tensors
 from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
 from hpcrun.control.payload import canonical_json
+from hpcrun.drill.restore import restore_drill
 from hpcrun.drill.states import find_committed, load_state
 from hpcrun.errors import CheckpointError
 
@@ -218,6 +219,11 @@ def test_fsdp2_reshards_2_to_4_and_3_uneven(gang_dirs) -> None:
     for size in (1, 3):
         got = load_state(run, find_committed(run), world_size=size)
         assert all(r.tensors[k] == saved[k].tobytes() for r in got.ranks for k in saved.files)
+    # hpcrun drill --restore: every layout, and the damaged copies refused
+    checks = restore_drill(run)
+    assert [c for c in checks if c.ok is False] == [], checks
+    assert {"latest → 2 ranks", "latest → 1 ranks", "latest → 4 ranks",
+            "reject bit-flipped shard"} <= {c.name for c in checks}, checks
     _gang("restore", "fsdp", 4, run, out)
     _same(out, "restored-4")
     _gang("restore", "fsdp", 3, run, out)
