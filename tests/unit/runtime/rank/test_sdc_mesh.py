@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import socket
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
 from hpcrun.control.notes import ReplicaCheckOffNote, decode_note
 from hpcrun.runtime.rank.sdc_guard import fingerprint, shard_signature
+
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _one_shot(tensors: list[torch.Tensor]) -> str:
@@ -39,3 +47,28 @@ def test_replica_check_off_note_round_trips() -> None:
     note = ReplicaCheckOffNote(detail="no replicas to compare: replica check off")
     back = decode_note(note.to_payload())
     assert isinstance(back, ReplicaCheckOffNote) and back.detail == note.detail
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_hsdp_replicas_are_compared_along_the_replicate_dim_and_a_flip_names_its_rank(
+        tmp_path: Path) -> None:
+    """A real 4-rank gloo gang, HSDP on a (2, 2) mesh: ranks 0 and 2 hold one shard, 1 and 3
+    the other; a bit flipped on rank 3 is found by comparing it with rank 1 only, and rank 0
+    logs one FAULT sdc naming rank 3 on its node."""
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.unit.runtime.rank.sdc_hsdp_worker",
+                               str(r), str(port), str(tmp_path)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(4)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(logs)[-4000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert all(sorted(r["groups"]) == [[0, 2], [1, 3]] for r in ranks), ranks
+    assert all(r["ended"][0] == "SdcEchoError" for r in ranks), ranks
+    assert ranks[0]["faults"] == [{"fault": "sdc", "rank": 3, "node": "n1", "step": 4}], ranks[0]
