@@ -25,6 +25,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from examples.tiny_lm.model import GPTConfig, TinyGPT
+from examples.tiny_lm.train import SampleLedger
 from hpcrun.data.pipeline import DataPipeline
 
 TP = 2
@@ -84,8 +85,12 @@ def main(ctx: Any) -> None:
 
     # the ranks of a tp group share one batch: only the first counts its tokens
     counts = ctx.config.get("parallel", "fsdp") != "tp" or ctx.rank % TP == 0
-    for _step in ctx.steps(int(ctx.config["steps"])):
+    ledger = SampleLedger(ctx, data)  # config.ledger: rank 0 records each step's samples
+    for step in ctx.steps(int(ctx.config["steps"])):
+        ledger.skips(ctx.skipped_steps)
         batch = next(data)
         loss = ctx.run_step(train_step, batch)
+        ledger.record(step, int(batch["batch"]))
         ctx.step_done(tokens=int(batch["tokens"][:, 1:].numel()) if counts else 0, loss=loss)
+    ledger.skips(ctx.skipped_steps)
     data.close()

@@ -71,7 +71,7 @@ def main(ctx: Any) -> None:
     # hpcrun's DDP: under data.contract bitwise its gradient buckets keep one layout, so a
     # resumed run reduces every step as the uninterrupted one does (docs/recovery.md).
     net = ddp(ctx, model)
-    ledger = _ledger(ctx, data)
+    ledger = SampleLedger(ctx, data)
 
     def train_step(batch: dict[str, Any]) -> float:
         # The whole optimizer step from the batch alone: hpcrun can replay it on a suspect
@@ -94,7 +94,7 @@ def main(ctx: Any) -> None:
     data.close()
 
 
-class _Ledger:
+class SampleLedger:
     """Rank 0 records which samples each global step consumed (the sample ledger), and, written
     again with ``skipped``, a step whose update hpcrun dropped (``sdc.policy: skip_batch``)."""
 
@@ -118,6 +118,3 @@ class _Ledger:
             self.record(done - 1, int(batch), skipped=True)  # ``done`` counts completed steps
         self.written = len(skipped)
 
-
-def _ledger(ctx: Any, data: DataPipeline) -> _Ledger:
-    return _Ledger(ctx, data)

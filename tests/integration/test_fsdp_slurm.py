@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrun.control.log import EntryKind
+from hpcrun.control.entries import FaultInjectedNote
+from hpcrun.control.fencing import UNFENCED
+from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.drill.contracts import check_contracts, not_held
+from hpcrun.drill.evidence import collect
+from hpcrun.drill.matrix import row_for
 from hpcrun.drill.states import diff_states, find_committed, load_state
 from hpcrun.testbed import Testbed
-from tests.integration.helpers import RunFactory, slurm_spec
+from tests.integration.helpers import RunFactory, paced, slurm_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -32,3 +37,40 @@ def test_interrupted_fsdp_run_is_bitwise_identical_on_the_testbed(
     a = load_state(ref.run_dir, find_committed(ref.run_dir))
     b = load_state(run.run_dir, find_committed(run.run_dir))
     assert diff_states(a, b) == []
+
+
+def test_an_elastic_fsdp_run_shrinks_onto_the_surviving_nodes_and_reshards(
+        testbed: Testbed, runs: RunFactory) -> None:
+    """FSDP2 over 3 nodes x 1 rank, elastic: a node lost with no spare, the gang goes on with
+    2 ranks in the same job, its DTensor state resharded 3 → 2 (uneven rows to even), every
+    global batch consumed once."""
+    steps = 200
+    spec = slurm_spec(testbed, nodes=3, tasks_per_node=1, steps=steps, every_steps=10,
+                      entrypoint="examples.fsdp_lm.train:main", data={"global_batch": 6},
+                      membership={"mode": "elastic", "min_nodes": 2},
+                      config={"parallel": "fsdp", "ledger": True})
+    run = runs.submit(spec, inject=paced(0.05, 3))
+    run.wait_for("a checkpoint on the shared tier and progress past it", lambda: (
+        (rec := run.record()).step >= 30
+        and any(c.tier == "shared" for c in rec.checkpoints)), timeout=240)
+    gang = run.record().membership
+    assert len(gang) == 3, "--nodes=2-3 on an idle testbed grants 3 nodes"
+    victim = gang[1]
+    try:
+        testbed.crash(victim)
+        RunLog(run.run_dir).append_entry(FaultInjectedNote(
+            fault="node-loss-shrink", node=victim, step=run.record().step),
+            generation=UNFENCED, holder="")
+        rec = run.wait({"SUCCEEDED"}, timeout=400)
+    finally:
+        testbed.boot(victim)
+    assert rec.job_ids == (run.job_id,) and rec.requeues == 0, rec
+    assert rec.membership == tuple(n for n in gang if n != victim) and rec.step == steps
+    restored = [e for e in run.rank_events("restored") if e["generation"] == rec.generation]
+    assert {e["rank"] for e in restored} == {0, 1} and len({e["step"] for e in restored}) == 1
+    faults = [str(e.payload.get("fault")) for e in run.valid(EntryKind.FAULT)]
+    assert "sdc" not in faults and "user_error" not in faults, faults
+    ev = collect(run.run_dir, victim_rank=1)
+    broken = not_held(check_contracts(ev, row_for("node-loss-shrink")),
+                      row_for("node-loss-shrink"))
+    assert not broken, broken
