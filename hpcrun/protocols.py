@@ -29,6 +29,7 @@ __all__ = [
     "CommandResult",
     "CommandRunner",
     "CursorEnvelope",
+    "CursorSource",
     "Event",
     "InputWaitSource",
     "RunContext",
@@ -57,6 +58,19 @@ class InputWaitSource(Protocol):
 
     def take_input_wait(self) -> float:
         """Seconds waited for batches handed out since the previous call (each counted once)."""
+        ...
+
+
+@runtime_checkable
+class CursorSource(Protocol):
+    """A data loader whose position a commit publishes (a CURSOR entry beside the PROGRESS).
+
+    The context asks the objects registered with ``ctx.restore(...)`` for this method when a
+    save starts (:class:`hpcrun.data.pipeline.DataPipeline` implements it).
+    """
+
+    def cursor_envelope(self) -> dict[str, Any]:
+        """The position of the next batch, as a :class:`CursorEnvelope` dict."""
         ...
 
 

@@ -150,8 +150,12 @@ class Checkpointer:
     # -- save ------------------------------------------------------------------------------
 
     def save(self, step: int, state: Mapping[str, Any], *, extra: Mapping[str, Any] | None = None,
+             progress: protocol.CommitProgress | None = None,
              blocking: bool = False) -> SaveResult | None:
         """COLLECTIVE: checkpoint ``state`` at ``step``; see the module docstring.
+
+        ``progress`` (rank 0's) is published with the COMMIT: PROGRESS and the data CURSOR at
+        ``step``, whenever the commit lands (at once, or at a later poll, wait or save).
 
         Returns:
             The result when ``blocking``; else None (results arrive from poll/wait/next save).
@@ -169,7 +173,7 @@ class Checkpointer:
                 return None
             self._finalize()
         t0 = self._clock.monotonic()
-        info = self._info(step, extra)
+        info = self._info(step, extra, progress)
         flat = flatten_state(wrap_sharded(state))
         meta = {**flat.meta, RNG_FIELD: capture_rng()}
         pieces = plan_pieces(flat, rank=self.layout.rank, world_size=self.layout.world_size)
@@ -185,11 +189,13 @@ class Checkpointer:
         """The fault hook for the stages of the save of ``step``."""
         return lambda stage: self._fault_hook(stage, step)
 
-    def _info(self, step: int, extra: Mapping[str, Any] | None) -> protocol.CheckpointInfo:
+    def _info(self, step: int, extra: Mapping[str, Any] | None,
+              progress: protocol.CommitProgress | None = None) -> protocol.CheckpointInfo:
         return protocol.CheckpointInfo(
             ckpt_id=checkpoint_id(generation=self.id.generation, step=step, holder=self.id.holder),
             identity=self.id, step=step, parent=self._parent, nodes=self._comm.nodes(),
-            checksum=self.checksum, created=self._clock.now(), extra=dict(extra or {}))
+            checksum=self.checksum, created=self._clock.now(), extra=dict(extra or {}),
+            progress=progress)
 
     def _write(self, info: protocol.CheckpointInfo, staged: list[Any]) -> protocol.ShardReport:
         # The NaN/Inf scan runs while the shard is written: the CPU is idle during O_DIRECT

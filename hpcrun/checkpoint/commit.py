@@ -85,6 +85,17 @@ class CommitOutcome:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CommitProgress:
+    """The run's progress at a checkpoint's step, published with its COMMIT: a PROGRESS entry
+    (the step, the gang's tokens) and, when the state holds a data loader, a CURSOR entry."""
+
+    tokens: int
+    """Tokens the gang accepted up to the step."""
+    cursor: Mapping[str, Any] | None = None
+    """The data cursor envelope at the step (taken when the save started)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointInfo:
     """Identity of a checkpoint being committed (everything but its shards)."""
 
@@ -104,6 +115,8 @@ class CheckpointInfo:
     """Wall time."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Caller's extra values."""
+    progress: CommitProgress | None = None
+    """What the commit publishes beside the COMMIT (rank 0's; None: nothing)."""
 
 
 def refusal(reports: Sequence[ShardReport], step: int) -> tuple[Outcome, str] | None:

@@ -53,6 +53,7 @@ from hpcrun.checkpoint.manifest import (
 )
 from hpcrun.checkpoint.state import META_KEY
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
+from hpcrun.control.entries import CursorPayload, ProgressPayload
 from hpcrun.control.log import RunLog
 from hpcrun.control.payload import canonical_json
 from hpcrun.errors import (
@@ -434,10 +435,25 @@ def commit_nodes(run_dir: Path, log: RunLog, info: CheckpointInfo,
     try:
         entry = log.publish_entry(payload, generation=info.identity.generation,
                                   holder=info.identity.holder)
+        publish_progress(log, info)
     except StaleGenerationError as exc:
         return CommitOutcome(outcome=Outcome.STALE, message=str(exc))
     fault("after_commit")
     return CommitOutcome(outcome=Outcome.COMMITTED, bytes=total, slot=entry.slot)
+
+
+def publish_progress(log: RunLog, info: CheckpointInfo) -> None:
+    """The rest of a commit: PROGRESS (the step and the gang's tokens) and the data CURSOR at
+    the step, under the writer's fence (nothing when the save carries no progress)."""
+    progress = info.progress
+    if progress is None:
+        return
+    gen, holder = info.identity.generation, info.identity.holder
+    log.publish_entry(ProgressPayload(step=info.step, tokens=progress.tokens), generation=gen,
+                      holder=holder)
+    if progress.cursor is not None:
+        log.publish_entry(CursorPayload(step=info.step, cursor=progress.cursor), generation=gen,
+                          holder=holder)
 
 
 def read_top_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,

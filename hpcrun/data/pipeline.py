@@ -362,6 +362,11 @@ class DataPipeline(Iterator[dict[str, Any]]):
         return DataCursor(dataset_id=self.dataset_id, position=state, epochs=epochs,
                           layout=self.layout()).to_state_dict()
 
+    def cursor_envelope(self) -> dict[str, Any]:
+        """The :class:`~hpcrun.protocols.CursorSource` seam: the cursor a commit publishes
+        (the same envelope as :meth:`state_dict`)."""
+        return self.state_dict()
+
     def load_state_dict(self, state_dict: Mapping[str, Any], /) -> None:
         """Resume at the cursor's batch; prefetched reads are discarded and rebuilt.
 

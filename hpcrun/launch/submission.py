@@ -164,7 +164,7 @@ def prepare_submission(req: SubmitRequest, context: SubmitContext, *,
         context.warn(f"hpcrun: not checked: {skipped.line()}")
     if not result.report.ok or result.runs_root is None:
         raise result.report.refusal()
-    if req.inject and result.spec.script_mode:
+    if req.inject and result.spec is not None and result.spec.script_mode:
         raise SpecError(
             f"--inject {req.inject!r} cannot fire in a script run: its faults fire at hpcrun's "
             "step boundaries (main(ctx)), which a plain script does not have; drop --inject "

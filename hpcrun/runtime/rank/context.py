@@ -24,13 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.entries import (
-    CursorPayload,
-    InitFromNote,
-    KnownGoodNote,
-    ProgressPayload,
-    StatePayload,
-)
+from hpcrun.control.entries import InitFromNote, KnownGoodNote, StatePayload
 from hpcrun.control.log import RunLog
 from hpcrun.control.notes import DdpRebuildsNote, NoRestoreNote
 from hpcrun.control.states import RunState
@@ -115,7 +109,6 @@ class Context:
         self._clock = clock
         self._state: dict[str, Any] = {}
         self._restored = False
-        self._cursors: dict[int, Any] = {}
         self._p = _Progress(validated=not announce_running)
         self.stopped = False
         self._sdc = SdcGuard(policy=spec.sdc, rank=env.rank, node=incarnation.node,
@@ -372,12 +365,15 @@ class Context:
                 generation=self.generation, holder=self.inc.holder)
 
     def _save(self, *, blocking: bool) -> None:
-        if self.rank == 0:
-            self._cursors = {self._p.step: self._data_cursor()}  # one save in flight at most
+        from hpcrun.checkpoint.commit import CommitProgress
+
+        # rank 0's commit publishes PROGRESS and the CURSOR of the step it saved, taken now
+        progress = (CommitProgress(tokens=self._p.tokens, cursor=self._data_cursor())
+                    if self.rank == 0 else None)
         t0 = self._clock.monotonic()
         with self._events.span("ckpt_stage", self._p.step, blocking=blocking):
             result = self._ckpt.save(self._p.step, self._state, extra=self._extra(),
-                                     blocking=blocking)
+                                     progress=progress, blocking=blocking)
         # The cadence counts from the save's start: an async save is due once, not until
         # it commits. Its cost C is the exposed pause (the whole save when blocking).
         pause = getattr(result, "pause_s", None)
@@ -395,28 +391,19 @@ class Context:
                           pause_s=getattr(result, "pause_s", None),
                           write_s=getattr(result, "write_s", None),
                           bytes=getattr(result, "bytes", None))
-        if self.rank == 0:
-            self._log.publish_entry(ProgressPayload(step=int(result.step), tokens=self._p.tokens),
-                                    generation=self.generation, holder=self.inc.holder)
-            cursor = self._cursors.pop(int(result.step), None)
-            if cursor is not None:
-                self._log.publish_entry(CursorPayload(step=int(result.step), cursor=cursor),
-                                        generation=self.generation, holder=self.inc.holder)
 
-    def _data_cursor(self) -> Any:
-        """The data cursor among the registered state (an hpcrun cursor envelope), if any.
+    def _data_cursor(self) -> dict[str, Any] | None:
+        """The cursor of the first registered data loader (a
+        :class:`~hpcrun.protocols.CursorSource`), if any.
 
         Taken when a save starts, so an asynchronous commit publishes the position of the
         step it saved, not of the step at which it finished.
         """
+        from hpcrun.protocols import CursorSource
+
         for obj in self._state.values():
-            sd = getattr(obj, "state_dict", None)
-            if getattr(obj, "dataset_id", None) is None or sd is None:
-                continue
-            cursor = sd()
-            if isinstance(cursor, dict) and str(cursor.get("kind", "")).startswith(
-                    "hpcrun.data.cursor"):
-                return cursor
+            if isinstance(obj, CursorSource):
+                return obj.cursor_envelope()
         return None
 
     def _ensure_committed(self) -> None:
