@@ -77,5 +77,6 @@ def guarded_setup(line: str, *, key: str = "setup") -> str:
         raise ConfigError(f"{key} line {line!r} holds the control character "
                           f"{found.group()!r}; remove it")
     quoted = shlex.quote(line)
-    return (f"eval {quoted} || {{ echo \"hpcrun: site setup line failed:\" {quoted} >&2; "
-            "exit 1; }")
+    # parsed first (bash -n): a syntax error inside eval can end bash before `||` runs
+    return (f"bash -n -c {quoted} 2>/dev/null && eval {quoted} || {{ echo \"hpcrun: site "
+            f"setup line failed:\" {quoted} >&2; exit 1; }}")

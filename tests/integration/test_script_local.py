@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 
 from hpcrun.control.record import read_record
 from hpcrun.observe.tracker import tracker_run_id
+from hpcrun.proctree import crash_process_tree
 from hpcrun.testing.runs import wait_for_state
 from tests.integration.local_helpers import REPO_ROOT, cli, states, submit
 
@@ -148,6 +150,31 @@ def test_a_killed_script_rank_is_restarted_in_the_allocation(tmp_path: Path) -> 
     assert [f.fault for f in record.faults] == ["process_crash"]
     resumed = [int(s) for s in re.findall(r"rank 1/2 starts at step (\d+)", rank_log(run, 1))]
     assert resumed[0] == 0 and resumed[1] >= 20
+    assert torch.load(ckpt, weights_only=True)["step"] == STEPS
+
+
+def _parent(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.slow
+def test_a_plain_script_survives_the_loss_of_a_node_through_its_own_file(
+        tmp_path: Path) -> None:
+    """Node local1 loses power (its agent and its rank SIGKILLed at once, as ``nodecrash`` does
+    to a ``main(ctx)`` run): a node failure, a new incarnation, and the script's own resume
+    logic picks up its newest save."""
+    ckpt = tmp_path / "ddp.pt"
+    spec = example_spec("run.yaml", ["--steps", str(STEPS), "--ckpt", str(ckpt),
+                                     "--step-time", "0.1", "--save-every", "20"])
+    run = submit(tmp_path, spec, wait=False)
+    wait_for_log(run, 0, r"saved step 20 to")
+    crash_process_tree(_parent(script_rank_pid(run, 1)))  # node 1's agent, and all it started
+    record = wait_for_state(run, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=180)
+    assert str(record.state) == "SUCCEEDED", record
+    assert "node_failure" in [f.fault for f in record.faults], record.faults
+    assert record.generation >= 2
+    resumed = [int(s) for s in re.findall(r"rank 0/2 starts at step (\d+)", rank_log(run, 0))]
+    assert resumed[0] == 0 and resumed[-1] >= 20, resumed
     assert torch.load(ckpt, weights_only=True)["step"] == STEPS
 
 

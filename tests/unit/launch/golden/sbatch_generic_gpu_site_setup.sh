@@ -51,8 +51,8 @@ trap hpcrun_job_exit EXIT
 # so a comment or a `;` in it cannot cut the guard off). Activation scripts (conda, venv) read
 # unset variables, so -u is off while they run.
 set +u
-eval 'export HF_HOME=/lustre/$USER/hf-cache' || { echo "hpcrun: site setup line failed:" 'export HF_HOME=/lustre/$USER/hf-cache' >&2; exit 1; }
-eval 'ulimit -n 65536' || { echo "hpcrun: site setup line failed:" 'ulimit -n 65536' >&2; exit 1; }
+bash -n -c 'export HF_HOME=/lustre/$USER/hf-cache' 2>/dev/null && eval 'export HF_HOME=/lustre/$USER/hf-cache' || { echo "hpcrun: site setup line failed:" 'export HF_HOME=/lustre/$USER/hf-cache' >&2; exit 1; }
+bash -n -c 'ulimit -n 65536' 2>/dev/null && eval 'ulimit -n 65536' || { echo "hpcrun: site setup line failed:" 'ulimit -n 65536' >&2; exit 1; }
 set -u
 
 # Preemption: Slurm sends SIGUSR1 to the job steps (--signal without B:), so every agent

@@ -46,7 +46,7 @@ trap hpcrun_job_exit EXIT
 # so a comment or a `;` in it cannot cut the guard off). Activation scripts (conda, venv) read
 # unset variables, so -u is off while they run.
 set +u
-eval 'module load apptainer/1.3' || { echo "hpcrun: site setup line failed:" 'module load apptainer/1.3' >&2; exit 1; }
+bash -n -c 'module load apptainer/1.3' 2>/dev/null && eval 'module load apptainer/1.3' || { echo "hpcrun: site setup line failed:" 'module load apptainer/1.3' >&2; exit 1; }
 set -u
 
 # Preemption: Slurm sends SIGUSR2 to the job steps (--signal without B:), so every agent
