@@ -13,7 +13,6 @@ import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,23 +23,9 @@ from hpcrun.control.entries import FaultPayload
 from hpcrun.control.spec import SdcPolicy
 from hpcrun.runtime.rank.sdc_guard import SdcGuard
 from hpcrun.testing import FakeClock
+from tests.unit.runtime.rank.sdc_fakes import RecordingEvents, RecordingLog
 
 WORLD, FLIP_AFTER, STEPS = 4, 3, 8
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.entries: list[Any] = []
-
-    def append_entry(self, payload: Any, **kw: Any) -> None:
-        self.entries.append(payload)
-
-    publish_entry = append_entry
-
-
-class _Events:
-    def emit(self, kind: str, step: int, **data: Any) -> None:
-        pass
 
 
 def main(rank: int, port: int, out: Path) -> None:
@@ -51,11 +36,11 @@ def main(rank: int, port: int, out: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     fully_shard(model, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("rep", "shard")))
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
-    log = _Log()
+    log = RecordingLog()
     guard = SdcGuard(policy=SdcPolicy(every_steps=2), rank=rank, node=f"n{rank // 2}",
                      world_size=WORLD, log=log,  # type: ignore[arg-type]
                      incarnation=SimpleNamespace(generation=1, holder="h"),  # type: ignore[arg-type]
-                     events=_Events(), clock=FakeClock(), device="cpu")  # type: ignore[arg-type]
+                     events=RecordingEvents(), clock=FakeClock(), device="cpu")  # type: ignore[arg-type]
     guard.start({"model": model, "optim": optim})
     g = torch.Generator().manual_seed(10 + rank)  # each data-parallel rank its own batches
     batches = [torch.randn(4, 8, generator=g) for _ in range(STEPS)]

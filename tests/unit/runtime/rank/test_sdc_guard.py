@@ -19,31 +19,14 @@ from hpcrun.runtime.rank.sdc import CANARY_ANSWER
 from hpcrun.runtime.rank.sdc_guard import SdcGuard, fingerprint, run_canary
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import FaultClass, SdcAction
+from tests.unit.runtime.rank.sdc_fakes import RecordingEvents, RecordingLog
 
 
-class _Log:
-    def __init__(self) -> None:
-        self.entries: list[Any] = []
-
-    def append_entry(self, payload: Any, **kw: Any) -> None:
-        self.entries.append(payload)
-
-    publish_entry = append_entry
-
-
-class _Events:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, int, dict[str, Any]]] = []
-
-    def emit(self, kind: str, step: int, **data: Any) -> None:
-        self.seen.append((kind, step, data))
-
-
-def _guard(**policy: Any) -> tuple[SdcGuard, _Log]:
-    log = _Log()
+def _guard(**policy: Any) -> tuple[SdcGuard, RecordingLog]:
+    log = RecordingLog()
     guard = SdcGuard(policy=SdcPolicy(**policy), rank=0, node="n0", world_size=1,
                      log=log, incarnation=SimpleNamespace(generation=1, holder="h"),  # type: ignore[arg-type]
-                     events=_Events(), clock=FakeClock(), device="cpu")  # type: ignore[arg-type]
+                     events=RecordingEvents(), clock=FakeClock(), device="cpu")  # type: ignore[arg-type]
     return guard, log
 
 
