@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Samples, drop_caches, ratio, table, verdict
+from hpcrun.testing.net import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WIDTH = 2048
@@ -188,21 +188,31 @@ def _dcp_save(r: _Rank, s: Samples) -> None:
     s.add("dcp.write_s", took)
 
 
-def _dcp_async(r: _Rank, s: Samples) -> None:
+def _timed_async(name: str, start: Any, finish: Any, s: Samples) -> Any:
+    """An asynchronous save: ``start()`` returns after staging (the pause), ``finish(handle)``
+    once durable; both the slowest rank's, between barriers, as ``<name>.pause_s`` and
+    ``<name>.write_s``. Returns what ``finish`` returned."""
     import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    handle = start()
+    pause = time.perf_counter() - t0
+    out = finish(handle)
+    durable = time.perf_counter() - t0
+    dist.barrier()
+    s.add(f"{name}.pause_s", _slowest(pause))
+    s.add(f"{name}.write_s", _slowest(durable))
+    return out
+
+
+def _dcp_async(r: _Rank, s: Samples) -> None:
     import torch.distributed.checkpoint as dcp
 
     d = _dcp_dir(r, "dcp-async")
-    dist.barrier()
-    t0 = time.perf_counter()
-    fut = dcp.async_save(_dcp_state(r), storage_writer=dcp.FileSystemWriter(
-        str(d), sync_files=True), process_group=r.dcp_group)
-    pause = time.perf_counter() - t0
-    fut.result()
-    durable = time.perf_counter() - t0
-    dist.barrier()
-    s.add("dcp async.pause_s", _slowest(pause))
-    s.add("dcp async.write_s", _slowest(durable))
+    _timed_async("dcp async", lambda: dcp.async_save(
+        _dcp_state(r), storage_writer=dcp.FileSystemWriter(str(d), sync_files=True),
+        process_group=r.dcp_group), lambda fut: fut.result(), s)
 
 
 def _dcp_load(r: _Rank, s: Samples) -> None:
@@ -219,23 +229,14 @@ def _dcp_load(r: _Rank, s: Samples) -> None:
 
 
 def _hpcrun_saves(r: _Rank, ck: Any, s: Samples) -> None:
-    import torch.distributed as dist
-
     r.step += 1
     took, res = _timed(lambda: ck.save(r.step, r.state(), blocking=True))
     assert res is not None and res.committed, res
     s.add("hpcrun sync.write_s", took)
     r.step += 1
-    dist.barrier()
-    t0 = time.perf_counter()
-    ck.save(r.step, r.state())
-    pause = time.perf_counter() - t0
-    res = ck.wait()
-    durable = time.perf_counter() - t0
-    dist.barrier()
+    res = _timed_async("hpcrun async", lambda: ck.save(r.step, r.state()),
+                       lambda _: ck.wait(), s)
     assert res is not None and res.committed, res
-    s.add("hpcrun async.pause_s", _slowest(pause))
-    s.add("hpcrun async.write_s", _slowest(durable))
 
 
 def _cold(r: _Rank) -> str:
@@ -293,19 +294,13 @@ def worker(rank: int, world: int, port: int, layers: int, repeats: int, scratch:
 
 # -- the driver ---------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run(size_gib: float = 1.0, world: int = 4, repeats: int = 3,
         base: Path = Path("/var/tmp")) -> dict[str, Any]:
     """Start the gang, collect rank 0's samples, return medians and ratios."""
     layers = layers_for(size_gib)
     with tempfile.TemporaryDirectory(prefix="hpcrun-bench-fsdp-", dir=base) as tmp:
         scratch, out = Path(tmp), Path(tmp) / "samples.json"
-        port = _free_port()
+        port = free_port()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         procs = [subprocess.Popen(
             [sys.executable, "-m", "benchmarks.suite_fsdp", "--worker", str(rank), str(world),

@@ -36,7 +36,6 @@ for grace times or node failures; ``make test-quick`` runs ``-m "not slow"``).
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +47,7 @@ from hpcrun.errors import HpcrunError
 from hpcrun.testbed import JobClient, Testbed, TestbedConfig
 from hpcrun.testbed.config import default_state_dir
 from hpcrun.testbed.jobs import TERMINAL_STATES
+from hpcrun.testing.net import free_port as _free_port
 
 if TYPE_CHECKING:
     from tests.integration.helpers import RunFactory
@@ -105,12 +105,6 @@ def job_dir(testbed: Testbed, request: pytest.FixtureRequest) -> Path:
     path = testbed.shared_dir / "tests" / f"{request.node.name[:60]}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

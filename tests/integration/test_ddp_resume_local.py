@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from examples.tiny_lm.model import GPTConfig, TinyGPT
 from hpcrun.integrations.ddp import ddp_kwargs
+from hpcrun.testing.net import free_port
 from hpcrun.vocab import ResumeContract
 
 WORLD, STEPS, RESTORE_AT = 4, 4, 2
@@ -86,14 +86,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_ddp_restored_on_4_ranks_trains_to_the_same_bits(tmp_path: Path) -> None:
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD)
+    mp.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=WORLD)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     # the control: torch's default layout parts the two runs (else this A/B proves nothing)
     assert all(r["default"] for r in results), results

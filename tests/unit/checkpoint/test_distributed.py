@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from hpcrun.checkpoint import Tier, fold_checkpoints
 from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.testing.net import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_node_commit_drain_and_reshard(run_dir: Path, tmp_path: Path) -> None:
     tier0, out = tmp_path / "tier0", tmp_path / "out"
     out.mkdir()
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.unit.checkpoint.dist_worker",
                                str(r), str(port), str(run_dir), str(tier0), str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -53,7 +47,7 @@ def test_two_node_commit_drain_and_reshard(run_dir: Path, tmp_path: Path) -> Non
 
 def test_same_layout_restore_reads_only_each_ranks_own_shard(tmp_path: Path) -> None:
     """4 gloo ranks on 2 emulated nodes (the testbed test's script, without Slurm)."""
-    port, run = _free_port(), tmp_path / "run"
+    port, run = free_port(), tmp_path / "run"
     run.mkdir()
     procs = [subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "integration" / "sharded_restore.py"), str(run)],

@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from hpcrun.control.payload import canonical_json
 from hpcrun.drill.restore import restore_drill
 from hpcrun.drill.states import find_committed, load_state
 from hpcrun.errors import CheckpointError
+from hpcrun.testing.net import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -171,7 +171,7 @@ dist.destroy_process_group()
 def test_a_dtensor_with_a_pending_reduction_is_refused() -> None:
     out = subprocess.run([sys.executable, "-c", _PARTIAL], cwd=ROOT, capture_output=True,
                          text=True, timeout=120,
-                         env={**os.environ, "PORT": str(_free_port()), "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "PORT": str(free_port()), "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "'model/w'" in out.stdout and "Partial placement" in out.stdout, out.stdout
     assert "redistribute it to Shard or Replicate" in out.stdout
@@ -179,14 +179,8 @@ def test_a_dtensor_with_a_pending_reduction_is_refused() -> None:
 
 # -- real gangs (gloo, one process per rank) -----------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gang(mode: str, layout: str, world: int, run: Path, out: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "tests.unit.checkpoint.dtensor_worker", mode, layout, str(r),

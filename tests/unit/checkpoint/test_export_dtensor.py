@@ -6,7 +6,6 @@ start from those exports and hold the same global tensors."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,20 +15,15 @@ import pytest
 import torch
 
 from hpcrun.checkpoint.export import ExportRequest, export_checkpoint
+from hpcrun.testing.net import free_port
 from hpcrun.vocab import CheckpointFormat
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gang(module: str, args: list[str], world: int) -> None:
     """``args`` with ``{rank}`` and ``{port}`` filled per rank."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(
         [sys.executable, "-m", module, *(a.format(rank=r, port=port) for a in args)],

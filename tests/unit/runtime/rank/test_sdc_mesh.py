@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import torch
 
 from hpcrun.control.notes import ReplicaCheckOffNote, decode_note
 from hpcrun.runtime.rank.sdc_guard import fingerprint, shard_signature
+from hpcrun.testing.net import free_port
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -49,18 +49,12 @@ def test_replica_check_off_note_round_trips() -> None:
     assert isinstance(back, ReplicaCheckOffNote) and back.detail == note.detail
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_hsdp_replicas_are_compared_along_the_replicate_dim_and_a_flip_names_its_rank(
         tmp_path: Path) -> None:
     """A real 4-rank gloo gang, HSDP on a (2, 2) mesh: ranks 0 and 2 hold one shard, 1 and 3
     the other; a bit flipped on rank 3 is found by comparing it with rank 1 only, and rank 0
     logs one FAULT sdc naming rank 3 on its node."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "tests.unit.runtime.rank.sdc_hsdp_worker",
                                str(r), str(port), str(tmp_path)], cwd=ROOT, env=env,
