@@ -83,6 +83,18 @@ def valid_entries(run_dir: Path, kind: str | None = None) -> list[LogEntry]:
     return [e for e in valid if kind is None or e.kind == kind]
 
 
+def outcome(run_dir: Path, tail: int = 15) -> str:
+    """A run's end as a failing assertion should show it: ``hpcrun status`` and the last lines
+    of every rank's and agent's log (a run that ended FAILED says why)."""
+    status = cli(run_dir.parent, "status", run_dir.name)
+    parts = [status.stdout.strip(), status.stderr.strip()]
+    for log in sorted((run_dir / "logs").glob("*/*.out")):
+        if log.name.startswith(("rank-", "agent")):
+            lines = log.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"--- {log.relative_to(run_dir)}\n" + "\n".join(lines))
+    return "\n".join(p for p in parts if p)
+
+
 def states(run_dir: Path) -> list[str]:
     return [str(e.payload.get("state")) for e in valid_entries(run_dir, "state")]
 

@@ -23,7 +23,7 @@ from hpcrun.checkpoint.tiers import fold_checkpoints
 from hpcrun.control.log import RunLog
 from hpcrun.control.record import read_record
 from hpcrun.drill.states import CheckpointState, find_committed, load_state
-from tests.integration.local_helpers import cli, local_spec, submit, valid_entries
+from tests.integration.local_helpers import cli, local_spec, outcome, submit, valid_entries
 
 SITE_PACKAGES = str(Path(torch.__file__).resolve().parents[1])
 
@@ -109,7 +109,7 @@ def _param_order() -> list[str]:
 def run_a(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("interop") / "runs"
     run = submit(root, local_spec(steps=12, every_steps=5))
-    assert str(read_record(run).state) == "SUCCEEDED"
+    assert str(read_record(run).state) == "SUCCEEDED", outcome(run)
     return run
 
 
@@ -194,7 +194,7 @@ def test_a_run_starts_from_an_export(run_a: Path, tmp_path: Path, fmt: str) -> N
     source = out if fmt == "dcp" else out / "model.safetensors"
     run_b = submit(tmp_path / "runs", local_spec(steps=0, checkpoint={"init_from": str(source)},
                                                  config={"seed": 7}))
-    assert str(read_record(run_b).state) == "SUCCEEDED"
+    assert str(read_record(run_b).state) == "SUCCEEDED", outcome(run_b)
     a = _reference(load_state(run_a, find_committed(run_a)))
     b = _reference(load_state(run_b, find_committed(run_b)))
     assert find_committed(run_b).step == 0
@@ -216,7 +216,7 @@ def test_a_requeued_run_restores_its_own_checkpoint_not_the_init_source(
                                                  checkpoint={"init_from": str(out)}),
                    inject="preempt@step=8")
     record = read_record(run_b)
-    assert str(record.state) == "SUCCEEDED" and record.generation >= 2, record
+    assert str(record.state) == "SUCCEEDED" and record.generation >= 2, outcome(run_b)
     notes = _init_notes(run_b)
     assert [n.generation for n in notes] == [1]
     running = [e for e in valid_entries(run_b, "state") if e.payload.get("state") == "RUNNING"]
