@@ -15,7 +15,7 @@ from hpcrun.lazy import lazy_getattr
 
 _WHERE = {
     "AsyncPolicy": "checkpointer", "Checkpointer": "checkpointer",
-    "TierVerdict": "audit", "Verdict": "audit", "verify_run": "audit",
+    "TierVerdict": "audit", "AuditVerdict": "audit", "verify_run": "audit",
     "CheckpointIdentity": "identity", "TierLayout": "identity",
     "FAULT_STAGES": "commit", "read_manifest": "commit",
     "VerifyResult": "drain", "drain_pending": "drain", "finalize_tier1": "drain",
@@ -30,6 +30,7 @@ _WHERE = {
 __all__ = [
     "FAULT_STAGES",
     "AsyncPolicy",
+    "AuditVerdict",
     "CheckpointIdentity",
     "Checkpointer",
     "CommittedCheckpoint",
@@ -43,7 +44,6 @@ __all__ = [
     "Tier",
     "TierLayout",
     "TierVerdict",
-    "Verdict",
     "VerifyResult",
     "collect_run",
     "drain_pending",
@@ -60,7 +60,7 @@ __getattr__ = lazy_getattr(__name__, {k: f"{__name__}.{v}" for k, v in _WHERE.it
 
 
 if TYPE_CHECKING:
-    from hpcrun.checkpoint.audit import TierVerdict, Verdict, verify_run
+    from hpcrun.checkpoint.audit import AuditVerdict, TierVerdict, verify_run
     from hpcrun.checkpoint.checkpointer import AsyncPolicy, Checkpointer
     from hpcrun.checkpoint.commit import FAULT_STAGES, read_manifest
     from hpcrun.checkpoint.drain import (

@@ -30,7 +30,7 @@ RETENTION_FLOOR = 2
 """The smallest ``keep_last`` retention accepts: what it may remove under any setting."""
 
 
-class Verdict(StrEnum):
+class AuditVerdict(StrEnum):
     """What ``ckpt verify`` found for one copy of a checkpoint."""
 
     OK = "ok"
@@ -50,7 +50,7 @@ class TierVerdict:
     """The tier of the copy."""
     node: str = ""
     """For tier 0: the node holding the copy."""
-    verdict: Verdict = Verdict.OK
+    verdict: AuditVerdict = AuditVerdict.OK
     """The finding; only FAILED is damage."""
     detail: str = ""
     """What was found, for people."""
@@ -93,7 +93,8 @@ def plan_audit(committed: Sequence[CommittedCheckpoint], *, shared_present: Coll
     out: list[Planned] = []
     for c in committed:
         if c.ckpt_id not in shared_present and c.ckpt_id in retired_shared:
-            out.append(TierVerdict(ckpt_id=c.ckpt_id, tier=_first_tier(c), verdict=Verdict.RETIRED,
+            out.append(TierVerdict(ckpt_id=c.ckpt_id, tier=_first_tier(c),
+                                   verdict=AuditVerdict.RETIRED,
                                    detail="removed by retention (older than the kept ones)"))
             continue
         if Tier.SHARED in c.tiers:
@@ -112,7 +113,7 @@ def _first_tier(c: CommittedCheckpoint) -> Tier:
 def _shared(c: CommittedCheckpoint, present: bool) -> Planned:
     if present:
         return ReadBack(ckpt=c, tier=Tier.SHARED)
-    return TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.SHARED, verdict=Verdict.FAILED, detail=(
+    return TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.SHARED, verdict=AuditVerdict.FAILED, detail=(
         f"committed on the shared tier but ckpt/{c.ckpt_id} is missing, and retention keeps "
         "it; restore from a backup of the run directory"))
 
@@ -120,12 +121,12 @@ def _shared(c: CommittedCheckpoint, present: bool) -> Planned:
 def _node_local(c: CommittedCheckpoint, local: Mapping[str, Collection[str]] | None,
                 retired: bool, *, only: bool, manifest: bool) -> list[Planned]:
     if only and not manifest:
-        return [TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.NODE_LOCAL, verdict=Verdict.FAILED,
+        return [TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.NODE_LOCAL, verdict=AuditVerdict.FAILED,
                             detail=f"its manifest ckpt/{c.ckpt_id}/manifest.json is missing "
                                    "from the run directory, and retention keeps it")]
     if local is None or not set(c.nodes) & set(local):
         return [TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.NODE_LOCAL,
-                            verdict=Verdict.UNREACHABLE,
+                            verdict=AuditVerdict.UNREACHABLE,
                             detail="node-local only, not verifiable from the login node")] \
             if only else []
     return [_node_copy(c, node, local[node], retired) for node in c.nodes if node in local]
@@ -137,9 +138,10 @@ def _node_copy(c: CommittedCheckpoint, node: str, present: Collection[str],
         return ReadBack(ckpt=c, tier=Tier.NODE_LOCAL, node=node)
     if retired:
         return TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.NODE_LOCAL, node=node,
-                           verdict=Verdict.RETIRED,
+                           verdict=AuditVerdict.RETIRED,
                            detail="removed by retention once tier 1 held it or a newer one")
-    return TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.NODE_LOCAL, node=node, verdict=Verdict.GONE,
+    return TierVerdict(ckpt_id=c.ckpt_id, tier=Tier.NODE_LOCAL, node=node,
+                       verdict=AuditVerdict.GONE,
                        detail="no longer on the node (tier 0 is purged at job end and lost "
                               "with its node)")
 
@@ -175,7 +177,7 @@ def _read_back(run_dir: Path, p: ReadBack, roots: Mapping[str, Path],
     local = (roots[p.node], p.node) if p.node else None
     result = verify_checkpoint(run_dir, p.ckpt, local=local, progress=progress, storage=storage)
     return TierVerdict(ckpt_id=p.ckpt.ckpt_id, tier=p.tier, node=p.node,
-                       verdict=Verdict.OK if result.ok else Verdict.FAILED,
+                       verdict=AuditVerdict.OK if result.ok else AuditVerdict.FAILED,
                        detail="; ".join(result.problems), bytes_read=result.bytes_read)
 
 

@@ -99,7 +99,7 @@ def verify_cmd(run: str, ckpt_id: str | None, node_local_root: Path | None, node
     """Re-read and check every committed checkpoint (or CKPT_ID) on the tiers where it is
     committed. Copies retention removed, tier-0 copies that are gone, and node-local copies
     this machine cannot reach are reported, not failed; exits non-zero only on damage."""
-    from hpcrun.checkpoint.audit import Verdict
+    from hpcrun.checkpoint.audit import AuditVerdict
 
     run_dir = _run_dir(run)
     ckpts = _committed(run_dir)
@@ -109,7 +109,7 @@ def verify_cmd(run: str, ckpt_id: str | None, node_local_root: Path | None, node
     verdicts = _verify_all(run_dir, ckpts, _local_roots(run_dir, ckpts, node_local_root, node),
                            ckpt_id)
     click.echo(summarize_verdicts(verdicts))
-    bad = sorted({v.ckpt_id for v in verdicts if v.verdict == Verdict.FAILED})
+    bad = sorted({v.ckpt_id for v in verdicts if v.verdict == AuditVerdict.FAILED})
     if bad:
         total = len({v.ckpt_id for v in verdicts})
         raise CorruptCheckpointError(f"{len(bad)} of {total} checkpoints failed: "

@@ -35,9 +35,22 @@ from hpcrun.control.states import RunState, is_terminal
 from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmJobState
 
 __all__ = [
-    "Action", "ActionKind", "Cancel", "ExcludeNodes", "MarkFailed", "MarkState", "Observation",
-    "ReconcilePolicy", "RecordFault", "Release", "Requeue", "SetBeginTime", "Submit",
-    "awaiting_node_state", "op_id_for", "reconcile",
+    "Action",
+    "ActionKind",
+    "Cancel",
+    "ExcludeNodes",
+    "MarkFailed",
+    "MarkState",
+    "Observation",
+    "ReconcilePolicy",
+    "ReconcileRequeue",
+    "RecordFault",
+    "Release",
+    "SetBeginTime",
+    "Submit",
+    "awaiting_node_state",
+    "op_id_for",
+    "reconcile",
 ]
 
 _ALIVE = frozenset({SlurmJobState.RUNNING, SlurmJobState.COMPLETING, SlurmJobState.SIGNALING,
@@ -78,7 +91,7 @@ class Submit(Action):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Requeue(Action):
+class ReconcileRequeue(Action):
     """requeuehold → update StartTime/ExcNodeList/Comment → release, on the same job id."""
 
     kind: ClassVar[ActionKind] = ActionKind.REQUEUE
@@ -262,9 +275,9 @@ def _resume_submit(record: RunRecord) -> list[Action]:
 def _on_held(record: RunRecord, obs: Observation, policy: ReconcilePolicy) -> list[Action]:
     pending = _unfinished(record, ActionKind.REQUEUE, job_id=obs.job_id)
     if pending is not None:  # our requeuehold went through, the update/release did not
-        return [Requeue(op_id=pending["op_id"], attempt=pending["attempt"], job_id=obs.job_id,
-                        delay_s=float(pending.get("delay_s", 0.0)),
-                        exclude=tuple(pending.get("exclude", ())))]
+        return [ReconcileRequeue(op_id=pending["op_id"], attempt=pending["attempt"],
+                                 job_id=obs.job_id, delay_s=float(pending.get("delay_s", 0.0)),
+                                 exclude=tuple(pending.get("exclude", ())))]
     attempt = f"{obs.job_id}:{record.requeues}"
     if obs.admin_held and policy.max_requeues is not None \
             and fault_requeues(record) >= policy.max_requeues:
@@ -388,7 +401,7 @@ def _retry(record: RunRecord, obs: Observation, cls: FaultClass, detail: str, no
         state=RunState.REQUEUED, reason=decision.reason, not_before=now + decision.delay_s,
         exclude=exclude))
     if obs.state in _ALIVE:  # hung: requeue the same job id once we hold the fence
-        actions.append(Requeue(op_id=op_id_for(record, ActionKind.REQUEUE, attempt),
+        actions.append(ReconcileRequeue(op_id=op_id_for(record, ActionKind.REQUEUE, attempt),
                                attempt=attempt, job_id=obs.job_id, delay_s=decision.delay_s,
                                exclude=exclude))
     else:

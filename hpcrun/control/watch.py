@@ -40,9 +40,9 @@ from hpcrun.control.reconcile import (
     MarkFailed,
     MarkState,
     ReconcilePolicy,
+    ReconcileRequeue,
     RecordFault,
     Release,
-    Requeue,
     SetBeginTime,
     Submit,
     awaiting_node_state,
@@ -54,12 +54,19 @@ from hpcrun.errors import HpcrunError, SchedulerError
 from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState, parse_slurm_time
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
-__all__ = ["Outcome", "Submitter", "WatchResult", "execute", "heartbeat_age",
-           "script_submitter", "watch_once"]
+__all__ = [
+    "Submitter",
+    "WatchOutcome",
+    "WatchResult",
+    "execute",
+    "heartbeat_age",
+    "script_submitter",
+    "watch_once",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Outcome:
+class WatchOutcome:
     """What :func:`execute` did with one action."""
 
     op_id: str
@@ -105,21 +112,21 @@ class _Executor:
         self.pass_id = new_holder("pass-")
         self.base = record.last_slot  # the record this pass planned from
 
-    def run(self, action: Action) -> Outcome:
+    def run(self, action: Action) -> WatchOutcome:
         if self.record.op_done(action.op_id):
-            return Outcome(op_id=action.op_id, kind=action.kind, status="already-done")
+            return WatchOutcome(op_id=action.op_id, kind=action.kind, status="already-done")
         resumed = action.op_id in self.record.ops  # an earlier pass may have sent it
         mine = self._op(action, OpPhase.INTENT, {"base": self.base,
                                                  "lease_until": self.clock.now() + self.lease_s})
         if not self._holds(mine.slot):
-            return Outcome(op_id=action.op_id, kind=action.kind, status="elsewhere")
+            return WatchOutcome(op_id=action.op_id, kind=action.kind, status="elsewhere")
         try:
             detail = self._perform(action, resumed=resumed)
         except HpcrunError as exc:
             self._op(action, OpPhase.FAILED, {"error": str(exc)})
             raise
         self._op(action, OpPhase.DONE, detail)
-        return Outcome(op_id=action.op_id, kind=action.kind, status="done", detail=detail)
+        return WatchOutcome(op_id=action.op_id, kind=action.kind, status="done", detail=detail)
 
     def _op(self, action: Action, phase: OpPhase, outcome: Mapping[str, Any]) -> LogEntry:
         entry = action.op_entry(phase, **{"pass": self.pass_id, **outcome})
@@ -183,7 +190,7 @@ class _Executor:
                               generation=UNFENCED, holder="")
         return {"job_id": job_id, "rebound": bool(found)}
 
-    def _do_requeue(self, a: Requeue, resumed: bool) -> dict[str, Any]:
+    def _do_requeue(self, a: ReconcileRequeue, resumed: bool) -> dict[str, Any]:
         obs = self.slurm.observe(a.job_id)
         if not obs.held:
             self.slurm.requeuehold(a.job_id)  # updates below cannot race the requeue's kill
@@ -217,7 +224,7 @@ class _Executor:
 def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, record: RunRecord,
             fence: Fence | None = None, submitter: Submitter | None = None,
             holder_prefix: str = "watch-", clock: Clock = SYSTEM_CLOCK,
-            lease_s: float | None = None, on_end: EndPublisher | None = None) -> list[Outcome]:
+            lease_s: float | None = None, on_end: EndPublisher | None = None) -> list[WatchOutcome]:
     """Carry out ``actions`` in order: log intent (with a lease), send, log done.
 
     The pass stops at the first intent that does not claim the run (another pass holds it,
@@ -246,7 +253,7 @@ def execute(actions: Sequence[Action], *, log: RunLog, slurm: SlurmClient, recor
                    holder_prefix=holder_prefix, clock=clock,
                    lease_s=lease_seconds(slurm.timeout) if lease_s is None else lease_s,
                    on_end=on_end)
-    outcomes: list[Outcome] = []
+    outcomes: list[WatchOutcome] = []
     for action in actions:
         outcomes.append(ex.run(action))
         if outcomes[-1].status == "elsewhere":
@@ -264,7 +271,7 @@ class WatchResult:
     """What Slurm said about the newest job."""
     actions: tuple[Action, ...]
     """What was planned."""
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[WatchOutcome, ...]
     """What was done."""
     waiting: str = ""
     """Why nothing was done yet although the job ended (one line; empty otherwise)."""
@@ -360,7 +367,7 @@ def watch_once(run_dir: str | os.PathLike[str], slurm: SlurmClient, clock: Clock
     policy = ReconcilePolicy.from_spec(spec, **policy_overrides)
     actions = reconcile(record, obs, now, policy)
     waiting = _waiting(record, obs, policy, now) if not actions else ""
-    outcomes: list[Outcome] = []
+    outcomes: list[WatchOutcome] = []
     if actions and not dry_run:
         outcomes = execute(actions, log=RunLog(run_dir, storage=storage, clock=clock),
                            slurm=slurm, record=record, clock=clock,

@@ -14,9 +14,9 @@ from hpcrun.control.reconcile import (
     MarkFailed,
     MarkState,
     ReconcilePolicy,
+    ReconcileRequeue,
     RecordFault,
     Release,
-    Requeue,
     Submit,
     reconcile,
 )
@@ -58,7 +58,7 @@ def test_vanished_job_while_running_is_resubmitted() -> None:
 
 def test_stale_heartbeat_is_a_hang_requeued_on_the_same_job() -> None:
     actions = reconcile(running(), obs(SlurmJobState.RUNNING, heartbeat_age_s=900), NOW, POLICY)
-    assert kinds(actions) == [RecordFault, MarkState, Requeue]
+    assert kinds(actions) == [RecordFault, MarkState, ReconcileRequeue]
     assert actions[0].fault == FaultClass.HANG and actions[2].job_id == "101"
     assert reconcile(running(), obs(SlurmJobState.RUNNING, heartbeat_age_s=5), NOW, POLICY) == []
 
@@ -220,7 +220,7 @@ def test_hang_requeue_holds_updates_then_releases(live_run: Path) -> None:
     _heartbeat_at(live_run, NOW)
     clock.advance(3600)
     result = watch_once(live_run, SlurmClient(cluster), clock, hang_timeout_s=600)
-    assert [type(a) for a in result.actions] == [RecordFault, MarkState, Requeue]
+    assert [type(a) for a in result.actions] == [RecordFault, MarkState, ReconcileRequeue]
     verbs = [c[1] for c in cluster.calls if c[0] == "scontrol"]
     assert verbs == ["requeuehold", "update", "release"]
     job = cluster.jobs["101"]
