@@ -7,18 +7,16 @@ from __future__ import annotations
 
 from hpcrun.control.cancel import CancelResult, cancel_run
 from hpcrun.control.fencing import UNFENCED, Fence, fold_fences, is_effective
-from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
-from hpcrun.control.reconcile import Action, ReconcilePolicy, reconcile
-from hpcrun.control.record import (
+from hpcrun.control.fold import (
     CheckpointRef,
     FaultRecord,
     RunRecord,
-    create_run,
     fold_record,
     latest_checkpoint,
-    load_run_spec,
-    read_record,
 )
+from hpcrun.control.log import EntryKind, LogEntry, RunLog, new_holder
+from hpcrun.control.reconcile import Action, ReconcilePolicy, reconcile
+from hpcrun.control.record import create_run, load_run_spec, read_record
 from hpcrun.control.retry import (
     RetryAction,
     RetryDecision,

@@ -1,7 +1,9 @@
 """The run log's vocabulary: entry kinds, the entry envelope, and one typed payload per kind.
 
 Writers build a payload object and append it (:meth:`hpcrun.control.log.RunLog.publish_entry`);
-readers turn an entry back into one with :func:`decode` (or :func:`decode_as`). Payloads are
+readers turn an entry back into one with :func:`decode` (or :func:`decode_as`). The
+checkpoint family's payloads live in :mod:`hpcrun.control.ckptentries` and the ``note`` events
+in :mod:`hpcrun.control.notes`; every one is importable from here. Payloads are
 frozen values; ``to_payload()`` gives the JSON object stored in the entry and
 ``from_payload()`` validates one read back, raising :class:`PayloadError` (a
 :class:`~hpcrun.errors.RecordError`) with the field, the expectation and what was found.
@@ -23,6 +25,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
+from hpcrun.control.ckptentries import (
+    CommitPayload,
+    CursorPayload,
+    DrainedPayload,
+    ProgressPayload,
+)
 from hpcrun.control.notes import (
     BatchSkippedNote,
     CreatedNote,
@@ -60,7 +68,7 @@ from hpcrun.control.payload import (
     listed,
     present,
 )
-from hpcrun.vocab import WRITTEN_TIERS, FaultClass, RunState, Tier
+from hpcrun.vocab import FaultClass, RunState, Tier
 
 __all__ = [
     "LOG_SCHEMA_VERSION",
@@ -344,99 +352,6 @@ class HeartbeatPayload(EntryPayload):
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
         return {"node": f.text("node"), "ts": f.number("ts", None),
                 "step": f.integer("step", None)}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ProgressPayload(EntryPayload):
-    """Validated progress: a step whose checkpoint committed."""
-
-    KIND: ClassVar[EntryKind] = EntryKind.PROGRESS
-    step: int
-    """Optimizer step."""
-    tokens: int | None = None
-    """Tokens accepted up to ``step`` (the previous count stands when absent)."""
-
-    def fields(self) -> dict[str, Any]:
-        return {"step": self.step, **present(tokens=self.tokens)}
-
-    @classmethod
-    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"step": f.integer("step"), "tokens": f.integer("tokens", None)}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CommitPayload(EntryPayload):
-    """A checkpoint committed on one tier."""
-
-    KIND: ClassVar[EntryKind] = EntryKind.COMMIT
-    ckpt_id: str
-    """Checkpoint id, unique within the run."""
-    tier: Tier
-    """Tier it is committed on."""
-    step: int
-    """Step it holds."""
-    manifest: str
-    """Manifest path relative to the run directory."""
-    digest: str = ""
-    """Digest of the manifest's bytes."""
-    bytes: int = 0
-    """Total bytes of its shards."""
-    nodes: tuple[str, ...] = ()
-    """Nodes that wrote shards."""
-    run_id: str | None = None
-    """Run it belongs to (absent in shared-tier commits written before schema 1 had it)."""
-    generation: int | None = None
-    """Generation that saved it (same caveat)."""
-
-    def fields(self) -> dict[str, Any]:
-        return {"ckpt_id": self.ckpt_id, "tier": self.tier.value, "step": self.step,
-                "manifest": self.manifest, "digest": self.digest, "bytes": self.bytes,
-                "nodes": list(self.nodes),
-                **present(run_id=self.run_id, generation=self.generation)}
-
-    @classmethod
-    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"ckpt_id": f.text("ckpt_id"), "tier": f.choice("tier", Tier, only=WRITTEN_TIERS),
-                "step": f.integer("step"), "manifest": f.text("manifest"),
-                "digest": f.text("digest", ""), "bytes": f.integer("bytes", 0),
-                "nodes": f.texts("nodes", ()), "run_id": f.text("run_id", None),
-                "generation": f.integer("generation", None)}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DrainedPayload(EntryPayload):
-    """One node copied its shards of a checkpoint to the shared tier."""
-
-    KIND: ClassVar[EntryKind] = EntryKind.DRAINED
-    ckpt_id: str
-    """Checkpoint drained."""
-    node: str
-    """Node that drained it."""
-
-    def fields(self) -> dict[str, Any]:
-        return {"ckpt_id": self.ckpt_id, "node": self.node}
-
-    @classmethod
-    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"ckpt_id": f.text("ckpt_id"), "node": f.text("node")}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CursorPayload(EntryPayload):
-    """The data cursor at a committed step."""
-
-    KIND: ClassVar[EntryKind] = EntryKind.CURSOR
-    step: int
-    """Committed step."""
-    cursor: Mapping[str, Any]
-    """The data plane's cursor envelope (opaque here)."""
-
-    def fields(self) -> dict[str, Any]:
-        return {"step": self.step, "cursor": dict(self.cursor)}
-
-    @classmethod
-    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"step": f.integer("step"), "cursor": f.mapping("cursor")}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,15 +11,9 @@ from typing import Any
 import pytest
 
 from hpcrun.control.fencing import UNFENCED
+from hpcrun.control.fold import fold_record, latest_checkpoint
 from hpcrun.control.log import EntryKind, LogEntry, RunLog, slot_name
-from hpcrun.control.record import (
-    SNAPSHOT_FILE,
-    create_run,
-    fold_record,
-    latest_checkpoint,
-    load_run_spec,
-    read_record,
-)
+from hpcrun.control.record import SNAPSHOT_FILE, create_run, load_run_spec, read_record
 from hpcrun.control.retry import FaultClass
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import RunState
