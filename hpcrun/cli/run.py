@@ -4,37 +4,15 @@ from __future__ import annotations
 
 import getpass
 import os
-import signal as _signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpcrun.errors import HpcrunError, SchedulerError
+from hpcrun.cli.common import BACKENDS, VERIFY_DATA, submit_context
+from hpcrun.errors import SchedulerError
 from hpcrun.runner import SubprocessRunner
-
-if TYPE_CHECKING:
-    from hpcrun.launch.submission import SubmitContext
-
-BACKENDS = ("slurm", "local")
-VERIFY_DATA = ("all", "sample", "none")
-
-
-def submit_context() -> SubmitContext:
-    """This process's submission context (:mod:`hpcrun.launch.submission`), wired to the
-    runtime's agent; notices and warnings are printed on stderr."""
-    from hpcrun.launch.submission import SubmitContext
-    from hpcrun.runtime.agent import agent_main
-    from hpcrun.runtime.faults import parse_injections
-
-    return SubmitContext.from_process(agent_entry=agent_main, check_faults=parse_injections,
-                                      warn=_warn)
-
-
-def _warn(line: str) -> None:
-    click.echo(line, err=True)
 
 
 @click.command()
@@ -128,32 +106,19 @@ def cancel(run: str) -> None:
     """Cancel RUN (an id, a unique prefix, a directory; or a sweep): fence it first (so running
     workers can no longer publish), then scancel its Slurm jobs, or stop its local launcher."""
     from hpcrun.clock import SYSTEM_CLOCK
-    from hpcrun.control.cancel import cancel_run
-    from hpcrun.launch.runref import RefKind, resolve_reference, run_backend
+    from hpcrun.launch.runcontrol import cancel_run_dir, cancel_sweep
+    from hpcrun.launch.runref import RefKind, resolve_reference
     from hpcrun.observe.postrun import post_run_publisher
     from hpcrun.scheduler.slurm import SlurmClient
-    from hpcrun.vocab import Backend
 
     entry = resolve_reference(run, environ=os.environ)
+    slurm = SlurmClient(SubprocessRunner())
     if entry.kind is RefKind.SWEEP:
-        from hpcrun.cli.sweep import cancel_sweep
-
-        cancel_sweep(entry.path)
+        for line in cancel_sweep(entry.path, slurm=slurm, user=getpass.getuser()):
+            click.echo(line)
         return
-    run_dir = entry.path
-    cancel_run(run_dir, slurm=SlurmClient(SubprocessRunner()), user=getpass.getuser(),
-               on_end=post_run_publisher(clock=SYSTEM_CLOCK))  # scancels Slurm jobs only
-    if run_backend(run_dir) is Backend.LOCAL:
-        stop_local_launcher(run_dir)
-    click.echo(f"{run_dir.name}: CANCELLED")
-
-
-def stop_local_launcher(run_dir: Path) -> None:
-    from hpcrun.launch.local import launcher_alive, read_launcher
-
-    info = read_launcher(run_dir)
-    if info is not None and launcher_alive(info):
-        os.kill(int(info["pid"]), _signal.SIGTERM)
+    click.echo(cancel_run_dir(entry.path, slurm=slurm, user=getpass.getuser(),
+                              on_end=post_run_publisher(clock=SYSTEM_CLOCK)))
 
 
 @click.command("signal")
@@ -168,66 +133,16 @@ def signal_cmd(run: str, signame: str | None, crash_node: str | None) -> None:
     The run's own backend delivers it: `scancel --signal` to its Slurm job's steps, or the
     local launcher, which relays it to the run's local agents.
     """
-    from hpcrun.launch.runref import resolve_run_dir, run_backend
+    from hpcrun.launch.runcontrol import crash_local_node, signal_run
+    from hpcrun.launch.runref import resolve_run_dir
     from hpcrun.launch.site import load_site_snapshot
-    from hpcrun.vocab import Backend
 
     run_dir = resolve_run_dir(run, environ=os.environ)
-    backend = run_backend(run_dir)
     if crash_node is not None:
-        if backend is not Backend.LOCAL:
-            raise SchedulerError(f"--crash-node emulates a node loss on the local backend; run "
-                                 f"{run_dir.name} runs on {backend}: use `hpcrun testbed crash`")
-        _crash_local_node(run_dir, crash_node)
+        click.echo(crash_local_node(run_dir, crash_node))
         return
     name = (signame or load_site_snapshot(run_dir).preempt_signal).removeprefix("SIG")
-    if backend is Backend.LOCAL:
-        _signal_local(run_dir, name)
-    else:
-        _signal_slurm(run_dir, name)
-
-
-def _signal_local(run_dir: Path, name: str) -> None:
-    from hpcrun.control.record import read_record
-    from hpcrun.launch.local import launcher_alive, read_launcher
-    from hpcrun.launch.signals import signal_number
-
-    info = read_launcher(run_dir)
-    if info is None or not launcher_alive(info):
-        raise SchedulerError(f"run {run_dir.name} runs on the local backend and its launcher is "
-                             f"not running (the run is {read_record(run_dir).state}); there is "
-                             "nothing to signal")
-    os.kill(int(info["pid"]), signal_number(name))
-    click.echo(f"sent SIG{name} to {run_dir.name} (local backend)")
-
-
-def _signal_slurm(run_dir: Path, name: str) -> None:
-    from hpcrun.control.record import read_record
-
-    record = read_record(run_dir)
-    jobs = record.slurm_job_ids()
-    if not jobs:
-        raise SchedulerError(f"run {run_dir.name} has no Slurm job to signal; it is "
-                             f"{record.state}")
-    SubprocessRunner().run(["scancel", f"--signal={name}", jobs[-1]]).check()
-    click.echo(f"sent SIG{name} to job {jobs[-1]} steps")
-
-
-def _crash_local_node(run_dir: Path, node: str) -> None:
-    from hpcrun.launch.local import launcher_alive, read_agents, read_launcher
-    from hpcrun.proctree import crash_process_tree
-
-    info = read_launcher(run_dir)
-    agents = read_agents(run_dir)
-    if info is None or not launcher_alive(info) or node not in agents:
-        raise SchedulerError(f"cannot crash node {node!r} of {run_dir.name}: expected a live "
-                             f"local-backend run with that node, found nodes "
-                             f"{sorted(agents) or 'none'}; on Slurm use `hpcrun testbed crash`")
-    if node == next(iter(agents)):
-        raise SchedulerError(f"{node} hosts the supervising agent; crash another node (the "
-                             "local backend has no scheduler to notice a lost node 0)")
-    crash_process_tree(agents[node])
-    click.echo(f"crashed {node} of {run_dir.name} (local backend)")
+    click.echo(signal_run(run_dir, name, runner=SubprocessRunner()))
 
 
 @click.command()
@@ -255,117 +170,57 @@ def watch(runs: tuple[str, ...], interval: float | None, dry_run: bool, install:
     New alerts of those runs go to the site's alert sinks. `--install` schedules the pass with
     Slurm's scrontab where the site enables it (no cron needed), else prints the crontab line.
     """
-    import time
-
     if install or uninstall:
         _schedule_watch(runs, install=install, every_min=every_min,
                         scron_options=scron_options)
         return
+    _watch_loop(runs, interval=interval, dry_run=dry_run)
 
+
+def _watch_loop(runs: tuple[str, ...], *, interval: float | None, dry_run: bool) -> None:
+    """Run passes (one, or one every ``interval`` s); each pass's alerts are delivered in the
+    background, so a slow sink never delays the next pass (a round still sending is not
+    doubled: the next pass after it ends delivers what it left)."""
+    import time
+
+    from hpcrun.clock import SYSTEM_CLOCK
+    from hpcrun.launch.runref import primary_root, watch_targets
+    from hpcrun.launch.site import load_site_snapshot
+    from hpcrun.observe.watchpass import AlertRound, reconcile_runs, start_alert_round
+    from hpcrun.scheduler.slurm import SlurmClient
+
+    alerts: AlertRound | None = None
     while True:
-        targets = _watch_targets(runs)
-        failed = []
-        for run_dir in targets:
-            try:
-                click.echo(_watch_one(run_dir, dry_run=dry_run))
-            except HpcrunError as exc:  # one run's failure never stops the pass for the others
-                failed.append(run_dir.name)
-                click.echo(f"{run_dir.name}: reconcile failed: {exc}", err=True)
-        if not dry_run:
-            for line in _deliver_alerts(targets):
-                click.echo(line)
+        targets = watch_targets(runs, environ=os.environ)
+        report = reconcile_runs(targets, slurm=SlurmClient(SubprocessRunner()),
+                                clock=SYSTEM_CLOCK, dry_run=dry_run)
+        for line in report.lines:
+            click.echo(line.text, err=line.failed)
+        if not dry_run and (alerts is None or alerts.done.is_set()):
+            alerts = start_alert_round(targets, runs_root=primary_root(os.environ),
+                                       sinks_of=lambda d: load_site_snapshot(d).alerts,
+                                       runner=SubprocessRunner(), emit=click.echo)
         if interval is None:
-            if failed:
-                raise SchedulerError(f"the reconcile pass failed for {', '.join(failed)}; the "
-                                     "next pass retries (see the lines above)")
+            if alerts is not None:
+                alerts.wait()  # bounded: the round's deadline and the state lock's timeout
+            if report.failed:
+                raise SchedulerError(f"the reconcile pass failed for "
+                                     f"{', '.join(report.failed)}; the next pass retries "
+                                     "(see the lines above)")
             return
         time.sleep(interval)
 
 
-_SCHEDULE_ENV = ("HPCRUN_RUNS", "HPCRUN_SITE", "HPCRUN_SITE_CONFIGS", "PYTHONPATH", "PATH",
-                 "SLURM_CONF")
-"""Variables the scheduled pass needs as they are here (it runs in a fresh batch job)."""
-
-
 def _schedule_watch(runs: tuple[str, ...], *, install: bool, every_min: int,
                     scron_options: tuple[str, ...]) -> None:
-    from hpcrun.control.schedule import chain_script, install_watch, uninstall_watch, watch_entry
-    from hpcrun.launch.runref import primary_root
+    from hpcrun.launch.watch_schedule import install_watch_pass, uninstall_watch_pass
 
-    runner = SubprocessRunner()
-    root = primary_root(os.environ)
-    chain = root / ".watch-job.sh"
     if not install:
-        click.echo(uninstall_watch(runner=runner, chain=chain).detail)
+        click.echo(uninstall_watch_pass(environ=os.environ, runner=SubprocessRunner()).detail)
         return
-    root.mkdir(parents=True, exist_ok=True)  # the scheduled pass appends to its watch.log
-    env = {k: os.environ[k] for k in _SCHEDULE_ENV if os.environ.get(k)}
-    entry = watch_entry(argv=[sys.executable, "-m", "hpcrun.cli.main", "watch", *runs],
-                        env=env, every_min=every_min, log_path=root / "watch.log",
-                        scron_options=("--job-name=hpcrun-watch", "--time=5",
-                                       *scron_options))
-    argv = [sys.executable, "-m", "hpcrun.cli.main", "watch", *runs]
-    script = chain_script(argv=argv, env=env, every_min=every_min, log_path=root / "watch.log",
-                          script_path=chain, options=scron_options)
-    result = install_watch(entry, runner=runner, chain=(chain, script), every_min=every_min)
+    result = install_watch_pass(runs, environ=os.environ, runner=SubprocessRunner(),
+                                every_min=every_min, scron_options=scron_options)
     click.echo(f"{result.detail}:\n{result.entry}")
-
-
-def _deliver_alerts(run_dirs: list[Path]) -> list[str]:
-    """Evaluate the alert rules of each run and deliver new alerts to its site's sinks; a run
-    or sink that fails is reported and left for the next pass."""
-    from hpcrun.launch.runref import primary_root
-    from hpcrun.observe.notify import deliver_alerts, run_alerts
-
-    fired, senders, lines = [], {}, []
-    for run_dir in run_dirs:
-        try:
-            senders[run_dir.name] = _alert_senders(run_dir)
-            fired += run_alerts(run_dir)
-        except (HpcrunError, OSError) as exc:
-            lines.append(f"{run_dir.name}: alerts not evaluated: {exc}")
-    if not any(senders.values()):
-        return lines
-    return lines + deliver_alerts(primary_root(os.environ), fired, senders=senders,
-                                  runs=[d.name for d in run_dirs])
-
-
-def _alert_senders(run_dir: Path) -> dict[str, Any]:
-    import shutil
-
-    from hpcrun.launch.site import load_site_snapshot
-    from hpcrun.observe.notify import email_sender, webhook_sender
-
-    sinks = load_site_snapshot(run_dir).alerts
-    if sinks is None:
-        return {}
-    out: dict[str, Any] = {}
-    if sinks.webhook:
-        out["webhook"] = webhook_sender(sinks.webhook)
-    if sinks.email and shutil.which("sendmail"):
-        out["email"] = email_sender(sinks.email, runner=SubprocessRunner())
-    return out
-
-
-def _watch_targets(runs: tuple[str, ...]) -> list[Path]:
-    from hpcrun.control.record import read_record
-    from hpcrun.control.states import is_terminal
-    from hpcrun.launch.runref import expand_runs, run_dirs
-
-    if runs:
-        return [d for r in runs for d in expand_runs(r, environ=os.environ)]
-    return [d for d in run_dirs(os.environ) if not is_terminal(read_record(d).state)]
-
-
-def _watch_one(run_dir: Path, *, dry_run: bool) -> str:
-    from hpcrun.clock import SYSTEM_CLOCK
-    from hpcrun.control.watch import watch_once
-    from hpcrun.observe.postrun import post_run_publisher
-    from hpcrun.scheduler.slurm import SlurmClient
-
-    result = watch_once(run_dir, SlurmClient(SubprocessRunner()), SYSTEM_CLOCK, dry_run=dry_run,
-                        on_end=post_run_publisher(clock=SYSTEM_CLOCK))
-    return f"{run_dir.name}: {result.record.state}, {result.summary()}"
 
 
 @click.command()

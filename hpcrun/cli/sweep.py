@@ -6,35 +6,11 @@ Thin: parse → :mod:`hpcrun.launch.sweep_submission` (points, admission, one ru
 
 from __future__ import annotations
 
-import getpass
 from pathlib import Path
 
 import click
 
-from hpcrun.cli.run import BACKENDS, VERIFY_DATA, stop_local_launcher, submit_context
-from hpcrun.runner import SubprocessRunner
-
-
-def cancel_sweep(sweep_dir: Path) -> None:
-    """Fence and cancel every point (each through the ordinary cancel), then the array."""
-    from hpcrun.control.cancel import cancel_run
-    from hpcrun.control.record import read_record
-    from hpcrun.control.states import is_terminal
-    from hpcrun.control.sweep import read_sweep_index
-    from hpcrun.launch.sweep_local import stop_launcher
-    from hpcrun.scheduler.slurm import SlurmClient
-
-    slurm = SlurmClient(SubprocessRunner())
-    index = read_sweep_index(sweep_dir)
-    dirs = index.run_dirs(sweep_dir)
-    for run_dir in dirs:  # fence every point first, so no point can publish any more
-        if not is_terminal(read_record(run_dir).state):
-            cancel_run(run_dir, slurm=slurm, user=getpass.getuser())
-    stop_launcher(sweep_dir)
-    for run_dir in dirs:
-        stop_local_launcher(run_dir)
-        click.echo(f"{run_dir.name}: {read_record(run_dir).state}")
-    click.echo(f"{index.sweep_id}: CANCELLED")
+from hpcrun.cli.common import BACKENDS, VERIFY_DATA, submit_context
 
 
 @click.command()

@@ -301,6 +301,17 @@ def run_dirs(environ: Mapping[str, str]) -> list[Path]:
     return sorted(runs, key=lambda p: ((p / "log").stat().st_mtime, p.name), reverse=True)
 
 
+def watch_targets(refs: Sequence[str], *, environ: Mapping[str, str]) -> list[Path]:
+    """The runs a watch pass reconciles: those ``refs`` stand for (every point of a sweep),
+    or without any, every run under the runs roots that has not ended."""
+    from hpcrun.control.record import read_record
+    from hpcrun.control.states import is_terminal
+
+    if refs:
+        return [d for r in refs for d in expand_runs(r, environ=environ)]
+    return [d for d in run_dirs(environ) if not is_terminal(read_record(d).state)]
+
+
 def run_backend(run_dir: Path) -> Backend:
     """The backend that runs ``run_dir``: its newest job's (from the record), else its site's.
 

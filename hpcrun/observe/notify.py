@@ -8,6 +8,9 @@ state is a small JSON file (:data:`STATE_FILE` in the runs root), written atomic
 run at once (cron, an ``--interval`` loop, one per run) take turns on it under a file lock next to
 it, so none overwrites another's deliveries and none sends what another is sending. A sink that
 fails is logged and retried on the next pass, and never stops the pass or the other sinks.
+Each delivery runs in its own thread and the pass waits for all of them for one
+:data:`DELIVERY_DEADLINE_S` in total: N slow sinks cost one deadline, not N; one that has not
+answered by then is left pending for the next pass.
 
 :func:`plan_deliveries` is pure; :func:`deliver_alerts` does the I/O through injected senders.
 """
@@ -17,8 +20,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import queue
 import re
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,10 +38,12 @@ from hpcrun.runner import CommandRunner
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 __all__ = [
+    "DELIVERY_DEADLINE_S",
     "STATE_FILE",
     "STATE_LOCK_TIMEOUT_S",
     "Delivery",
     "FiredAlert",
+    "Sender",
     "deliver_alerts",
     "email_sender",
     "parse_alert",
@@ -224,18 +231,22 @@ def email_sender(addresses: Sequence[str], *, runner: CommandRunner) -> Sender:
 
 def deliver_alerts(runs_root: Path, fired: Iterable[FiredAlert], *,
                    senders: Mapping[str, Mapping[str, Sender]], runs: Iterable[str],
-                   storage: Storage = LOCAL_STORAGE) -> list[str]:
+                   storage: Storage = LOCAL_STORAGE,
+                   deadline_s: float = DELIVERY_DEADLINE_S) -> list[str]:
     """Send every undelivered incident to its sinks; return one line per outcome.
 
-    ``senders`` maps each run to its sinks' senders (``{run_id: {"webhook": send}}``). A
-    failing sender is logged and its delivery stays pending for the next pass.
+    ``senders`` maps each run to its sinks' senders (``{run_id: {"webhook": send}}``). The
+    deliveries run at once, each in its own thread, and all of them together get
+    ``deadline_s``; a failing sender, or one still sending at the deadline, is logged and its
+    delivery stays pending for the next pass.
     """
     path = Path(runs_root) / STATE_FILE
     lock = FileLock(path.with_name(STATE_FILE + ".lock"), timeout=STATE_LOCK_TIMEOUT_S,
                     mode=0o600)
     try:
         with lock:  # read, send, write: one pass at a time
-            return _deliver_under_lock(path, fired, senders=senders, runs=runs, storage=storage)
+            return _deliver_under_lock(path, fired, senders=senders, runs=runs, storage=storage,
+                                       deadline_s=deadline_s)
     except Timeout:
         return [f"alerts not delivered: another pass has held {lock.lock_file} for over "
                 f"{STATE_LOCK_TIMEOUT_S:.0f} s; the next pass delivers them"]
@@ -243,14 +254,14 @@ def deliver_alerts(runs_root: Path, fired: Iterable[FiredAlert], *,
 
 def _deliver_under_lock(path: Path, fired: Iterable[FiredAlert], *,
                         senders: Mapping[str, Mapping[str, Sender]], runs: Iterable[str],
-                        storage: Storage) -> list[str]:
+                        storage: Storage, deadline_s: float) -> list[str]:
     state, todo = plan_deliveries(_read_state(path, storage), fired, runs=runs,
                                   sinks={r: list(s) for r, s in senders.items()})
+    errors = _send_all([(senders[d.alert.run_id][d.sink], d) for d in todo],
+                      deadline_s=deadline_s)
     lines = []
-    for d in todo:
-        try:
-            senders[d.alert.run_id][d.sink](d)
-        except Exception as exc:  # any sink failure: logged, retried next pass
+    for d, exc in zip(todo, errors, strict=True):
+        if exc is not None:  # any sink failure: logged, retried next pass
             _LOG.warning("alert %s (incident %d) not delivered to %s: %s", d.key, d.incident,
                          d.sink, exc)
             lines.append(f"{d.alert.run_id}: alert {d.alert.rule} NOT delivered to {d.sink} "
@@ -260,6 +271,40 @@ def _deliver_under_lock(path: Path, fired: Iterable[FiredAlert], *,
         lines.append(f"{d.alert.run_id}: alert {d.alert.rule} delivered to {d.sink}")
     storage.write_atomic(path, json.dumps(state, sort_keys=True, indent=1).encode())
     return lines
+
+
+def _send_all(sends: Sequence[tuple[Sender, Delivery]], *,
+             deadline_s: float) -> list[BaseException | None]:
+    """Run each send in its own daemon thread; wait ``deadline_s`` in total for all of them.
+
+    Returns, in order, None for a send that completed and its error for one that raised; one
+    still running at the deadline gets a :class:`DeliveryError` (its thread is left to its own
+    socket timeouts, and never holds the caller or the interpreter's exit).
+    """
+    done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
+    for i, (send, delivery) in enumerate(sends):
+        threading.Thread(target=_send_one, args=(i, send, delivery, done), daemon=True,
+                         name=f"hpcrun-alert-{i}").start()
+    late = DeliveryError(f"no complete answer within {deadline_s:.0f} s")
+    errors: list[BaseException | None] = [late] * len(sends)
+    end = time.monotonic() + deadline_s
+    for _ in sends:  # one result per send at most
+        try:
+            i, error = done.get(timeout=max(0.0, end - time.monotonic()))
+        except queue.Empty:
+            break
+        errors[i] = error
+    return errors
+
+
+def _send_one(i: int, send: Sender, delivery: Delivery,
+              done: queue.SimpleQueue[tuple[int, BaseException | None]]) -> None:
+    try:
+        send(delivery)
+    except Exception as exc:  # handed to the waiting pass
+        done.put((i, exc))
+        return
+    done.put((i, None))
 
 
 def _read_state(path: Path, storage: Storage) -> dict[str, Any]:
