@@ -33,7 +33,7 @@ from hpcrun.control.record import read_record
 from hpcrun.control.spec import RunSpec
 from hpcrun.control.states import is_terminal
 from hpcrun.errors import RunNotFinishedError, WaitTimeoutError
-from hpcrun.vocab import RunState
+from hpcrun.vocab import Backend, RunState
 
 if TYPE_CHECKING:
     from hpcrun.launch.submission import SubmitContext
@@ -161,7 +161,7 @@ def _context() -> SubmitContext:
                                       warn=lambda line: print(line, file=sys.stderr))
 
 
-def submit(spec: SpecLike, *, backend: str | None = None, site: str | None = None,
+def submit(spec: SpecLike, *, backend: Backend | str | None = None, site: str | None = None,
            runs_root: str | None = None, after: Sequence[str] = (),
            verify_data: str = "sample") -> RunHandle:
     """Submit one run (as ``hpcrun submit``); return its handle.
@@ -177,17 +177,19 @@ def submit(spec: SpecLike, *, backend: str | None = None, site: str | None = Non
     Raises:
         HpcrunError: admission refused the run (nothing was created), or submitting failed.
     """
+    from hpcrun.launch.admit import parse_backend
     from hpcrun.launch.submission import SubmitRequest, submit_run
 
-    done = submit_run(SubmitRequest(spec_path=_spec_file(spec), backend=backend, site=site,
-                                    runs_root=runs_root, verify_data=verify_data,
+    done = submit_run(SubmitRequest(spec_path=_spec_file(spec), backend=parse_backend(backend),
+                                    site=site, runs_root=runs_root, verify_data=verify_data,
                                     after=tuple(after)), _context())
     return RunHandle(done.run_dir, done.job_id)
 
 
 def sweep(spec: SpecLike, grid: Mapping[str, Sequence[Any]] | None = None, *,
           points: Sequence[Mapping[str, Any]] = (), max_parallel: int | None = None,
-          backend: str | None = None, site: str | None = None, runs_root: str | None = None,
+          backend: Backend | str | None = None, site: str | None = None,
+          runs_root: str | None = None,
           verify_data: str = "sample") -> SweepHandle:
     """Submit a sweep (as ``hpcrun sweep``): every combination of ``grid`` plus ``points``.
 
@@ -200,13 +202,14 @@ def sweep(spec: SpecLike, grid: Mapping[str, Sequence[Any]] | None = None, *,
     Raises:
         SpecError: an empty grid, a key not in the spec, duplicate points (nothing created).
     """
+    from hpcrun.launch.admit import parse_backend
     from hpcrun.launch.sweep_submission import SweepRequest, submit_sweep
 
     axes = tuple((str(k), tuple(v)) for k, v in (grid or {}).items())
     done = submit_sweep(SweepRequest(
         spec_path=_spec_file(spec), axes=axes, points=tuple(dict(p) for p in points),
-        max_parallel=max_parallel, backend=backend, site=site, runs_root=runs_root,
-        verify_data=verify_data), _context())
+        max_parallel=max_parallel, backend=parse_backend(backend), site=site,
+        runs_root=runs_root, verify_data=verify_data), _context())
     return SweepHandle(done.sweep_dir, tuple(RunHandle(d) for d in done.run_dirs), done.job_id)
 
 

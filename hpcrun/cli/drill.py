@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from hpcrun.errors import SpecError
+from hpcrun.vocab import Backend
 
-BACKENDS = ("local", "slurm")
+BACKENDS = (Backend.LOCAL.value, Backend.SLURM.value)
 _DURING = {"staging": "kill-staging", "shard_write": "kill-shard-write",
            "before_manifest": "kill-before-manifest"}
 
@@ -79,7 +80,7 @@ def _one(spec: Path, row: Any, backend: str, at: int | None, timeout_s: float, *
     from hpcrun.drill import render
     from hpcrun.drill.runner import run_drill
 
-    result = run_drill(spec, row, backend=backend, at=at, timeout_s=timeout_s)
+    result = run_drill(spec, row, backend=Backend(backend), at=at, timeout_s=timeout_s)
     if verbose:
         click.echo(render.detail_table(result))
     else:
@@ -112,7 +113,7 @@ def preflight(spec_path: str, backend: str) -> None:
     from hpcrun.drill import render
     from hpcrun.drill.preflight import preflight as run_preflight
 
-    checks = run_preflight(Path(spec_path), backend=backend)
+    checks = run_preflight(Path(spec_path), backend=Backend(backend))
     click.echo(render.check_table(checks))
     # An invalid spec is bad input (exit 2, as submit refuses it); a failed check is exit 1.
     if any(c.name == "spec" and c.ok is False for c in checks):
@@ -129,7 +130,7 @@ def canary(spec_path: str, backend: str, steps: int | None) -> None:
     from hpcrun.drill import render
     from hpcrun.drill.preflight import canary as run_canary
 
-    checks = run_canary(Path(spec_path), backend=backend, steps=steps)
+    checks = run_canary(Path(spec_path), backend=Backend(backend), steps=steps)
     click.echo(render.check_table(checks))
     sys.exit(1 if any(c.ok is False for c in checks) else 0)
 

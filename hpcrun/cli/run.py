@@ -13,6 +13,7 @@ import click
 from hpcrun.cli.common import BACKENDS, VERIFY_DATA, submit_context
 from hpcrun.errors import SchedulerError
 from hpcrun.runner import SubprocessRunner
+from hpcrun.vocab import Backend
 
 
 @click.command()
@@ -44,9 +45,10 @@ def submit(spec_path: str, backend: str | None, site_name: str | None, runs_root
     On Slurm the gang is one sbatch allocation (through submitit) running one hpcrun agent per
     node; on the local backend the same agents run as local processes. Prints the run id.
     """
+    from hpcrun.launch.admit import parse_backend
     from hpcrun.launch.submission import SubmitRequest, dry_run_submission, submit_run
 
-    req = SubmitRequest(spec_path=Path(spec_path), backend=backend, site=site_name,
+    req = SubmitRequest(spec_path=Path(spec_path), backend=parse_backend(backend), site=site_name,
                         runs_root=runs_root, verify_data=verify_data, inject=inject, after=after)
     if dry_run:
         plan = dry_run_submission(req, submit_context())
@@ -94,7 +96,7 @@ def sbatch(spec_path: str, site_name: str | None, runs_root: str | None,
     from hpcrun.launch.submission import SubmitRequest, create_script_run
 
     run_dir, script = create_script_run(
-        SubmitRequest(spec_path=Path(spec_path), backend="slurm", site=site_name,
+        SubmitRequest(spec_path=Path(spec_path), backend=Backend.SLURM, site=site_name,
                       runs_root=runs_root, verify_data=verify_data), submit_context())
     click.echo(script, nl=False)
     click.echo(f"hpcrun: created run {run_dir.name} at {run_dir}", err=True)

@@ -42,10 +42,11 @@ def sweep(spec_path: str, grid: tuple[str, ...], max_parallel: int | None,
     quarantine). `hpcrun status SWEEP` shows one line per point; `hpcrun cancel SWEEP` fences
     every point first. The local backend runs at most --max-parallel points at once.
     """
+    from hpcrun.launch.admit import parse_backend
     from hpcrun.launch.sweep_submission import SweepRequest, dry_run_sweep, submit_sweep
 
     req = SweepRequest(spec_path=Path(spec_path), grid=grid, max_parallel=max_parallel,
-                       backend=backend, site=site_name, runs_root=runs_root,
+                       backend=parse_backend(backend), site=site_name, runs_root=runs_root,
                        verify_data=verify_data, inject=inject)
     if dry_run:
         plan = dry_run_sweep(req, submit_context())

@@ -68,7 +68,7 @@ from hpcrun.control.payload import (
     listed,
     present,
 )
-from hpcrun.vocab import FaultClass, RunState, Tier
+from hpcrun.vocab import Backend, FaultClass, RunState, Tier
 
 __all__ = [
     "LOG_SCHEMA_VERSION",
@@ -265,8 +265,8 @@ class JobPayload(EntryPayload):
     KIND: ClassVar[EntryKind] = EntryKind.JOB
     job_id: str
     """Scheduler job id."""
-    backend: str = "slurm"
-    """Backend that runs it: ``slurm`` or ``local``."""
+    backend: Backend | str = Backend.SLURM
+    """Backend that runs it (a name given is turned into the :class:`Backend` it names)."""
     op_id: str | None = None
     """Operation that submitted it (login node)."""
     restart_count: int | None = None
@@ -277,14 +277,20 @@ class JobPayload(EntryPayload):
     def __post_init__(self) -> None:
         if not self.job_id:
             raise PayloadError("job entry needs a non-empty job_id; pass the scheduler's id")
+        if not isinstance(self.backend, Backend):
+            try:
+                object.__setattr__(self, "backend", Backend(self.backend))
+            except ValueError:
+                raise PayloadError(f"job entry: backend {self.backend!r} is not one of "
+                                   f"{', '.join(b.value for b in Backend)}") from None
 
     def fields(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "backend": self.backend, **present(
+        return {"job_id": self.job_id, "backend": str(self.backend), **present(
             op_id=self.op_id, restart_count=self.restart_count, nodes=listed(self.nodes))}
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"job_id": f.text("job_id"), "backend": f.text("backend", "slurm"),
+        return {"job_id": f.text("job_id"), "backend": f.choice("backend", Backend, Backend.SLURM),
                 "op_id": f.text("op_id", None), "restart_count": f.integer("restart_count", None),
                 "nodes": f.texts("nodes", None)}
 

@@ -119,8 +119,8 @@ class RunRecord:
     """Slot of the fence in force; a restore point is chosen from slots before it."""
     job_ids: tuple[str, ...] = ()
     """Scheduler job ids bound to the run, oldest first."""
-    job_backends: Mapping[str, str] = field(default_factory=dict)
-    """job id -> backend that runs it (``slurm`` or ``local``)."""
+    job_backends: Mapping[str, Backend] = field(default_factory=dict)
+    """job id -> backend that runs it."""
     restarts: int = 0
     """Gang restarts inside the current allocation."""
     requeues: int = 0
@@ -220,6 +220,7 @@ class RunRecord:
         body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
                                for f in body["faults"])
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
+        body["job_backends"] = {j: Backend(b) for j, b in body.get("job_backends", {}).items()}
         body["log_debris"] = dict(body.get("log_debris") or {})
         body["op_claims"] = OpClaims.from_dict(body.get("op_claims") or {})
         for key in ("job_ids", "membership", "quarantined", "anomalies", "skipped", "after",
@@ -315,7 +316,7 @@ def _on_job(acc: _Acc, e: LogEntry, p: JobPayload) -> None:
     if p.job_id not in acc.v["job_ids"]:
         acc.v["job_ids"].append(p.job_id)
         acc.v["restarts"] = 0
-    acc.v["job_backends"] = {**acc.v["job_backends"], p.job_id: p.backend}
+    acc.v["job_backends"] = {**acc.v["job_backends"], p.job_id: Backend(p.backend)}
     if p.nodes:
         acc.v["membership"] = list(p.nodes)
 

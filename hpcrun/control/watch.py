@@ -53,6 +53,7 @@ from hpcrun.control.states import RunState, is_terminal
 from hpcrun.errors import HpcrunError, SchedulerError
 from hpcrun.scheduler.slurm import ACTIVE, Observation, SlurmClient, SlurmJobState, parse_slurm_time
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import Backend
 
 __all__ = [
     "Submitter",
@@ -186,7 +187,7 @@ class _Executor:
                 raise SchedulerError("no submitter configured for a resubmission; pass one to "
                                      "execute() or write job.sh into the run directory")
             job_id = self.submitter(a, comment)
-        self.log.append_entry(JobPayload(job_id=job_id, backend="slurm", op_id=a.op_id),
+        self.log.append_entry(JobPayload(job_id=job_id, backend=Backend.SLURM, op_id=a.op_id),
                               generation=UNFENCED, holder="")
         return {"job_id": job_id, "rebound": bool(found)}
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from hpcrun.errors import ArgumentError, SpecError
+from hpcrun.vocab import Backend
 
 
 class DrillFault(StrEnum):
@@ -59,7 +60,7 @@ class MatrixRow:
     """The fault."""
     what: str
     """One line for the table."""
-    backends: frozenset[str]
+    backends: frozenset[Backend]
     """Backends the drill can run it on."""
     expect_state: str = "SUCCEEDED"
     """Terminal state the run must reach."""
@@ -73,12 +74,12 @@ class MatrixRow:
     """The sample ledger must show no skipped or duplicated samples."""
 
     def __post_init__(self) -> None:
-        if not self.backends <= {"local", "slurm"}:
+        if not self.backends <= set(Backend):
             raise ArgumentError(f"a drill row's backends must be among 'local' and 'slurm', "
                                 f"found {sorted(self.backends)}")
 
 
-_L, _S = "local", "slurm"
+_L, _S = Backend.LOCAL, Backend.SLURM
 _BOTH = frozenset({_L, _S})
 _SLURM = frozenset({_S})
 

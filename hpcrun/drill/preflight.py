@@ -110,7 +110,7 @@ def storage_check(name: str, directory: Path, *, nbytes: int = PROBE_BYTES) -> C
                  f"(fsync'd), cold read {mb / max(read_s, 1e-6):.0f} MB/s")
 
 
-def admission_rows(spec_path: Path, *, backend: str) -> tuple[list[Check], Any]:
+def admission_rows(spec_path: Path, *, backend: Backend) -> tuple[list[Check], Any]:
     """The checks ``hpcrun submit`` runs (with every data object hashed), as rows, and the
     :class:`~hpcrun.launch.admit.Admission`. Storage rows are left to the measured tier checks.
     """
@@ -185,7 +185,7 @@ def telemetry_check(scratch: Path) -> Check:
                  detail=f"{len(events)} event(s) read back from {path.name}")
 
 
-def preflight(spec_path: Path, *, backend: str = "local") -> list[Check]:
+def preflight(spec_path: Path, *, backend: Backend = Backend.LOCAL) -> list[Check]:
     """Every preflight check for the spec at ``spec_path``: the admission checks of ``hpcrun
     submit`` (every data object hashed), then the pieces that need to run."""
     from hpcrun.launch.site import expand_path
@@ -334,7 +334,7 @@ def canary_plan(raw: dict[str, Any], steps: int | None) -> tuple[dict[str, Any],
     return spec, f"preempt@step={every + 1};slow@step={every + 1},rank=0,seconds=0.5", total
 
 
-def canary(spec_path: Path, *, backend: str = "local", steps: int | None = None,
+def canary(spec_path: Path, *, backend: Backend = Backend.LOCAL, steps: int | None = None,
            timeout_s: float = 600.0) -> list[Check]:
     """Run the spec for a few steps with a commit, a stop and a restore; check the accounting."""
     import yaml

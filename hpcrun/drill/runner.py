@@ -43,7 +43,7 @@ class DrillResult:
 
     row: MatrixRow
     """The fault drilled."""
-    backend: str
+    backend: Backend
     """Where it ran."""
     run_dir: Path | None = None
     """The drilled run (None when the row was not run)."""
@@ -85,12 +85,12 @@ class DrillPlan:
     """Rank the fault targets."""
 
 
-OUTSIDE = {DrillFault.CANCEL: frozenset({"local", "slurm"}), DrillFault.NODE_LOSS:
-           frozenset({"slurm"}), DrillFault.NODE_LOSS_SPARE: frozenset({"slurm"}),
-           DrillFault.NODE_LOSS_SUPERVISOR: frozenset({"slurm"}),
-           DrillFault.NODE_LOSS_PARTNER: frozenset({"slurm"}),
-           DrillFault.NODE_LOSS_SHRINK: frozenset({"slurm"}),
-           DrillFault.DATA_CHANGED: frozenset({"local", "slurm"})}
+OUTSIDE = {DrillFault.CANCEL: frozenset({Backend.LOCAL, Backend.SLURM}), DrillFault.NODE_LOSS:
+           frozenset({Backend.SLURM}), DrillFault.NODE_LOSS_SPARE: frozenset({Backend.SLURM}),
+           DrillFault.NODE_LOSS_SUPERVISOR: frozenset({Backend.SLURM}),
+           DrillFault.NODE_LOSS_PARTNER: frozenset({Backend.SLURM}),
+           DrillFault.NODE_LOSS_SHRINK: frozenset({Backend.SLURM}),
+           DrillFault.DATA_CHANGED: frozenset({Backend.LOCAL, Backend.SLURM})}
 """Faults the drill does from outside the run, per backend."""
 
 
@@ -99,7 +99,7 @@ _WITH_SPARE = (DrillFault.NODE_LOSS_SPARE, DrillFault.NODE_LOSS_SUPERVISOR,
 """Rows whose spec gets one hot spare (at least)."""
 
 
-def drillable(row: MatrixRow, backend: str) -> str:
+def drillable(row: MatrixRow, backend: Backend) -> str:
     """"" when this command can drill ``row`` on ``backend``, else why not (pure)."""
     if backend not in row.backends:
         return f"needs {'/'.join(sorted(row.backends))}"
@@ -110,7 +110,7 @@ def drillable(row: MatrixRow, backend: str) -> str:
 
 
 def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
-               backend: str = "local") -> DrillPlan:
+               backend: Backend = Backend.LOCAL) -> DrillPlan:
     """The spec, schedule and environment for drilling ``row`` on ``backend`` (pure)."""
     res = dict(raw_spec.get("resources") or {})
     nodes, tpn = int(res.get("nodes", 1)), int(res.get("tasks_per_node", 1))
@@ -184,11 +184,11 @@ def changed_data_manifest(manifest: Path, out_dir: Path) -> Path:
     return target
 
 
-def submit(spec_path: Path, *, backend: str, inject: str, env: Mapping[str, str],
+def submit(spec_path: Path, *, backend: Backend, inject: str, env: Mapping[str, str],
            cwd: Path, extra_args: Sequence[str] = ()) -> str:
     """``hpcrun submit`` in a subprocess (``extra_args`` appended); return the run id."""
     argv = [sys.executable, "-m", "hpcrun.cli.main", "submit", str(spec_path),
-            "--backend", backend, *extra_args]
+            "--backend", backend.value, *extra_args]
     if inject:
         argv += ["--inject", inject]
     out = subprocess.run(argv, env={**os.environ, **env}, cwd=cwd, capture_output=True,
@@ -214,8 +214,8 @@ def wait_terminal(run_dir: Path, *, timeout_s: float, clock: Clock = SYSTEM_CLOC
         clock.sleep(0.5)
 
 
-def run_drill(spec_path: Path, row: MatrixRow, *, backend: str = "local", at: int | None = None,
-              timeout_s: float = 600.0, cwd: Path | None = None,
+def run_drill(spec_path: Path, row: MatrixRow, *, backend: Backend = Backend.LOCAL,
+              at: int | None = None, timeout_s: float = 600.0, cwd: Path | None = None,
               rto_budget_s: float | None = None) -> DrillResult:
     """Drill ``row`` on ``backend``: submit, inject, wait, collect, check."""
     why = drillable(row, backend)
@@ -256,7 +256,7 @@ def resolve_run(run_id: str) -> Path:
     return resolve_run_dir(run_id, environ=os.environ)
 
 
-def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: str,
+def _outside_action(row: MatrixRow, run_dir: Path, plan: DrillPlan, backend: Backend,
                     crashed: list[str]) -> Callable[[Any], None] | None:
     """Faults done from outside the run, once its progress reaches the fault step (a crashed
     node's name goes to ``crashed``, for the caller to boot)."""
@@ -298,7 +298,7 @@ WATCH_EVERY_S = 10.0
 
 
 def _with_watch(action: Callable[[Any], None] | None, run_dir: Path,
-                backend: str) -> Callable[[Any], None] | None:
+                backend: Backend) -> Callable[[Any], None] | None:
     """On Slurm, also run the login-node reconcile pass every 10 s, as cron would.
 
     A node lost before Slurm marks it down can make srun abort the whole step, and the job

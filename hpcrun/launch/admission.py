@@ -109,7 +109,7 @@ class Passed:
 Finding = Problem | Skipped | Passed
 
 
-def membership_findings(spec: RunSpec, backend: str) -> list[Finding]:
+def membership_findings(spec: RunSpec, backend: Backend) -> list[Finding]:
     """Whether the spec's hot spares can work on ``backend`` (pure): the local backend emulates
     nodes on one host and cannot lose one, so it has nowhere to swap a spare in."""
     spares = spec.resources.spare_nodes

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from hpcrun.errors import ConfigError, DataError, HpcrunError, SchedulerError, StorageError
+from hpcrun.errors import (
+    ConfigError,
+    DataError,
+    HpcrunError,
+    SchedulerError,
+    SpecError,
+    StorageError,
+)
 from hpcrun.launch.admission import (
     FIND_SPEC_SCRIPT,
     AdmissionReport,
@@ -78,7 +85,7 @@ class AdmissionRequest:
     """Login name (its Slurm associations are checked)."""
     site: str | None = None
     """``--site``: a site name or path overriding the spec's."""
-    backend: str | None = None
+    backend: Backend | None = None
     """``--backend``; None lets the site decide."""
     runs_root: str | None = None
     """``--runs-root``; None: ``$HPCRUN_RUNS``, else the site's shared path."""
@@ -96,8 +103,8 @@ class Admission:
     """The validated spec, when it loaded."""
     site: SiteConfig | None
     """The site config, when it loaded."""
-    backend: str
-    """``slurm`` or ``local``."""
+    backend: Backend
+    """Where the run would run."""
     runs_root: Path | None
     """Where the run directory would be created, when known."""
     notice: str
@@ -106,16 +113,32 @@ class Admission:
     """Every finding."""
 
 
-def choose_backend(requested: str | None, site: SiteConfig, *,
-                   have_sbatch: bool) -> tuple[str, str]:
+def parse_backend(value: str | None) -> Backend | None:
+    """A requested backend (``--backend``, the Python API's ``backend=``) as the enum.
+
+    Raises:
+        SpecError: a name that is not a backend.
+    """
+    if value is None or isinstance(value, Backend):
+        return value
+    try:
+        return Backend(value)
+    except ValueError:
+        raise SpecError(f"backend: expected one of {', '.join(b.value for b in Backend)}, "
+                        f"found {value!r}") from None
+
+
+def choose_backend(requested: Backend | None, site: SiteConfig, *,
+                   have_sbatch: bool) -> tuple[Backend, str]:
     """The backend to use and a notice for the user ("" when none is due). Pure."""
     if requested:
         return requested, ""
-    if str(site.backend) == Backend.LOCAL:
-        return "local", ""
+    if site.backend is Backend.LOCAL:
+        return Backend.LOCAL, ""
     if not have_sbatch:
-        return "local", "hpcrun: sbatch not found on PATH; running on the embedded local backend"
-    return "slurm", ""
+        return Backend.LOCAL, ("hpcrun: sbatch not found on PATH; running on the embedded "
+                               "local backend")
+    return Backend.SLURM, ""
 
 
 def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: CommandRunner,
@@ -125,7 +148,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
     spec = _load_spec(request.spec_path, findings)
     site = _load_site(request, spec, findings)
     backend, notice = (choose_backend(request.backend, site, have_sbatch=request.have_sbatch)
-                       if site is not None else (request.backend or "local", ""))
+                       if site is not None else (request.backend or Backend.LOCAL, ""))
     runs_root = _runs_root(request, site, environ, findings)
     if spec is not None:
         python = site.python if site is not None and backend == Backend.SLURM and site.python \
@@ -154,7 +177,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
                      report=assemble(findings))
 
 
-def point_problems(spec: RunSpec, base: RunSpec, site: SiteConfig, backend: str, *,
+def point_problems(spec: RunSpec, base: RunSpec, site: SiteConfig, backend: Backend, *,
                    verify_data: VerifyData, storage: Storage = LOCAL_STORAGE) -> list[Problem]:
     """The problems of one sweep point: every check of :func:`admit` whose answer can depend on
     a point's own values, run on the point's spec. Its resources are the base spec's (a sweep is
@@ -363,7 +386,7 @@ def probe_writable(label: str, path: Path, *, storage: Storage = LOCAL_STORAGE) 
     return Passed(check=CheckKind.STORAGE, what=f"{label}: {path} is writable")
 
 
-def _storage_findings(site: SiteConfig, backend: str, runs_root: Path | None,
+def _storage_findings(site: SiteConfig, backend: Backend, runs_root: Path | None,
                       environ: Mapping[str, str], storage: Storage) -> list[Finding]:
     out: list[Finding] = []
     if runs_root is not None:
@@ -385,7 +408,7 @@ def _storage_findings(site: SiteConfig, backend: str, runs_root: Path | None,
 
 # -- container ---------------------------------------------------------------------------------
 
-def container_findings(site: SiteConfig, backend: str) -> list[Finding]:
+def container_findings(site: SiteConfig, backend: Backend) -> list[Finding]:
     """The site's image is readable here and, on the local backend, its runtime is on PATH (on
     Slurm, ``hpcrun preflight`` run on a compute node checks the runtime there)."""
     from hpcrun.launch.container import COMMAND, ContainerRuntime, container_problems

@@ -157,7 +157,7 @@ def _none_message(ref: str, roots: Sequence[RunsRoot]) -> str:
             "shared_path holds the runs) to search another runs root")
 
 
-def backend_of(job_ids: Sequence[str], job_backends: Mapping[str, str],
+def backend_of(job_ids: Sequence[str], job_backends: Mapping[str, Backend],
                site_backend: Backend) -> Backend:
     """The backend that runs a run: its newest job's, else its site's (pure).
 

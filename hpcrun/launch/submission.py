@@ -70,8 +70,8 @@ class SubmitRequest:
 
     spec_path: Path
     """The run.yaml."""
-    backend: str | None = None
-    """Where to run (default: the site's)."""
+    backend: Backend | str | None = None
+    """Where to run (default: the site's); a name given is turned into its :class:`Backend`."""
     site: str | None = None
     """Site config name or path."""
     runs_root: str | None = None
@@ -83,6 +83,11 @@ class SubmitRequest:
     after: tuple[str, ...] = ()
     """``RUN_OR_SWEEP[:ok|any]`` the run waits for."""
 
+    def __post_init__(self) -> None:
+        from hpcrun.launch.admit import parse_backend
+
+        object.__setattr__(self, "backend", parse_backend(self.backend))
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Submission:
@@ -92,8 +97,8 @@ class Submission:
     """The validated (not yet frozen) RunSpec."""
     site: Any
     """The SiteConfig."""
-    backend: str
-    """``slurm`` or ``local``."""
+    backend: Backend
+    """Where it runs."""
     runs_root: Path
     """Directory under which the run directory is created."""
     report: Any
@@ -149,11 +154,12 @@ def prepare_submission(req: SubmitRequest, context: SubmitContext, *,
     """Run every admission check; raise :class:`AdmissionError` listing every problem found,
     before anything is created."""
     from hpcrun.launch.admission import VerifyData
-    from hpcrun.launch.admit import AdmissionRequest, admit
+    from hpcrun.launch.admit import AdmissionRequest, admit, parse_backend
 
     request = AdmissionRequest(
         spec_path=Path(req.spec_path), code_path=code_path, python=sys.executable,
-        user=getpass.getuser(), site=req.site, backend=req.backend, runs_root=req.runs_root,
+        user=getpass.getuser(), site=req.site, backend=parse_backend(req.backend),
+        runs_root=req.runs_root,
         have_sbatch=shutil.which("sbatch", path=context.environ.get("PATH")) is not None,
         verify_data=VerifyData(req.verify_data))
     result = admit(request, environ=context.environ, runner=context.runner,
@@ -373,7 +379,7 @@ def _submit_slurm(run_dir: Path, spec: Any, site: Any, job_env: dict[str, str],
     with _process_environ({**context.environ, **job_env}):
         job_id = submit_submitit(spec, site, run_dir=run_dir, op_id=op_id,
                                  entry=context.agent_entry, dependency=dependency)
-    log.append_entry(JobPayload(job_id=job_id, backend="slurm", op_id=op_id),
+    log.append_entry(JobPayload(job_id=job_id, backend=Backend.SLURM, op_id=op_id),
                      generation=UNFENCED, holder="")
     return job_id
 

@@ -26,7 +26,7 @@ from hpcrun.launch.sbatch import render_sbatch, sbatch_args
 from hpcrun.launch.site import load_site
 from hpcrun.scheduler.slurm import Observation, SlurmClient, SlurmJobState
 from hpcrun.testing import FakeClock
-from hpcrun.vocab import RunState
+from hpcrun.vocab import Backend, RunState
 from tests.unit.control.fake_cluster import FakeCluster, Job
 
 NOW = 1_700_000_000.0
@@ -34,7 +34,7 @@ NOW = 1_700_000_000.0
 
 def rec(run_id: str, state: RunState, jobs: tuple[str, ...] = ("101",)) -> RunRecord:
     return RunRecord(run_id=run_id, spec_id="s", state=state, job_ids=jobs,
-                     job_backends={j: "slurm" for j in jobs})
+                     job_backends={j: Backend.SLURM for j in jobs})
 
 
 def test_after_forms_and_one_clear_error_for_a_bad_one() -> None:
