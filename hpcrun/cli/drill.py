@@ -65,7 +65,7 @@ def drill(spec_path: str | None, fault: str | None, at: int | None, during: str 
         raise SpecError("pass --fault KIND, --during PHASE or --all; `hpcrun drill --list` "
                         "shows the faults")
     rows = [row_for(n) for n in names]
-    results = [_one(Path(spec_path), row, backend, at, timeout_s, verbose=not all_faults)
+    results = [_one(Path(spec_path), row, Backend(backend), at, timeout_s, verbose=not all_faults)
                for row in rows]
     if all_faults:
         click.echo(render.matrix_table(results))
@@ -75,12 +75,12 @@ def drill(spec_path: str | None, fault: str | None, at: int | None, during: str 
     sys.exit(1 if any(r.ok is False for r in results) else 0)
 
 
-def _one(spec: Path, row: Any, backend: str, at: int | None, timeout_s: float, *,
+def _one(spec: Path, row: Any, backend: Backend, at: int | None, timeout_s: float, *,
          verbose: bool) -> Any:
     from hpcrun.drill import render
     from hpcrun.drill.runner import run_drill
 
-    result = run_drill(spec, row, backend=Backend(backend), at=at, timeout_s=timeout_s)
+    result = run_drill(spec, row, backend=backend, at=at, timeout_s=timeout_s)
     if verbose:
         click.echo(render.detail_table(result))
     else:
