@@ -18,8 +18,8 @@ _WHERE = {
     "TierVerdict": "audit", "AuditVerdict": "audit", "verify_run": "audit",
     "CheckpointIdentity": "identity", "TierLayout": "identity",
     "FAULT_STAGES": "commit", "read_manifest": "commit",
-    "VerifyResult": "drain", "drain_pending": "drain", "finalize_tier1": "drain",
-    "verify_checkpoint": "drain",
+    "DrainRound": "drain", "VerifyResult": "drain", "drain_pending": "drain",
+    "drain_to_tier1": "drain", "finalize_tier1": "drain", "verify_checkpoint": "drain",
     "Manifest": "manifest",
     "GcReport": "retention", "collect_run": "retention",
     "Layout": "state", "RankLocal": "state", "RestoreResult": "state", "RowShard": "state",
@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointIdentity",
     "Checkpointer",
     "CommittedCheckpoint",
+    "DrainRound",
     "GcReport",
     "Layout",
     "Manifest",
@@ -47,6 +48,7 @@ __all__ = [
     "VerifyResult",
     "collect_run",
     "drain_pending",
+    "drain_to_tier1",
     "finalize_tier1",
     "fold_checkpoints",
     "read_manifest",
@@ -64,8 +66,10 @@ if TYPE_CHECKING:
     from hpcrun.checkpoint.checkpointer import AsyncPolicy, Checkpointer
     from hpcrun.checkpoint.commit import FAULT_STAGES, read_manifest
     from hpcrun.checkpoint.drain import (
+        DrainRound,
         VerifyResult,
         drain_pending,
+        drain_to_tier1,
         finalize_tier1,
         verify_checkpoint,
     )

@@ -393,10 +393,10 @@ class Checkpointer:
                                                        skipped=tuple(skipped)),
                                    generation=self.id.generation, holder=self.id.holder)
         return RestoreResult(ckpt_id=loaded.ckpt_id, step=loaded.step,
-                             tier=str(_slowest_tier(loaded)),
+                             tier=_slowest_tier(loaded),
                              extra=dict(loaded.extra), skipped=tuple(skipped),
                              bytes_read=loaded.bytes_read, files_read=loaded.files_read,
-                             peer_bytes=loaded.by_tier.get(str(Tier.PEER), 0),
+                             peer_bytes=loaded.by_tier.get(Tier.PEER, 0),
                              phases=loaded.phases.fields())
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -417,4 +417,4 @@ def _slowest_tier(loaded: Loaded) -> Tier:
     else this node's tier 0."""
     if loaded.shared:
         return Tier.SHARED
-    return Tier.PEER if loaded.by_tier.get(str(Tier.PEER)) else Tier.NODE_LOCAL
+    return Tier.PEER if loaded.by_tier.get(Tier.PEER) else Tier.NODE_LOCAL

@@ -133,18 +133,6 @@ def refusal(reports: Sequence[ShardReport], step: int) -> tuple[Outcome, str] | 
     return None
 
 
-def build_manifest(info: CheckpointInfo, reports: Sequence[ShardReport]) -> Manifest:
-    """The manifest of a checkpoint from its identity and every rank's shard record."""
-    shards = tuple(sorted((r.record for r in reports if r.record is not None),
-                          key=lambda s: s.rank))
-    ident = info.identity
-    return Manifest(ckpt_id=info.ckpt_id, run_id=ident.run_id, spec_id=ident.spec_id,
-                    dataset_id=ident.dataset_id, contract=ident.contract,
-                    generation=ident.generation, step=info.step, parent=info.parent,
-                    world_size=len(info.nodes), nodes=info.nodes, checksum=info.checksum,
-                    created=info.created, shards=shards, extra=dict(info.extra))
-
-
 def commit_entry(*, run_id: str, ckpt_id: str, generation: int, step: int, tier: Tier,
                  digest: str, total_bytes: int, nodes: Sequence[str]) -> CommitPayload:
     """The COMMIT entry of a checkpoint on ``tier``: every commit path builds it here.
@@ -228,5 +216,5 @@ def read_manifest(run_dir: Path, ckpt: CommittedCheckpoint, *,
 
 
 __all__ = ["FAULT_STAGES", "MANIFEST_NAME", "CheckpointInfo", "CommitOutcome", "Outcome",
-           "ShardReport", "build_manifest", "commit_entry", "read_manifest",
+           "ShardReport", "commit_entry", "read_manifest",
            "record_fault", "refusal"]

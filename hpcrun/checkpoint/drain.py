@@ -6,7 +6,8 @@ checkpoint committed on tier 0 and not yet drained by this node it copies the no
 ``<run_dir>/ckpt/<ckpt_id>/<node>/``, re-reads the copy past the page cache (O_DIRECT, or
 ``posix_fadvise(DONTNEED)`` after fsync) and compares it with the source and with the manifest's
 checksums, then appends a DRAINED entry. The node-0 agent appends the tier-1 COMMIT once every
-node has drained (:func:`finalize_tier1`). Everything here is idempotent: rerunning after a crash
+node has drained (:func:`finalize_tier1`); :func:`drain_to_tier1` is the one entry that runs a
+drain round, copy then commit. Everything here is idempotent: rerunning after a crash
 redoes at most the copy that was interrupted.
 """
 
@@ -16,7 +17,9 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -43,7 +46,7 @@ from hpcrun.checkpoint.tiers import (
 )
 from hpcrun.control.entries import DrainedPayload, DrainErrorNote
 from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, HpcrunError
+from hpcrun.errors import CorruptCheckpointError, HpcrunError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 _log = logging.getLogger(__name__)
@@ -213,14 +216,12 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
     return done
 
 
-def finalize_tier1(run_dir: Path, *, log: RunLog, generation: int, holder: str,
-                   num_nodes: int) -> list[str]:
+def finalize_tier1(run_dir: Path, *, log: RunLog, generation: int, holder: str) -> list[str]:
     """Node-0 agent: commit on tier 1 every checkpoint that every node has drained.
 
-    ``num_nodes`` is the gang's node count; a checkpoint's own node list (from its COMMIT entry)
-    decides coverage, so checkpoints of an earlier, differently sized incarnation also finalize.
+    A checkpoint's own node list (from its COMMIT entry) decides coverage, so checkpoints of an
+    earlier, differently sized incarnation also finalize.
     """
-    del num_nodes  # coverage comes from the log alone
     out = []
     for c in finalizable(fold_checkpoints(log.read())):
         # the same entry as the tier-0 commit, on tier 1 (the run directory is named by the
@@ -231,6 +232,85 @@ def finalize_tier1(run_dir: Path, *, log: RunLog, generation: int, holder: str,
             total_bytes=c.bytes, nodes=c.nodes), generation=generation, holder=holder)
         out.append(c.ckpt_id)
     return out
+
+
+class DrainRound(StrEnum):
+    """Which drain :func:`drain_to_tier1` runs."""
+
+    BACKGROUND = "background"
+    """The drainer's round: one checkpoint copied, then the tier-1 commit; a failure is noted."""
+    FINAL = "final"
+    """An incarnation's last round (and the supervisor's tier-1 wait): every pending
+    checkpoint copied, then the tier-1 commit; a failure is noted."""
+    COMMIT_ONLY = "commit_only"
+    """A new incarnation's start: nothing copied, the tier-1 commit of what every node drained
+    before the last incarnation ended; a failure raises (the start fails with it)."""
+
+
+class DrainScope(Protocol):
+    """One node's drain under a fencing token (the node agent's ``DrainTarget`` is one)."""
+
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def node_local_root(self) -> Path: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def holder(self) -> str: ...
+    @property
+    def supervisor(self) -> bool:
+        """Whether this node appends the tier-1 commits."""
+    def storage(self, log: RunLog) -> Storage:
+        """The shared tier as this drain writes it."""
+
+
+def drain_to_tier1(scope: DrainScope, log: RunLog,
+                   kind: DrainRound = DrainRound.BACKGROUND) -> list[str]:
+    """Drain a node's tier-0 checkpoints to tier 1: the one entry of a drain, so the walk from
+    a tier-0 COMMIT to the tier-1 COMMIT stays in this module until it returns.
+
+    1. **Copy.** This node's shards of the checkpoints it can drain (:func:`pending_drains`)
+       are copied and verified by cold reads, a DRAINED entry each (:func:`drain_pending`):
+       one checkpoint in a background round, so the next round sees the log afresh; every
+       pending one in the final round. None at a commit-only start.
+    2. **Commit.** On the supervising node, every checkpoint each of its nodes has drained is
+       committed on tier 1 (:func:`finalize_tier1`).
+    3. **A failure** of a background or final round is a background incident: a
+       ``drain_error`` note, training goes on, the next round retries, and the tier-1 RPO
+       exposure grows until it succeeds.
+
+    Returns:
+        The checkpoint ids committed on tier 1 by this call.
+
+    Raises:
+        StaleGenerationError: a newer generation fenced this node out.
+    """
+    if kind is DrainRound.COMMIT_ONLY:
+        return _commit_tier1(scope, log)
+    try:
+        drain_pending(scope.run_dir, scope.node_local_root, node=scope.node, log=log,
+                      generation=scope.generation, holder=scope.holder,
+                      limit=None if kind is DrainRound.FINAL else 1,
+                      storage=scope.storage(log))
+        return _commit_tier1(scope, log)
+    except StaleGenerationError:
+        raise
+    except (HpcrunError, OSError) as exc:
+        log.append_entry(DrainErrorNote(node=scope.node,
+                                        detail=f"drain to the shared tier failed, will retry: "
+                                               f"{exc}"),
+                         generation=scope.generation, holder=scope.holder)
+        return []
+
+
+def _commit_tier1(scope: DrainScope, log: RunLog) -> list[str]:
+    if not scope.supervisor:
+        return []
+    return finalize_tier1(scope.run_dir, log=log, generation=scope.generation,
+                          holder=scope.holder)
 
 
 def finalizable(committed: list[CommittedCheckpoint]) -> list[CommittedCheckpoint]:
@@ -252,7 +332,7 @@ class VerifyResult:
 
     ckpt_id: str
     """Checkpoint checked."""
-    tier: str
+    tier: Tier
     """Tier read."""
     problems: tuple[str, ...]
     """What failed (empty when everything verified)."""
@@ -274,7 +354,7 @@ def verify_checkpoint(run_dir: Path, ckpt: CommittedCheckpoint, *,
         local: ``(node_local_root, node)`` to check this node's tier-0 copies instead of tier 1.
         progress: called with the bytes of each shard once it is checked.
     """
-    tier = str(Tier.NODE_LOCAL if local else Tier.SHARED)
+    tier = Tier.NODE_LOCAL if local else Tier.SHARED
     try:
         m = read_manifest(run_dir, ckpt, storage=storage)
     except HpcrunError as exc:

@@ -49,7 +49,7 @@ from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf, decode_tree
 from hpcrun.checkpoint.tiers import CKPT_DIR, fold_checkpoints, shared_root
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError
-from hpcrun.vocab import CheckpointFormat
+from hpcrun.vocab import CheckpointFormat, Tier
 
 EXPORT_SCHEMA_VERSION = 1
 RECORD_NAME = "hpcrun-export.json"
@@ -125,7 +125,7 @@ def read_global(run_dir: Path, ckpt: Any) -> GlobalCheckpoint:
     m = read_manifest(run_dir, ckpt)
     plan = plan_gather(m, m.world_size)
     base = shared_root(run_dir) / m.ckpt_id
-    bufs = [read_assigned(m, plan, r, lambda j: [("shared", base / safe_relpath(
+    bufs = [read_assigned(m, plan, r, lambda j: [(Tier.SHARED, base / safe_relpath(
         m.shards[j].path))])[0] for r in range(m.world_size)]
     tensors, meta = assemble(m, plan, bufs, rank=0, world_size=m.world_size,
                              rows=_all_rows(m))
@@ -141,7 +141,7 @@ def _all_rows(m: Manifest) -> dict[str, TensorLeaf]:
     rows = {}
     for shard in m.shards:
         for d in shard.datasets:
-            if d.placement == "row" and d.key not in rows:
+            if d.placement == Placement.ROW and d.key not in rows:
                 t = torch.empty(d.global_shape, dtype=torch_dtype(d.dtype), device="meta")
                 rows[d.key] = TensorLeaf(key=d.key, tensor=t, placement=Placement.ROW,
                                          global_shape=tuple(d.global_shape))

@@ -51,7 +51,7 @@ from hpcrun.checkpoint.manifest import (
     shard_dict,
     submanifest_path,
 )
-from hpcrun.checkpoint.state import META_KEY
+from hpcrun.checkpoint.state import META_KEY, Placement
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.entries import CursorPayload, ProgressPayload
 from hpcrun.control.log import RunLog
@@ -157,7 +157,7 @@ def merge_rows(shards: Sequence[ShardRecord],
     problems: list[str] = []
     for s in shards:
         for d in s.datasets:
-            if d.placement not in ("replicated", "row"):
+            if d.placement not in (Placement.REPLICATED, Placement.ROW):
                 continue
             total = d.global_shape[0] if d.global_shape else 1
             if totals.setdefault(d.key, total) != total:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from hpcrun.checkpoint.state import META_KEY
+from hpcrun.checkpoint.state import META_KEY, Placement
 from hpcrun.control.payload import canonical_json
 from hpcrun.errors import CorruptCheckpointError
 
@@ -51,8 +51,8 @@ class DatasetRecord:
     """Logical key of the tensor."""
     h5path: str
     """Dataset path inside the shard."""
-    placement: str
-    """replicated | row | local."""
+    placement: Placement
+    """Who holds the tensor: replicated, row, local or chunk."""
     dtype: str
     """True torch dtype name."""
     global_shape: tuple[int, ...]
@@ -77,7 +77,7 @@ class DatasetRecord:
     @property
     def shape(self) -> tuple[int, ...]:
         """Shape of the stored data."""
-        if self.placement == "chunk":
+        if self.placement == Placement.CHUNK:
             return self.lengths
         return (self.row_stop - self.row_start, *self.global_shape[1:]) if self.global_shape \
             else ()
@@ -152,7 +152,7 @@ def _dataset_dict(d: DatasetRecord) -> dict[str, Any]:
     out = {"key": d.key, "h5path": d.h5path, "placement": d.placement, "dtype": d.dtype,
            "global_shape": d.global_shape, "row_start": d.row_start, "row_stop": d.row_stop,
            "offset": d.offset, "nbytes": d.nbytes, "checksum": d.checksum}
-    if d.placement == "chunk":
+    if d.placement == Placement.CHUNK:
         out.update(offsets=d.offsets, lengths=d.lengths, placements=d.placements)
     return out
 
@@ -201,18 +201,27 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _placement(value: str) -> Placement:
+    try:
+        return Placement(value)
+    except ValueError:
+        raise CorruptCheckpointError(
+            f"manifest placement {value!r} is none of {', '.join(Placement)}; the manifest is "
+            "corrupt or from a newer hpcrun") from None
+
+
 def _dataset(raw: Any) -> DatasetRecord:
     if not isinstance(raw, dict):
         raise CorruptCheckpointError("manifest dataset entry is not an object")
     rec = DatasetRecord(
         key=_req(raw, "key", str), h5path=_req(raw, "h5path", str),
-        placement=_req(raw, "placement", str), dtype=_req(raw, "dtype", str),
+        placement=_placement(_req(raw, "placement", str)), dtype=_req(raw, "dtype", str),
         global_shape=_shape(raw.get("global_shape")), row_start=_req(raw, "row_start", int),
         row_stop=_req(raw, "row_stop", int), offset=_req(raw, "offset", int),
         nbytes=_req(raw, "nbytes", int), checksum=_req(raw, "checksum", str))
     if not 0 <= rec.row_start <= rec.row_stop or rec.nbytes < 0 or rec.offset < -1:
         raise CorruptCheckpointError(f"manifest dataset {rec.key!r} has impossible ranges")
-    return _chunk_fields(rec, raw) if rec.placement == "chunk" else rec
+    return _chunk_fields(rec, raw) if rec.placement == Placement.CHUNK else rec
 
 
 def _chunk_fields(rec: DatasetRecord, raw: Mapping[str, Any]) -> DatasetRecord:
@@ -307,7 +316,7 @@ def _row_problems(m: Manifest) -> list[str]:
     total: dict[str, int] = {}
     for s in m.shards:
         for d in s.datasets:
-            if d.placement in ("replicated", "row"):
+            if d.placement in (Placement.REPLICATED, Placement.ROW):
                 ranges.setdefault(d.key, []).append((d.row_start, d.row_stop))
                 total[d.key] = d.global_shape[0] if d.global_shape else 1
     out = []

@@ -144,7 +144,7 @@ def _intervals(records: Mapping[int, ShardRecord]) -> dict[str, list[tuple[int, 
     out: dict[str, list[tuple[int, int, str]]] = {}
     for s in records.values():
         for d in s.datasets:
-            if d.placement in ("replicated", "row"):
+            if d.placement in (Placement.REPLICATED, Placement.ROW):
                 out.setdefault(d.key, []).append((d.row_start, d.row_stop, d.placement))
     return out
 
@@ -193,7 +193,7 @@ def _chunk_boxes(records: Mapping[int, ShardRecord]) -> dict[str, list[Box]]:
     out: dict[str, list[Box]] = {}
     for s in records.values():
         for d in s.datasets:
-            if d.placement == "chunk":
+            if d.placement == Placement.CHUNK:
                 out.setdefault(d.key, []).append((d.offsets, d.lengths))
     return out
 
@@ -270,7 +270,7 @@ def _plan_rank(b: _Builder, pos: int, need: Need, pieces: Mapping[str, list[tupl
     meta, error = None, ""
     for key, parts in pieces.items():
         d0 = parts[0][2]
-        if d0.placement == "replicated":
+        if d0.placement == Placement.REPLICATED:
             t = Target(key=key, dtype=d0.dtype, global_shape=d0.global_shape, start=0,
                        stop=d0.global_shape[0] if d0.global_shape else 1)
             targets.append((t, tuple(b.share(j, i, d) for j, i, d in parts)))
@@ -291,7 +291,7 @@ def _plan_rank(b: _Builder, pos: int, need: Need, pieces: Mapping[str, list[tupl
                        stop=d0.global_shape[0] if d0.global_shape else 1)
             targets.append((t, (b.mine(pos, *own[0]),)))
             continue
-        if d0.placement == "chunk":
+        if d0.placement == Placement.CHUNK:
             box_target, picked, why = _chunk_target(key, parts, need, old_world, new_world)
             error = error or why
             if box_target is not None:

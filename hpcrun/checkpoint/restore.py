@@ -42,6 +42,7 @@ from hpcrun.checkpoint.shards import ShardSource, read_datasets
 from hpcrun.checkpoint.stage import torch_dtype
 from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
 from hpcrun.errors import CorruptCheckpointError, ReshardError
+from hpcrun.vocab import Tier
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,12 +73,12 @@ def plan_gather(m: Manifest, world_size: int) -> GatherPlan:
     return GatherPlan(files=files, sizes=sizes, where=where)
 
 
-SourceChoice = Callable[[int], Sequence[tuple[str, Path | ShardSource]]]
+SourceChoice = Callable[[int], Sequence[tuple[Tier, Path | ShardSource]]]
 """Old shard rank → candidate ``(tier, file or peer copy)`` pairs, preferred first."""
 
 
 def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: SourceChoice,
-                  ) -> tuple[np.ndarray, dict[str, int], RestorePhases]:
+                  ) -> tuple[np.ndarray, dict[Tier, int], RestorePhases]:
     """Read and verify this rank's assigned shards into its exchange buffer.
 
     Each shard is tried on its candidate tiers in order; a copy that fails verification is
@@ -90,7 +91,7 @@ def read_assigned(m: Manifest, plan: GatherPlan, rank: int, candidates: SourceCh
         CorruptCheckpointError: some shard verified on no tier.
     """
     buf = aligned_buffer(plan.sizes[rank], touch=False)
-    counts: dict[str, int] = {}
+    counts: dict[Tier, int] = {}
     phases = RestorePhases()
     for j in plan.files[rank]:
         shard = m.shards[j]
@@ -110,7 +111,7 @@ def add_phases(a: RestorePhases, b: RestorePhases) -> RestorePhases:
 
 def read_first_good(ckpt_id: str, algorithm: str, j: int, rec: ShardRecord,
                     wanted: Sequence[tuple[int, np.ndarray]], candidates: SourceChoice,
-                    ) -> tuple[str, RestorePhases]:
+                    ) -> tuple[Tier, RestorePhases]:
     """Read ``wanted`` datasets of old rank ``j``'s shard from its first copy that verifies;
     the tier it came from and the split of that read.
 
@@ -165,9 +166,9 @@ def assemble(m: Manifest, plan: GatherPlan, gathered: Sequence[np.ndarray], *, r
             else:
                 pieces.setdefault(d.key, []).append((d, _as_tensor(raw, d)))
     for key, parts in pieces.items():
-        if parts[0][0].placement == "row":
+        if parts[0][0].placement == Placement.ROW:
             tensors[key] = _rows_for(key, parts, rows.get(key), m, rank, world_size)
-        elif parts[0][0].placement == "chunk":
+        elif parts[0][0].placement == Placement.CHUNK:
             tensors[key] = _box_for(key, parts, rows.get(key), m, world_size)
         else:
             tensors[key] = _whole(parts)
@@ -342,7 +343,7 @@ def _compact(plan: RankPlan, landed: set[int], pos: int, solo: bool) -> RankPlan
 
 def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice,
                  into: Mapping[tuple[int, int], np.ndarray] | None = None,
-                 ) -> tuple[dict[str, int], RestorePhases]:
+                 ) -> tuple[dict[Tier, int], RestorePhases]:
     """Read and verify the datasets of ``plan`` into ``buf`` (or, for those in ``into``,
     straight into their target tensors), shard by shard.
 
@@ -353,7 +354,7 @@ def read_planned(plan: RankPlan, buf: np.ndarray, candidates: SourceChoice,
     Raises:
         CorruptCheckpointError: some shard verified on no tier.
     """
-    counts: dict[str, int] = {}
+    counts: dict[Tier, int] = {}
     phases = RestorePhases()
     by_shard: dict[int, list[tuple[int, np.ndarray]]] = {}
     for r in plan.reads:

@@ -65,7 +65,7 @@ from hpcrun.vocab import FaultClass
 
 _log = logging.getLogger(__name__)
 
-PeerSource = Callable[[str, ShardRecord], Sequence[tuple[str, ShardSource]]]
+PeerSource = Callable[[str, ShardRecord], Sequence[tuple[Tier, ShardSource]]]
 """``(checkpoint id, shard record)`` → that shard's copies on the gang's nodes, nearest first:
 the restore's peer tier, for a shard this node's tier 0 lacks (the runtime provides it:
 :class:`hpcrun.checkpoint.peer.read.PeerShards`)."""
@@ -89,7 +89,7 @@ class Loaded:
     """Whether some rank read from the shared tier."""
     files_read: int = 0
     """Shard files this rank opened."""
-    by_tier: Mapping[str, int] = field(default_factory=dict)
+    by_tier: Mapping[Tier, int] = field(default_factory=dict)
     """Data bytes this rank read from each tier (``peer``: from other nodes)."""
     phases: RestorePhases = field(default_factory=RestorePhases)
     """Where this rank's time went (faults, read, checksum, copy)."""
@@ -207,7 +207,7 @@ class RestoreShell:
         except CheckpointError:  # above the staging limit: this restore gets its own buffer
             buf = aligned_buffer(plan.size, touch=False)
         fault_s = time.perf_counter() - t0
-        counts: dict[str, int] = {}
+        counts: dict[Tier, int] = {}
         phases = RestorePhases()
         try:
             counts, phases = read_planned(plan, buf,
@@ -227,25 +227,25 @@ class RestoreShell:
         copy_s = time.perf_counter() - t1
         return Loaded(ckpt_id=ckpt.ckpt_id, step=int(top["step"]), extra=dict(top["extra"]),
                       tensors=tensors, meta=meta,
-                      shared=self.comm.any_true(str(Tier.SHARED) in counts),
+                      shared=self.comm.any_true(Tier.SHARED in counts),
                       files_read=len(plan.files), by_tier=counts,
                       phases=phases.plus(fault_s=fault_s, copy_s=copy_s))
 
     def _candidates(self, ckpt: CommittedCheckpoint,
-                    shard: ShardRecord) -> list[tuple[str, Path | ShardSource]]:
+                    shard: ShardRecord) -> list[tuple[Tier, Path | ShardSource]]:
         """Where this rank may read ``shard``, preferred first: this node's tier 0, else the
         peer tier (a copy on this node's disk or another gang node's, the owner's tier 0 or
         its partner's copy: node-to-node, sparing the shared filesystem), then tier 1 when
         the checkpoint is committed there."""
         paths = self.tiers.paths(ckpt.ckpt_id, run_id=self.identity.run_id)
         local = paths.node_local / shard.path if paths.node_local is not None else None
-        out: list[tuple[str, Path | ShardSource]] = []
+        out: list[tuple[Tier, Path | ShardSource]] = []
         if local is not None and local.exists():
-            out.append((str(Tier.NODE_LOCAL), local))
+            out.append((Tier.NODE_LOCAL, local))
         elif local is not None and self.peers is not None:
             out.extend(self.peers(ckpt.ckpt_id, shard))
         if Tier.SHARED in ckpt.tiers or local is None:
-            out.append((str(Tier.SHARED), paths.shared / shard.path))
+            out.append((Tier.SHARED, paths.shared / shard.path))
         return out
 
     # -- exchange path ---------------------------------------------------------------------
@@ -259,7 +259,7 @@ class RestoreShell:
             except (HpcrunError, OSError) as exc:
                 self.incident(ckpt, str(exc))
         m = self.comm.broadcast_object(m)
-        buf, counts, ok, phases = None, dict[str, int](), False, RestorePhases()
+        buf, counts, ok, phases = None, dict[Tier, int](), False, RestorePhases()
         plan = plan_gather(m, self.layout.world_size) if m is not None else None
         if m is not None and plan is not None:
             try:
@@ -278,7 +278,7 @@ class RestoreShell:
                                  world_size=self.layout.world_size, rows=rows)
         phases = phases.plus(copy_s=time.perf_counter() - t0)
         return Loaded(ckpt_id=m.ckpt_id, step=m.step, extra=dict(m.extra), tensors=tensors,
-                      meta=meta, shared=self.comm.any_true(str(Tier.SHARED) in counts),
+                      meta=meta, shared=self.comm.any_true(Tier.SHARED in counts),
                       files_read=len(plan.files[self.layout.rank]), by_tier=counts,
                       phases=phases)
 

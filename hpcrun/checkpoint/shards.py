@@ -187,7 +187,7 @@ def _seal(tmp: Path, staged: Sequence[StagedPiece], digests: Sequence[str]) -> N
 
 def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
     p = sp.piece
-    return DatasetRecord(key=p.key, h5path=_h5path(p.key), placement=str(p.placement),
+    return DatasetRecord(key=p.key, h5path=_h5path(p.key), placement=p.placement,
                          dtype=p.dtype, global_shape=p.global_shape, row_start=p.row_start,
                          row_stop=p.row_stop, offset=offset, nbytes=p.nbytes, checksum=digest,
                          offsets=p.offsets, lengths=p.lengths, placements=p.placements)

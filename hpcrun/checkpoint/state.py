@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from hpcrun.errors import CheckpointError
+from hpcrun.vocab import Tier
 
 META_KEY = "__meta__"
 """Logical key of each rank's JSON meta tree inside its shard."""
@@ -365,7 +366,7 @@ class RestoreResult:
     """Checkpoint restored."""
     step: int
     """Its step."""
-    tier: str
+    tier: Tier
     """``shared`` when some rank read tier 1, else ``peer`` when this rank read from another
     node (the peer tier), else ``node_local`` (this node's disk only)."""
     extra: Mapping[str, Any] = field(default_factory=dict)

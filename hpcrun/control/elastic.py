@@ -13,28 +13,57 @@ global batch ``k`` (a per-rank batch change, no gradient accumulation), so the r
 holds across a shrink. That needs ``global_batch`` to be a multiple of every world size the run
 may take: :func:`unkept_world_sizes` names the ones that are not, and the spec refuses them at
 submit.
+
+The gang itself is planned here too, as values: the first gang of an allocation
+(:func:`initial_gang`), the spares that can take a lost node's place (:func:`usable_spares`), a
+gang with spares swapped in (:func:`swap_in`) or shrunk to its survivors (:func:`shrink_gang`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from hpcrun.errors import MembershipError
 
 if TYPE_CHECKING:
-    from hpcrun.control.spec import RunSpec
     from hpcrun.control.specload import Checks
+
+
+class _Membership(Protocol):
+    @property
+    def mode(self) -> str: ...
+    @property
+    def min_nodes(self) -> int | None: ...
+
+
+class _Resources(Protocol):
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def spare_nodes(self) -> int: ...
+
+
+class GangSpec(Protocol):
+    """What elastic planning reads of a spec (a :class:`~hpcrun.control.spec.RunSpec` is one):
+    its ``membership`` and its ``resources``."""
+
+    @property
+    def membership(self) -> _Membership: ...
+    @property
+    def resources(self) -> _Resources: ...
 
 ELASTIC = "elastic"
 """``membership.mode`` of a run whose gang may shrink (``MembershipMode.ELASTIC``'s value)."""
 
 
-def is_elastic(spec: RunSpec) -> bool:
+def is_elastic(spec: GangSpec) -> bool:
     """Whether the run's gang may continue on fewer nodes than ``resources.nodes``."""
     return spec.membership.mode == ELASTIC
 
 
-def survives_node_loss(spec: RunSpec) -> bool:
+def survives_node_loss(spec: GangSpec) -> bool:
     """Whether a run outlives the loss of a node inside its allocation: it has hot spares to
     swap in, or an elastic membership that lets the gang shrink.
 
@@ -44,7 +73,7 @@ def survives_node_loss(spec: RunSpec) -> bool:
     return spec.resources.spare_nodes > 0 or is_elastic(spec)
 
 
-def min_gang_nodes(spec: RunSpec) -> int:
+def min_gang_nodes(spec: GangSpec) -> int:
     """The fewest nodes the gang may run on: ``membership.min_nodes`` when elastic, else
     ``resources.nodes``."""
     m = spec.membership.min_nodes
@@ -56,7 +85,7 @@ def gang_node_counts(min_nodes: int, nodes: int) -> range:
     return range(min(min_nodes, nodes), nodes + 1)
 
 
-def sbatch_nodes(spec: RunSpec, *, requeue: bool = False) -> str:
+def sbatch_nodes(spec: GangSpec, *, requeue: bool = False) -> str:
     """The ``--nodes`` value of the run's allocation: ``N+S`` (``S`` hot spares) for its first
     job; for a requeued or resubmitted elastic run ``min-max``, so the job starts as soon as
     ``min_nodes`` are free rather than waiting for all of them, and the gang forms on what
@@ -68,7 +97,7 @@ def sbatch_nodes(spec: RunSpec, *, requeue: bool = False) -> str:
     return str(total)
 
 
-def requeue_resize(spec: RunSpec) -> dict[str, str]:
+def requeue_resize(spec: GangSpec) -> dict[str, str]:
     """``scontrol update`` fields that make a requeued elastic job start on ``min-max`` nodes
     (``NumNodes``, and ``NumTasks`` at the low end: one agent per node, and a task count left
     at ``nodes`` would still need every node); empty for any other run."""
@@ -78,7 +107,7 @@ def requeue_resize(spec: RunSpec) -> dict[str, str]:
     return {"NumNodes": f"{low}-{total}", "NumTasks": str(low)}
 
 
-def _node_range(spec: RunSpec) -> tuple[int, int]:
+def _node_range(spec: GangSpec) -> tuple[int, int]:
     """The fewest nodes the gang may run on and the nodes of a whole allocation (N+S)."""
     return min_gang_nodes(spec), spec.resources.nodes + spec.resources.spare_nodes
 
@@ -110,6 +139,46 @@ def shrink_gang(gang: Sequence[str], lost: Sequence[str]) -> tuple[str, ...]:
     densely (a survivor's node rank is its position here)."""
     gone = set(lost)
     return tuple(n for n in gang if n not in gone)
+
+
+def initial_gang(allocation: Sequence[str], size: int, unusable: Iterable[str] = ()) -> tuple[
+        str, ...]:
+    """The first gang of an allocation: its first ``size`` usable nodes, in allocation order.
+
+    Raises:
+        MembershipError: fewer than ``size`` usable nodes.
+    """
+    bad = set(unusable)
+    usable = [n for n in allocation if n not in bad]
+    if len(usable) < size:
+        raise MembershipError(
+            f"the allocation {', '.join(allocation)} has {len(usable)} usable nodes "
+            f"({', '.join(sorted(bad & set(allocation))) or 'none'} quarantined), expected at "
+            f"least resources.nodes={size}; the run requeues onto other nodes")
+    return tuple(usable[:size])
+
+
+def usable_spares(allocation: Sequence[str], gang: Sequence[str], unusable: Iterable[str],
+                  stale: Iterable[str] = ()) -> tuple[str, ...]:
+    """Allocation nodes outside the gang that can take a lost node's place, in allocation order.
+    """
+    out = set(gang) | set(unusable) | set(stale)
+    return tuple(n for n in allocation if n not in out)
+
+
+def swap_in(gang: Sequence[str], lost: Sequence[str], spares: Sequence[str]) -> tuple[str, ...]:
+    """The gang with each lost node replaced, in place, by the next spare.
+
+    Each spare takes the lost node's position, so it takes that node's node rank and ranks.
+
+    Raises:
+        MembershipError: fewer spares than lost nodes.
+    """
+    if len(spares) < len(lost):
+        raise MembershipError(f"{len(lost)} lost node(s) ({', '.join(lost)}) but only "
+                              f"{len(spares)} spare(s); expected one spare per lost node")
+    replacement = dict(zip(lost, spares, strict=False))
+    return tuple(replacement.get(n, n) for n in gang)
 
 
 def check_elastic_batch(global_batch: int | None, tasks_per_node: int,

@@ -20,6 +20,7 @@ from typing import Any
 
 from hpcrun.control.log import RunLog
 from hpcrun.errors import ArgumentError, CheckpointError
+from hpcrun.vocab import Tier
 
 RNG_FAMILY = "rng"
 """The family of the RNG streams (the meta tree's ``__rng__`` field)."""
@@ -97,7 +98,7 @@ def load_state(run_dir: Path, ckpt: Any, *, world_size: int | None = None) -> Ch
     size = world_size or m.world_size
     plan = plan_gather(m, size)
     base = shared_root(run_dir) / ckpt.ckpt_id
-    bufs = [read_assigned(m, plan, r, lambda j: [("shared", base / m.shards[j].path)])[0]
+    bufs = [read_assigned(m, plan, r, lambda j: [(Tier.SHARED, base / m.shards[j].path)])[0]
             for r in range(size)]
     ranks = []
     for r in range(size):

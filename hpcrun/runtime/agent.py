@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import os
 import signal
-import subprocess
 import sys
-from collections.abc import Callable, Mapping
-from enum import StrEnum
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpcrun.checkpoint.peer.ledger import ring_partner
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.elastic import initial_gang, survives_node_loss
 from hpcrun.control.entries import (
     JobPayload,
     QuarantinePayload,
@@ -50,24 +47,20 @@ from hpcrun.runtime.incarnation import (
     RankExit,
     node_logs_dir,
 )
-from hpcrun.runtime.node.budget_watch import BudgetWatch
-from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
 from hpcrun.runtime.node.drainproc import DrainProcess
 from hpcrun.runtime.node.faultlog import FaultLog
 from hpcrun.runtime.node.gang import Gang, node_ending
 from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir
-from hpcrun.runtime.node.hangwatch import hang_watch
 from hpcrun.runtime.node.image import rank_argv, rank_image, rank_python
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView, decoded
-from hpcrun.runtime.node.membership import LivenessBeat, initial_gang, survives_node_loss
+from hpcrun.runtime.node.membership import LivenessBeat
+from hpcrun.runtime.node.rankwatch import FAULT_KILL_GRACE_S, RankWatch, Watched
 from hpcrun.runtime.node.requeue import Requeuer, requeuer_for
 from hpcrun.runtime.node.stepio import detach_stdio
 from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 from hpcrun.runtime.rank import script
-from hpcrun.runtime.rank.warm import all_stepped
-from hpcrun.runtime.supervise.decide import vanished_node_fault
-from hpcrun.runtime.supervise.supervisor import Supervisor, rejoin
+from hpcrun.runtime.supervise.supervisor import Supervisor
 from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
@@ -79,17 +72,6 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
-FAULT_KILL_GRACE_S = 0.5
-"""SIGTERM grace for the ranks of a gang that already failed: they can commit nothing (their
-next collective has lost a peer), so only exits already under way are waited for."""
-
-
-class Watched(StrEnum):
-    """How watching this node's ranks ended (when the run did not move on)."""
-
-    DONE = "done"                # every rank ended (succeeded or stopped)
-    FAILED = "failed"            # a rank here failed or hung
-    PEER_FAILED = "peer_failed"  # another node logged a gang fault (node 0 only)
 
 
 class Agent:
@@ -119,11 +101,15 @@ class Agent:
                                 node_local_root=node.node_local_root, environ=self.environ,
                                 python=python)
         self.warm = self._warm_pool()
-        self.drains = DrainProcess()
+        self.drains = DrainProcess(run_dir=run_dir, node=node, spec=spec, log=log,
+                                   environ=self.environ, python=python)
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock,
-                                     drain=self._drain_target)
+                                     drain=self.drains.target)
+        self.watch = RankWatch(run_dir=run_dir, node=node.node, spec=spec, site=site,
+                               stop=self.stop, rank_signal=self.rank_signal, faults=self.faults,
+                               warm=self.warm, environ=self.environ, clock=clock)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -148,12 +134,6 @@ class Agent:
         from hpcrun.checkpoint.peer.push import serves_peers
 
         return serves_peers(self.spec, self.node.node_local_root)
-
-    @property
-    def _partner_copies(self) -> bool:
-        from hpcrun.checkpoint.peer.push import wanted
-
-        return wanted(self.spec, self.node.node_local_root)
 
     def _partner_server(self) -> contextlib.AbstractContextManager[object]:
         """This node's partner server (holds its partner's copies, serves its tier 0 and those
@@ -196,7 +176,7 @@ class Agent:
                 return None
             if attempt == 0 and self.node.restart_count > 0:
                 self.supervisor.record_slurm_requeue(claimed.generation, claimed.holder)
-            self._finalize_previous(claimed.generation, claimed.holder)
+            self.drains.commit_previous(claimed.generation, claimed.holder)
             gang = self._plan_gang()
             restore_point = self._publish_start(claimed.generation, claimed.holder, attempt,
                                                 gang)
@@ -225,21 +205,6 @@ class Agent:
         return self.supervisor.take_over_if_lost(
             self._plan_gang(), generation=fence.generation, holder=fence.holder,
             attempt=attempt - 1)
-
-    def _finalize_previous(self, generation: int, holder: str) -> None:
-        """Commit on tier 1 what every node drained before the last incarnation ended.
-
-        A supervisor that died between the last DRAINED entry and its tier-1 commit (a lost
-        node, a killed job) leaves a checkpoint that is whole on the shared tier but not
-        committed there; committing it now, before the restore point is fixed, lets this
-        incarnation restore it instead of an older one.
-        """
-        if self.node.node_local_root is None:
-            return
-        from hpcrun.checkpoint import finalize_tier1
-
-        finalize_tier1(self.run_dir, log=self.log, generation=generation, holder=holder,
-                       num_nodes=len(self.node.nodes))
 
     def _start_of(self, fence: LogEntry) -> tuple[int, tuple[str, ...]] | None:
         """Slot of the STARTING entry under ``fence`` (the incarnation's restore point) and
@@ -291,11 +256,6 @@ class Agent:
             attempt=attempt, node=self.node.node, node_local_root=self.node.node_local_root,
             gang=gang)
 
-    def _place(self, inc: Incarnation) -> NodeInfo:
-        """This node as a member of ``inc``'s gang: its node rank there, the gang's nodes."""
-        gang = inc.gang or tuple(self.node.nodes)
-        return dataclasses.replace(self.node, nodes=gang, node_rank=gang.index(self.node.node))
-
     # -- one incarnation ---------------------------------------------------------------------
     def _run_incarnation(self, inc: Incarnation) -> AgentExit:
         if inc.gang and self.node.node not in inc.gang:
@@ -311,133 +271,52 @@ class Agent:
             if self.spec.script_mode and self.supervisor.supervising:
                 self.log.publish_entry(script.running_payload(), generation=inc.generation,
                                        holder=inc.holder)
-        drainer = self._start_drainer(inc)
+        drainer = self.drains.start(inc)
         # The end of an incarnation (preemption: commit, drain, requeue) is the critical path;
         # pay the checkpoint plane's import (torch, h5py) now, while the ranks start.
         import hpcrun.checkpoint.drain  # noqa: F401
         obs = self._observer(inc, gang)
         outcome: Watched | AgentExit | None = None
         try:
-            outcome = (self._watch(inc, gang, obs) if short is None
-                       else self._gpu_fault(inc, short))
+            if short is None:
+                outcome = self.watch.watch(inc, gang, obs, self._moved_on)
+            else:
+                self.faults.gpu_shortfall(inc, short)
+                outcome = Watched.FAILED
         finally:
             failed = outcome in (Watched.FAILED, Watched.PEER_FAILED)
             grace = float(self.environ.get("HPCRUN_KILL_GRACE_S", "5"))
             gang.kill(grace_s=min(grace, FAULT_KILL_GRACE_S) if failed else grace)
-            if failed:
-                # no final drain round follows: report the node's exit without waiting for
-                # the drain's round in flight (reaped before the next drain starts)
-                self.drains.terminate(drainer)
-            else:
-                self.drains.stop(drainer)
+            self.drains.end(drainer, failed=failed)
             obs.close()  # the node stream's last lines, once the ranks are gone
         if isinstance(outcome, AgentExit):
             obs.finish()
             return outcome
         status = node_ending(gang.exits.values()) if outcome is Watched.DONE else Ending.FAILED
         if status is not Ending.FAILED and drainer is not None:
-            drain_round_safely(self._drain_target(inc), self.log, last=True)
+            self.drains.final_round(inc)
         self.faults.node_exit(inc, status)
         ended = (self.supervisor.conclude(inc) if self.supervisor.supervising
                  else self.supervisor.follow(inc))
         obs.finish()  # decided, every node's last lines are in: the final run summary
         return ended
 
+    def _moved_on(self, inc: Incarnation) -> Watched | AgentExit | None:
+        return self.supervisor.moved_on(inc, peer_faulted=self.faults.peer_faulted)
+
     def _observer(self, inc: Incarnation, gang: Gang) -> NodeObserver:
         from hpcrun.runtime.node.observations import NodeObserver
 
         # the run summary is node rank 0's duty: it moves with that position, a swap included
         return NodeObserver(self.run_dir, inc=inc, ranks=gang.ranks, nodes=self.node.nodes,
-                            supervisor=self._place(inc).node_rank == 0, clock=self.clock)
-
-    def _watch(self, inc: Incarnation, gang: Gang, agg: NodeObserver) -> Watched | AgentExit:
-        """Supervise the ranks until they all end, one fails, or the run moves on."""
-        hang = hang_watch(inc, gang, spec=self.spec, environ=self.environ, node=self.node.node,
-                          clock=self.clock,
-                          record_fault=lambda payload: self.faults.append(inc, payload))
-        try:
-            return self._watch_loop(inc, gang, agg, hang)
-        finally:
-            agg.poll(force=True)  # the node's last word: where its ranks got to
-
-    def _watch_loop(self, inc: Incarnation, gang: Gang, agg: NodeObserver,
-                    hang: Callable[[], bool]) -> Watched | AgentExit:
-        relay = preemption.Relay(self.stop, self.rank_signal, clock=self.clock)
-        grace = script.Grace(script.grace_s(self.site))
-        budget = BudgetWatch.start(self.run_dir, self.spec, clock=self.clock)
-        started, refilled = self.clock.now(), self.warm is None
-        while True:
-            budget.check(self.stop)
-            failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
-            if failed:
-                self.faults.rank_failures(inc, failed)
-                return Watched.FAILED
-            relay.tick(gang.signal)
-            if self.spec.script_mode and grace.expired(stopping=self.stop.is_set,
-                                                       now=self.clock.monotonic()):
-                gang.kill(grace_s=FAULT_KILL_GRACE_S)  # the script had its time to save
-            agg.poll()
-            if not refilled and all_stepped(inc, gang.ranks, started):
-                # the next incarnation's ranks import now, off this one's critical path
-                refilled = True
-                assert self.warm is not None
-                self.warm.fill()
-            moved = self._run_moved_on(inc)
-            if moved is not None:
-                return moved
-            if hang():
-                return Watched.FAILED
-            if not gang.pending:
-                return Watched.DONE
-            self.clock.sleep(POLL_S)
-
-    def _run_moved_on(self, inc: Incarnation) -> Watched | AgentExit | None:
-        """A newer fence, a terminal state, or another node's fault ends this incarnation."""
-        self.view.follow()  # backs off while the log is quiet: one listing per 3.2 s at most
-        if self.view.fence.generation != inc.generation:
-            return rejoin(self.view, self.node, inc)
-        if self.view.terminal():
-            return AgentExit(status=EXIT_OK)
-        if not self.supervisor.supervising:
-            # the supervisor lost while this gang still runs (its peers may block in a
-            # collective): its successor takes over and ends the incarnation as it would
-            taken = self.supervisor.take_over_if_lost(
-                self._place(inc).nodes, generation=inc.generation, holder=inc.holder,
-                attempt=inc.attempt)
-            return Watched.PEER_FAILED if taken and self._record_vanished(inc) else None
-        if self.faults.peer_faulted(inc):
-            return Watched.PEER_FAILED
-        if self._record_vanished(inc):
-            return Watched.PEER_FAILED
-        return None
-
-    def _record_vanished(self, inc: Incarnation) -> bool:
-        """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
-
-        Their ranks may never fail here (a peer lost without a reset connection blocks a
-        collective): the supervisor ends the incarnation itself.
-        """
-        lost = self.supervisor.vanished(inc)
-        if lost:
-            self.log.append_entry(vanished_node_fault(lost).to_entry(),
-                                  generation=inc.generation, holder=inc.holder)
-        return bool(lost)
-
-    # -- reporting ---------------------------------------------------------------------------
-    def _gpu_fault(self, inc: Incarnation, detail: str) -> Watched:
-        """This node sees too few GPUs: a node failure, logged before any rank started."""
-        print(f"hpcrun agent: error: {detail}", file=sys.stderr)
-        self.faults.append(inc, {"fault": "node_failure", "node": self.node.node, "rank": None,
-                                 "step": None, "signature": f"gpus:{self.node.node}",
-                                 "detail": detail})
-        return Watched.FAILED
+                            supervisor=self.node.placed(inc.gang).node_rank == 0, clock=self.clock)
 
     # -- processes ---------------------------------------------------------------------------
     def _gang(self, inc: Incarnation) -> Gang:
         # one reader of the log per node: the ranks start from what this view already read
         write_log_copy(inc.log_copy(), self.view.entries)
         k = self.spec.resources.tasks_per_node
-        first = self._place(inc).node_rank * k
+        first = self.node.placed(inc.gang).node_rank * k
         scripted = self.spec.script_mode
         argv = (script.rank_argv(self.spec, rank_python(self.image, self.python)) if scripted
                 else ["-m", "hpcrun.runtime.rank.worker"])
@@ -482,7 +361,7 @@ class Agent:
         from hpcrun.launch.env import DistEnv, derive_master_port
 
         k = self.spec.resources.tasks_per_node
-        place = self._place(inc)  # world size counts the gang's nodes, never the spares
+        place = self.node.placed(inc.gang)  # world size counts the gang's nodes, never the spares
         dist = DistEnv(
             rank=rank, local_rank=rank % k, node_rank=place.node_rank,
             world_size=k * len(place.nodes), local_world_size=k,
@@ -501,22 +380,6 @@ class Agent:
                 env.setdefault(key, value)  # the user's own WANDB_RUN_ID wins
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
         return env
-
-    def _drain_target(self, inc: Incarnation) -> DrainTarget:
-        """This node's drain, background, final round and (supervisor) the tier-1 wait alike:
-        the same shared-tier deadline and the same scheduled storage fault, if a drill injects
-        one."""
-        place = self._place(inc)
-        partner = ring_partner(place.nodes, place.node) if self._partner_copies else None
-        return drain_target(self.run_dir, place, inc,
-                            injection=self.environ.get("HPCRUN_INJECT", ""),
-                            partner=partner or "")
-
-    def _start_drainer(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
-        target = self._drain_target(inc) if self.node.node_local_root is not None else None
-        return self.drains.start(target, python=self.python,
-                                 log_path=inc.logs_dir() / "drainer.out")
-
 
 def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     """Wire an agent from the run directory and this process's environment."""

@@ -5,7 +5,8 @@
    sets a :class:`~hpcrun.launch.signals.StopFlag`: :func:`agent_stop_signals` in each agent,
    :func:`rank_stop_signals` in each rank (``worker.py``).
 2. **Agent relay.** An agent says it again to its ranks every ``RELAY_EVERY_S`` until they stop
-   (:class:`Relay`, driven by ``agent.py``'s watch loop): a rank still starting up ignores it.
+   (:class:`Relay`, driven by the rank watch, ``node/rankwatch.py``): a rank still starting up
+   ignores it.
 3. **Per-step agreement in the rank.** At each step boundary every rank joins one tiny
    all-reduce of its flag, its "checkpoint due" vote and its tokens (:func:`agree_at_boundary`,
    called by ``context.py``); if any rank was signalled, all stop at the same step.
@@ -209,7 +210,7 @@ def sigterm_ignored() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def requeued_exit(backend: str) -> int:
+def requeued_exit(backend: Backend) -> int:
     """How an agent exits after a requeue: on the local backend EXIT_PREEMPTED tells the
     launcher to start the next allocation; on Slurm the job simply ends (Slurm restarts it)."""
     return EXIT_PREEMPTED if backend == Backend.LOCAL else EXIT_OK

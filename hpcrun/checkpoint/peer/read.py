@@ -153,20 +153,20 @@ class PeerShards:
     _asked: set[str] = field(default_factory=set, repr=False)
     _clients: dict[str, PeerClient | None] = field(default_factory=dict, repr=False)
 
-    def __call__(self, ckpt_id: str, shard: ShardRecord) -> list[tuple[str, ShardSource]]:
+    def __call__(self, ckpt_id: str, shard: ShardRecord) -> list[tuple[Tier, ShardSource]]:
         owner = shard.node
         copy = complete_copy(self._partner_copies(ckpt_id), ckpt_id, owner, holders=self.gang)
         holders = [copy.held_by] if copy is not None else []
-        out: list[tuple[str, ShardSource]] = []
+        out: list[tuple[Tier, ShardSource]] = []
         if self.node in holders:
             held = partner_root(self.node_local_root, self.run_dir.name) / ckpt_id / shard.path
-            out.append((str(Tier.NODE_LOCAL), LocalShard(held)))
+            out.append((Tier.NODE_LOCAL, LocalShard(held)))
         remote = [owner] if owner in self.gang and owner != self.node else []
         remote += [h for h in holders if h not in (self.node, owner)]
         for peer in remote:
             client = self._client(peer)
             if client is not None:
-                out.append((str(Tier.PEER), RemoteShard(client, f"{ckpt_id}/{shard.path}")))
+                out.append((Tier.PEER, RemoteShard(client, f"{ckpt_id}/{shard.path}")))
         return out
 
     def _partner_copies(self, ckpt_id: str) -> dict[tuple[str, str, str], PartnerCopy]:

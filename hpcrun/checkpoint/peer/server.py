@@ -117,7 +117,7 @@ def addr_path(run_dir: Path, node: str) -> Path:
     return Path(run_dir) / PARTNER_RUN_DIR / f"{node}.json"
 
 
-def node_address(node: str, backend: str) -> str:
+def node_address(node: str, backend: Backend) -> str:
     """This node's own address (what its server binds to); loopback for the local backend."""
     if backend == Backend.LOCAL:
         return "127.0.0.1"

@@ -5,8 +5,8 @@ The budget runs out, in this order:
 1. **Deadline.** When an incarnation starts, each agent reads what the run has used (the
    record's allocated time, :mod:`hpcrun.control.budget`) and fixes the moment the budget runs
    out (:meth:`BudgetWatch.start`).
-2. **Stop.** Past it, the agent's watch loop (``agent.py``) sets its stop flag as a preemption
-   signal would (:meth:`BudgetWatch.check`).
+2. **Stop.** Past it, the rank watch (``node/rankwatch.py``, step 1) sets its stop flag as a
+   preemption signal would (:meth:`BudgetWatch.check`).
 3. **Boundary.** Its relay tells the ranks; they agree to stop at the next step boundary and
    commit (``preemption.py``, steps 2 to 4).
 4. **Decision.** The supervisor's decision

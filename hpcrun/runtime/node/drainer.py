@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpcrun.control.entries import DrainErrorNote
 from hpcrun.control.log import RunLog
 from hpcrun.errors import HpcrunError, StaleGenerationError
 from hpcrun.runtime.incarnation import Incarnation
@@ -57,8 +56,6 @@ class DrainTarget:
     """Fencing token: generation."""
     holder: str
     """Fencing token: holder."""
-    num_nodes: int
-    """Nodes in the gang (for the tier-1 commit)."""
     supervisor: bool
     """Whether this node appends tier-1 commits."""
     deadline_s: float = DEFAULT_DEADLINE_S
@@ -74,7 +71,7 @@ class DrainTarget:
         return [python, "-m", "hpcrun.runtime.node.drainer", "--run-dir", str(self.run_dir),
                 "--node", self.node, "--node-local", str(self.node_local_root),
                 "--generation", str(self.generation), "--holder", self.holder,
-                "--num-nodes", str(self.num_nodes), "--interval", str(interval_s),
+                "--interval", str(interval_s),
                 "--deadline", str(self.deadline_s), "--inject", self.injection,
                 "--partner", self.partner] + (["--supervisor"] if self.supervisor else [])
 
@@ -104,37 +101,9 @@ def drain_target(run_dir: Path, node: NodeInfo, inc: Incarnation, *,
         raise HpcrunError(f"node {node.node} has no node-local tier to drain; the site config "
                           "sets node_local_path for runs that checkpoint on tier 0")
     return DrainTarget(run_dir=run_dir, node=node.node, node_local_root=node.node_local_root,
-                       generation=inc.generation, holder=inc.holder, num_nodes=len(node.nodes),
+                       generation=inc.generation, holder=inc.holder,
                        supervisor=node.is_supervisor, deadline_s=site_deadline_s(run_dir),
                        injection=injection, partner=partner)
-
-
-def drain_round(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
-    """Drain once (one checkpoint; everything pending when ``last``, the incarnation's final
-    round); return the checkpoint ids committed on tier 1 this round."""
-    from hpcrun.checkpoint import drain_pending, finalize_tier1
-
-    drain_pending(target.run_dir, target.node_local_root, node=target.node, log=log,
-                  generation=target.generation, holder=target.holder,
-                  limit=None if last else 1, storage=target.storage(log))
-    if not target.supervisor:
-        return []
-    return list(finalize_tier1(target.run_dir, log=log, generation=target.generation,
-                               holder=target.holder, num_nodes=target.num_nodes))
-
-
-def drain_round_safely(target: DrainTarget, log: RunLog, *, last: bool = False) -> list[str]:
-    """:func:`drain_round`, with a failure recorded as a storage fault instead of raised."""
-    try:
-        return drain_round(target, log, last=last)
-    except StaleGenerationError:
-        raise
-    except (HpcrunError, OSError) as exc:
-        log.append_entry(DrainErrorNote(node=target.node,
-                                        detail=f"drain to the shared tier failed, will retry: "
-                                               f"{exc}"),
-                         generation=target.generation, holder=target.holder)
-        return []
 
 
 def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
@@ -144,7 +113,6 @@ def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
     p.add_argument("--node-local", required=True)
     p.add_argument("--generation", type=int, required=True)
     p.add_argument("--holder", required=True)
-    p.add_argument("--num-nodes", type=int, required=True)
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--supervisor", action="store_true")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S)
@@ -152,14 +120,18 @@ def _parse(argv: list[str]) -> tuple[DrainTarget, float]:
     p.add_argument("--partner", default="")
     a = p.parse_args(argv)
     return DrainTarget(run_dir=Path(a.run_dir), node=a.node, node_local_root=Path(a.node_local),
-                       generation=a.generation, holder=a.holder, num_nodes=a.num_nodes,
-                       supervisor=a.supervisor, deadline_s=a.deadline,
-                       injection=a.inject, partner=a.partner), a.interval
+                       generation=a.generation, holder=a.holder, supervisor=a.supervisor,
+                       deadline_s=a.deadline, injection=a.inject, partner=a.partner), a.interval
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the checkpoint plane's drain needs numpy and h5py: loaded in this process only, never in
+    # the agent, which imports this module for DrainTarget
+    from hpcrun.checkpoint.drain import drain_to_tier1
+
     target, interval = _parse(sys.argv[1:] if argv is None else argv)
-    print(f"drainer at {start_background_drain(target)}", flush=True)
+    priority = start_background_drain(target.node_local_root, target.run_dir.name, target.node)
+    print(f"drainer at {priority}", flush=True)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     # Slurm may signal every process of the step on a preemption; the drain is not a rank and
@@ -171,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stopping and (pusher is None or pusher.fenced is None):
             try:
-                drain_round_safely(target, log)
+                drain_to_tier1(target, log)
             except StaleGenerationError:
                 return 3
             deadline = time.monotonic() + interval

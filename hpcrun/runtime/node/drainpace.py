@@ -13,13 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpcrun.checkpoint.pacing import PacePolicy, Priority, run_in_background
 from hpcrun.observe.heartbeat import RankBeat, read_rank_beats
-
-if TYPE_CHECKING:
-    from hpcrun.runtime.node.drainer import DrainTarget
 
 __all__ = ["HeartbeatPeriods", "drain_heartbeat_dir", "start_background_drain", "step_periods"]
 
@@ -58,8 +54,10 @@ class HeartbeatPeriods:
         return periods
 
 
-def start_background_drain(target: DrainTarget, policy: PacePolicy | None = None) -> Priority:
-    """Lowest priority for this drainer process, and its copies paced by its node's steps."""
-    hb_dir = drain_heartbeat_dir(target.node_local_root, target.run_dir.name, target.node)
+def start_background_drain(node_local_root: Path, run_id: str, node: str,
+                           policy: PacePolicy | None = None) -> Priority:
+    """Lowest priority for this drainer process, and its copies paced by the steps of
+    ``node``'s ranks (their heartbeats under ``node_local_root`` for run ``run_id``)."""
+    hb_dir = drain_heartbeat_dir(node_local_root, run_id, node)
     priority, _ = run_in_background(HeartbeatPeriods(hb_dir), policy)
     return priority

@@ -1,8 +1,13 @@
-"""The lifecycle of a node's drain process, as its agent drives it: start, terminate, reap.
+"""The lifecycle of a node's drain, as its agent drives it: each incarnation's drain process,
+its final round, and the tier-1 commit a new incarnation starts with.
 
-One drain of a node runs at a time: a start first waits for a drain told to stop earlier. After a
-fault the agent terminates the drain without waiting for its round in flight (no final round
-follows) and reaps it before the next one starts; otherwise it stops it and waits.
+Every drain round is the checkpoint plane's (:func:`hpcrun.checkpoint.drain.drain_to_tier1`),
+run with this node's :class:`~hpcrun.runtime.node.drainer.DrainTarget`: the same shared-tier
+deadline and the same scheduled storage fault, if a drill injects one, in the background process,
+the final round and (supervisor) the tier-1 wait. One drain process of a node runs at a time: a
+start first waits for a drain told to stop earlier. After a fault the agent terminates the
+drain without waiting for its round in flight (no final round follows) and reaps it before the
+next one starts; otherwise it stops it and waits.
 """
 
 from __future__ import annotations
@@ -10,33 +15,97 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcrun.checkpoint.peer.ledger import ring_partner
+from hpcrun.control.log import RunLog
+from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.node.drainer import DrainTarget, drain_target
+from hpcrun.runtime.node.info import NodeInfo
+
 if TYPE_CHECKING:
-    from hpcrun.runtime.node.drainer import DrainTarget
+    from hpcrun.control.spec import RunSpec
+
+INTERVAL_S = 2.0
+"""Seconds between two background drain rounds."""
 
 
 class DrainProcess:
-    """This agent's drain processes (``python -m hpcrun.runtime.node.drainer``)."""
+    """This agent's drains (the process: ``python -m hpcrun.runtime.node.drainer``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, run_dir: Path, node: NodeInfo, spec: RunSpec, log: RunLog,
+                 environ: Mapping[str, str], python: str) -> None:
+        self.run_dir = run_dir
+        self.node = node
+        self.spec = spec
+        self.log = log
+        self.environ = environ
+        self.python = python
         self._stopping: subprocess.Popen[bytes] | None = None
 
-    def start(self, target: DrainTarget | None, *, python: str,
-              log_path: Path) -> subprocess.Popen[bytes] | None:
-        """Start ``target``'s drain (None: this node has no tier 0, so no drain)."""
+    def target(self, inc: Incarnation) -> DrainTarget:
+        """This node's drain in ``inc``: background, final round and (supervisor) the tier-1
+        wait alike."""
+        place = self.node.placed(inc.gang)
+        partner = ring_partner(place.nodes, place.node) if self._partner_copies else None
+        return drain_target(self.run_dir, place, inc,
+                            injection=self.environ.get("HPCRUN_INJECT", ""),
+                            partner=partner or "")
+
+    @property
+    def _partner_copies(self) -> bool:
+        from hpcrun.checkpoint.peer.push import wanted
+
+        return wanted(self.spec, self.node.node_local_root)
+
+    def start(self, inc: Incarnation) -> subprocess.Popen[bytes] | None:
+        """Start ``inc``'s drain process (None: this node has no tier 0, so no drain)."""
+        target = self.target(inc) if self.node.node_local_root is not None else None
         self.reap()  # never two drains of this node at once
         if target is None:
             return None
-        argv = target.argv(python, interval_s=2.0)
-        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child
+        argv = target.argv(self.python, interval_s=INTERVAL_S)
+        out = open(inc.logs_dir() / "drainer.out", "ab")  # noqa: SIM115 - owned by the child
         try:
             # niced from its start: its imports must not slow the ranks starting beside it
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_lowest_cpu_priority)
         finally:
             out.close()
+
+    def end(self, proc: subprocess.Popen[bytes] | None, *, failed: bool) -> None:
+        """End ``inc``'s drain process once its ranks are gone: after a failure without
+        waiting for the round in flight (no final round follows; reaped before the next drain
+        starts), otherwise stopped and waited for."""
+        if failed:
+            self.terminate(proc)
+        else:
+            self.stop(proc)
+
+    def final_round(self, inc: Incarnation) -> None:
+        """The incarnation's last round: every pending checkpoint of this node to tier 1."""
+        from hpcrun.checkpoint.drain import DrainRound, drain_to_tier1
+
+        drain_to_tier1(self.target(inc), self.log, DrainRound.FINAL)
+
+    def commit_previous(self, generation: int, holder: str) -> None:
+        """Commit on tier 1 what every node drained before the last incarnation ended.
+
+        A supervisor that died between the last DRAINED entry and its tier-1 commit (a lost
+        node, a killed job) leaves a checkpoint that is whole on the shared tier but not
+        committed there; committing it now, before the restore point is fixed, lets this
+        incarnation restore it instead of an older one.
+        """
+        if self.node.node_local_root is None:
+            return
+        from hpcrun.checkpoint.drain import DrainRound, drain_to_tier1
+
+        scope = DrainTarget(run_dir=self.run_dir, node=self.node.node,
+                            node_local_root=self.node.node_local_root, generation=generation,
+                            holder=holder, supervisor=True)
+        drain_to_tier1(scope, self.log, DrainRound.COMMIT_ONLY)
 
     def terminate(self, proc: subprocess.Popen[bytes] | None) -> None:
         """Ask the drain to stop after its round in flight; :meth:`reap` waits."""

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,12 @@ class FaultLog:
             if self.clock.monotonic() >= deadline:
                 return False
             self.clock.sleep(POLL_S)
+
+    def gpu_shortfall(self, inc: Incarnation, detail: str) -> None:
+        """This node sees too few GPUs: a node failure, logged before any rank started."""
+        print(f"hpcrun agent: error: {detail}", file=sys.stderr)
+        self.append(inc, {"fault": "node_failure", "node": self.node, "rank": None,
+                          "step": None, "signature": f"gpus:{self.node}", "detail": detail})
 
     def append(self, inc: Incarnation, payload: Mapping[str, Any]) -> None:
         """Log a FAULT through :class:`FaultPayload`; a payload it cannot hold is logged as is.

@@ -2,10 +2,11 @@
 
 1. **Beats.** Each rank rewrites its heartbeat file (node-local, beside its agent) at every step
    boundary (:class:`~hpcrun.observe.heartbeat.RankHeartbeat`, from ``rank/worker.py``).
-2. **Watch.** The agent's watch loop (``agent.py``) calls :func:`hang_watch`'s check every poll:
-   a rank whose step has not advanced for the hang threshold (``HPCRUN_HANG_S``, else the spec's
-   ``checkpoint.rto_s``, else 600 s) hangs (:func:`~hpcrun.observe.hang.detect_hangs`), and so
-   does one that finished no step within the start-up allowance (``HPCRUN_START_S``, else twice
+2. **Watch.** The rank watch (``node/rankwatch.py``, step 8) calls :func:`hang_watch`'s check
+   every poll: a rank whose step has not advanced for the hang threshold (``HPCRUN_HANG_S``,
+   else the spec's ``checkpoint.rto_s``, else 600 s) hangs
+   (:func:`~hpcrun.observe.hang.detect_hangs`), and so does one that finished no step within
+   the start-up allowance (``HPCRUN_START_S``, else twice
    the threshold and at least :data:`START_GRACE_S`; none for a script, which may never report
    a step: :func:`~hpcrun.observe.hang.never_stepped`).
 3. **Respond.** :func:`~hpcrun.observe.hang.respond_to_hang`, in this order because a killed

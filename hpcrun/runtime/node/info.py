@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcrun.errors import EnvError
@@ -27,8 +27,8 @@ class NodeInfo:
     """How many times the scheduler restarted the job."""
     node_local_root: Path | None
     """This node's tier-0 directory, None when the run has none."""
-    backend: str
-    """``slurm`` or ``local``."""
+    backend: Backend
+    """Where the gang runs: Slurm or the local backend."""
 
     @property
     def is_supervisor(self) -> bool:
@@ -53,7 +53,8 @@ class NodeInfo:
                    nodes=tuple(env["HPCRUN_AGENT_NODES"].split(",")),
                    job_id=env["HPCRUN_AGENT_JOB_ID"],
                    restart_count=int(env.get("HPCRUN_AGENT_RESTART_COUNT", "0")),
-                   node_local_root=Path(local) if local else None, backend="local")
+                   node_local_root=Path(local) if local else None,
+                   backend=Backend.LOCAL)
 
     @classmethod
     def _from_slurm(cls, env: Mapping[str, str], template: str | None) -> NodeInfo:
@@ -70,13 +71,20 @@ class NodeInfo:
             node=socket.gethostname().split(".")[0] or nodes[node_rank], node_rank=node_rank,
             nodes=nodes, job_id=env["SLURM_JOB_ID"],
             restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
-            node_local_root=expand_path(template, env) if template else None, backend="slurm",
+            node_local_root=expand_path(template, env) if template else None,
+            backend=Backend.SLURM,
         )
 
     @property
     def job_start_key(self) -> str:
         """Prefix of every fence holder of this job start (all its attempts)."""
         return f"job{self.job_id}.r{self.restart_count}."
+
+    def placed(self, gang: tuple[str, ...] | None) -> NodeInfo:
+        """This node as a member of ``gang`` (an incarnation's; empty or None: the whole
+        allocation): its node rank there, the gang's nodes."""
+        nodes = gang or tuple(self.nodes)
+        return replace(self, nodes=nodes, node_rank=nodes.index(self.node))
 
     def incarnation_key(self, attempt: int) -> str:
         """Prefix of the fence holder for ``attempt`` of this job start: every agent derives it."""

@@ -8,7 +8,8 @@ global sample order is unchanged. An elastic gang (``membership: elastic``) with
 goes on without the lost node instead (:func:`shrink_gang`: the survivors, node ranks dense).
 Whether a run survives a node loss at all is :func:`survives_node_loss` (spares or elastic).
 
-Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`) and the liveness
+Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`, kept in
+:mod:`hpcrun.control.elastic` and re-exported here) and the liveness
 bookkeeping the supervisor keeps (:class:`LivenessWatch`, skew-free: a node is stale when its
 liveness file has not *changed* for ``stale_s`` of the supervisor's own clock). The agent's
 liveness writer (:class:`LivenessBeat`) is the one effectful part: a daemon thread that rewrites
@@ -43,12 +44,17 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.elastic import shrink_gang, survives_node_loss
-from hpcrun.errors import MembershipError
+from hpcrun.control.elastic import (
+    initial_gang,
+    shrink_gang,
+    survives_node_loss,
+    swap_in,
+    usable_spares,
+)
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 __all__ = [
@@ -81,46 +87,6 @@ NODE_STALE_ECHO_S = 1.5
 """The bound when the gang already failed with a lost peer (its ranks' collectives saw a
 connection closed: a process of the gang is gone). Three beats: a slow node closes no
 connection, and a live agent whose rank crashed keeps beating (its thread, not its ranks)."""
-
-
-def initial_gang(allocation: Sequence[str], size: int, unusable: Iterable[str] = ()) -> tuple[
-        str, ...]:
-    """The first gang of an allocation: its first ``size`` usable nodes, in allocation order.
-
-    Raises:
-        MembershipError: fewer than ``size`` usable nodes.
-    """
-    bad = set(unusable)
-    usable = [n for n in allocation if n not in bad]
-    if len(usable) < size:
-        raise MembershipError(
-            f"the allocation {', '.join(allocation)} has {len(usable)} usable nodes "
-            f"({', '.join(sorted(bad & set(allocation))) or 'none'} quarantined), expected at "
-            f"least resources.nodes={size}; the run requeues onto other nodes")
-    return tuple(usable[:size])
-
-
-def usable_spares(allocation: Sequence[str], gang: Sequence[str], unusable: Iterable[str],
-                  stale: Iterable[str] = ()) -> tuple[str, ...]:
-    """Allocation nodes outside the gang that can take a lost node's place, in allocation order.
-    """
-    out = set(gang) | set(unusable) | set(stale)
-    return tuple(n for n in allocation if n not in out)
-
-
-def swap_in(gang: Sequence[str], lost: Sequence[str], spares: Sequence[str]) -> tuple[str, ...]:
-    """The gang with each lost node replaced, in place, by the next spare.
-
-    Each spare takes the lost node's position, so it takes that node's node rank and ranks.
-
-    Raises:
-        MembershipError: fewer spares than lost nodes.
-    """
-    if len(spares) < len(lost):
-        raise MembershipError(f"{len(lost)} lost node(s) ({', '.join(lost)}) but only "
-                              f"{len(spares)} spare(s); expected one spare per lost node")
-    replacement = dict(zip(lost, spares, strict=False))
-    return tuple(replacement.get(n, n) for n in gang)
 
 
 class LivenessWatch:

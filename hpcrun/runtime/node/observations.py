@@ -3,7 +3,8 @@
 A rank's :class:`~hpcrun.observe.events.EventWriter` writes into a node-local directory
 (:func:`~hpcrun.runtime.incarnation.rank_events_path`, beside the rank heartbeats): an append to
 local disk from the writer's background thread, so ``emit`` stays a queue put and training never
-waits on the shared filesystem. The node's agent drives a :class:`NodeObserver` from its watch loop:
+waits on the shared filesystem. The node's agent drives a :class:`NodeObserver` from its rank watch
+(``node/rankwatch.py``):
 
 - :class:`NodeStream` forwards the complete lines its ranks appended (bytes, not parsed; each
   line names its rank) into ``<run_dir>/events/<node>.jsonl`` with one append per round;
@@ -195,7 +196,7 @@ class NodeObserver:
     """What an agent runs for observability: heartbeats, the node stream, (node 0) the summary.
 
     :meth:`poll` has :class:`~hpcrun.observe.heartbeat.HeartbeatAggregator`'s interface, so
-    the agent's watch loop calls it as it did the aggregator.
+    the rank watch calls it as it did the aggregator.
     """
 
     def __init__(self, run_dir: Path, *, inc: Incarnation, ranks: Sequence[int],

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from hpcrun.checkpoint.cadence import CadenceTimer
     from hpcrun.checkpoint.checkpointer import Checkpointer
+    from hpcrun.checkpoint.state import SaveResult
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.env import DistEnv
     from hpcrun.launch.signals import StopFlag
@@ -60,7 +61,7 @@ class _Progress:
     my_tokens: int = 0
     """This rank's tokens since that boundary."""
     restored_step: int = 0
-    restored_tier: str | None = None
+    restored_tier: Tier | None = None
     committed_step: int = -1
     committed_id: str | None = None
     """Newest checkpoint this rank saw committed."""
@@ -163,7 +164,7 @@ class Context:
         if result is not None:
             self._p.step = self._p.restored_step = self._p.committed_step = int(result.step)
             self._p.tokens = int((result.extra or {}).get("tokens", 0))
-            self._p.restored_tier = str(result.tier)
+            self._p.restored_tier = result.tier
             self._events.emit("restored", self._p.step, ckpt_id=result.ckpt_id, tier=result.tier,
                               bytes_read=result.bytes_read, files_read=result.files_read,
                               peer_bytes=result.peer_bytes, **result.phases)
@@ -376,21 +377,19 @@ class Context:
                                      progress=progress, blocking=blocking)
         # The cadence counts from the save's start: an async save is due once, not until
         # it commits. Its cost C is the exposed pause (the whole save when blocking).
-        pause = getattr(result, "pause_s", None)
         self._cadence.saved(self._p.step, cost_s=float(
-            pause if pause is not None else self._clock.monotonic() - t0))
+            result.pause_s if result is not None else self._clock.monotonic() - t0))
         self._finish_async(result)
 
-    def _finish_async(self, result: Any) -> None:
-        if result is None or not getattr(result, "committed", False):
+    def _finish_async(self, result: SaveResult | None) -> None:
+        """A save that finished: when it committed, the run's committed step moves to it."""
+        if result is None or not result.committed:
             return
-        self._p.committed_step = int(result.step)
-        self._p.committed_id = str(result.ckpt_id)
+        self._p.committed_step = result.step
+        self._p.committed_id = result.ckpt_id
         self._mark_known_good()
-        self._events.emit("checkpoint", int(result.step), ckpt_id=result.ckpt_id,
-                          pause_s=getattr(result, "pause_s", None),
-                          write_s=getattr(result, "write_s", None),
-                          bytes=getattr(result, "bytes", None))
+        self._events.emit("checkpoint", result.step, ckpt_id=result.ckpt_id,
+                          pause_s=result.pause_s, write_s=result.write_s, bytes=result.bytes)
 
     def _data_cursor(self) -> dict[str, Any] | None:
         """The cursor of the first registered data loader (a
@@ -449,11 +448,10 @@ class Context:
             self._p.validated = True
             return
         self._p.validated = True
-        tier = self._p.restored_tier
         self._log.publish_entry(
             StatePayload(state=RunState.RUNNING, reason=f"step {self._p.step} validated",
                          restored_step=self._p.restored_step,
-                         restored_tier=Tier(tier) if tier is not None else None),
+                         restored_tier=self._p.restored_tier),
             generation=self.generation, holder=self.inc.holder)
 
     def _fire_injections(self, *, slow: bool) -> None:

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hpcrun.control.budget import allocated_nodes
-from hpcrun.control.elastic import is_elastic, shrink_gang
+from hpcrun.control.elastic import is_elastic, shrink_gang, swap_in
 from hpcrun.control.entries import FaultPayload, SegmentNote
 from hpcrun.control.record import FaultRecord, RunRecord
 from hpcrun.control.retry import FaultClass, RetryAction, decide_retry
 from hpcrun.runtime.incarnation import Ending
-from hpcrun.runtime.node.membership import swap_in
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import Budgets, RetryPolicy, RunSpec
@@ -87,7 +87,7 @@ class Observations:
     """The first signal that asked it to stop."""
     preempt_signal: int = 10
     """The site's preemption signal."""
-    backend: str = "slurm"
+    backend: Backend = Backend.SLURM
     """``slurm`` or ``local``."""
     lost: tuple[str, ...] = ()
     """Gang nodes whose agent vanished (liveness stale): lost, whatever else was seen."""

@@ -13,13 +13,13 @@ A rank crashes, or a node of a fixed gang dies, in this order:
 1. **The rank ends.** A rank whose ``main`` raised leaves a JSON exit report with its fault
    class (``rank/worker.py``'s ``classify``: a lost peer is an echo, ``peer_lost``; a collective
    timeout is a ``hang``) and exits non-zero; a rank killed by a signal leaves none.
-2. **Its agent reports.** The agent's watch loop (``agent.py``) sees the exit
+2. **Its agent reports.** The rank watch (``node/rankwatch.py``, step 2) sees the exit
    (``node/gang.py``'s ``Gang.poll``), logs the rank's fault under the fence (an echo only as a
    ``peer_lost`` note), stops the node's other ranks with the short fault grace, terminates its
    drain without a final round and notes ``node_exit`` failed. A node that dies with its agent
    reports nothing: the others' ranks fail as echoes of the lost peer.
-3. **The other agents stop theirs.** Each sees the fault on the log (``_run_moved_on``), stops
-   its ranks and notes its own ``node_exit``.
+3. **The other agents stop theirs.** Each sees the fault on the log (:meth:`Supervisor.moved_on`,
+   the rank watch's step 7), stops its ranks and notes its own ``node_exit``.
 4. **Gather.** :meth:`Supervisor.gather` waits for every gang node's note, or after the first
    fault :data:`FAULT_SETTLE_S` more; a node silent for :data:`NODE_EXIT_WAIT_S` is lost (a
    ``node_failure``). Runs that survive a node loss see a dead agent sooner, from its stale
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.control.elastic import survives_node_loss, usable_spares
 from hpcrun.control.ending import EndPublisher, publish_ending
 from hpcrun.control.entries import (
     ActionKind,
@@ -68,7 +69,7 @@ from hpcrun.launch.signals import StopFlag
 from hpcrun.observe.postrun import post_run_publisher
 from hpcrun.runtime import preemption
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_STALE, EXIT_USER_ERROR, AgentExit, Ending
-from hpcrun.runtime.node.drainer import DrainTarget, drain_round_safely, drain_target
+from hpcrun.runtime.node.drainer import DrainTarget, drain_target
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.node.membership import (
@@ -77,14 +78,14 @@ from hpcrun.runtime.node.membership import (
     NODE_STALE_S,
     LivenessWatch,
     read_liveness,
-    survives_node_loss,
-    usable_spares,
 )
+from hpcrun.runtime.node.rankwatch import Watched
 from hpcrun.runtime.supervise.decide import (
     account_for_requeue,
     decide,
     enough_to_decide,
     requeue_unrecorded,
+    vanished_node_fault,
 )
 from hpcrun.runtime.supervise.decisions import (
     Decision,
@@ -171,6 +172,40 @@ class Supervisor:
                               PeerLostNote))
         stale = set(self._stale(NODE_STALE_ECHO_S if echoed else None))
         return tuple(n for n in self._gang(inc) if n in stale)
+
+    def moved_on(self, inc: Incarnation, *, peer_faulted: Callable[[Incarnation], bool]
+                 ) -> Watched | AgentExit | None:
+        """Whether the run moved on from ``inc`` while this node's ranks run, and how this node
+        ends then: a newer fence, a terminal state, another node's fault (``peer_faulted``) or a
+        vanished gang node (the rank watch's step 7, :mod:`hpcrun.runtime.node.rankwatch`)."""
+        self.view.follow()  # backs off while the log is quiet: one listing per 3.2 s at most
+        if self.view.fence.generation != inc.generation:
+            return rejoin(self.view, self.node, inc)
+        if self.view.terminal():
+            return AgentExit(status=EXIT_OK)
+        if not self.supervising:
+            # the supervisor lost while this gang still runs (its peers may block in a
+            # collective): its successor takes over and ends the incarnation as it would
+            taken = self.take_over_if_lost(self._gang(inc), generation=inc.generation,
+                                           holder=inc.holder, attempt=inc.attempt)
+            return Watched.PEER_FAILED if taken and self._record_vanished(inc) else None
+        if peer_faulted(inc):
+            return Watched.PEER_FAILED
+        if self._record_vanished(inc):
+            return Watched.PEER_FAILED
+        return None
+
+    def _record_vanished(self, inc: Incarnation) -> bool:
+        """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
+
+        Their ranks may never fail here (a peer lost without a reset connection blocks a
+        collective): the supervisor ends the incarnation itself.
+        """
+        lost = self.vanished(inc)
+        if lost:
+            self.log.append_entry(vanished_node_fault(lost).to_entry(),
+                                  generation=inc.generation, holder=inc.holder)
+        return bool(lost)
 
     def _stale(self, bound: float | None = None) -> tuple[str, ...]:
         """Nodes whose agent stopped beating for ``bound`` s (default ``NODE_STALE_S``; empty
@@ -403,11 +438,13 @@ class Supervisor:
         """Drain until the newest tier-0 commit is committed on tier 1 (bounded wait)."""
         if self.node.node_local_root is None:
             return
+        from hpcrun.checkpoint.drain import DrainRound, drain_to_tier1
+
         # the supervisor commits on tier 1, whichever node of the allocation it runs on
         target = dataclasses.replace(self._drain(inc), supervisor=True)
         deadline = self.clock.monotonic() + TIER1_WAIT_S
         while self.clock.monotonic() < deadline:
-            drain_round_safely(target, self.log, last=True)
+            drain_to_tier1(target, self.log, DrainRound.FINAL)
             self.view.refresh()
             commits = decoded(self.view.valid, CommitPayload)
             local = [c.ckpt_id for c in commits if c.tier == Tier.NODE_LOCAL]

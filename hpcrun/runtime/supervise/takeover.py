@@ -22,7 +22,7 @@ The supervising node dies, in this order:
    file unchanged for ``NODE_STALE_S`` of the watcher's own clock means it is lost.
 3. **Who claims.** The one agent :func:`claim_due` names (the :func:`successor`) publishes a
    ``supervise`` claim under the fence in force (``Supervisor.take_over_if_lost``, called from
-   ``follow``, from a gang member whose ranks still run, ``Agent._run_moved_on``, and from an
+   ``follow``, from a gang member whose ranks still run, ``Supervisor.moved_on``, and from an
    agent waiting for a restart's fence, ``Agent._establish``).
 4. **Agreement.** Every agent reads the claims from the same log: :func:`supervisor_of` (the
    newest standing claim of the job start) names the supervisor.

@@ -105,8 +105,7 @@ def main(rank: int, port: int, run_dir: Path, tier0: Path, out: Path) -> None:
         drain_pending(run_dir, tier0 / node, node=node, log=log, generation=gen, holder=holder)
     dist.barrier()
     if rank == 0:
-        finalize_tier1(run_dir, log=log, generation=ck.id.generation, holder=ck.id.holder,
-                       num_nodes=2)
+        finalize_tier1(run_dir, log=log, generation=ck.id.generation, holder=ck.id.holder)
     dist.barrier()
     # B: 4 → 2 on node a, then save step 20 there.
     group2 = dist.new_group([0, 1])

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrun.checkpoint import hierarchy
-from hpcrun.checkpoint.commit import CheckpointInfo, Outcome, ShardReport, build_manifest
+from hpcrun.checkpoint.commit import CheckpointInfo, Outcome
 from hpcrun.checkpoint.identity import CheckpointIdentity
 from hpcrun.checkpoint.manifest import (
     DatasetRecord,
+    Manifest,
     ShardRecord,
     encode_manifest,
 )
@@ -49,6 +50,17 @@ def _info(nodes: tuple[str, ...], holder: str = "h", generation: int = 1) -> Che
                           nodes=nodes, checksum="xxh3", created=1.0)
 
 
+def _flat(info: CheckpointInfo, shards: list[ShardRecord]) -> Manifest:
+    """The same checkpoint as one flat manifest, the reference the hierarchy must match."""
+    ident = info.identity
+    return Manifest(ckpt_id=info.ckpt_id, run_id=ident.run_id, spec_id=ident.spec_id,
+                    dataset_id=ident.dataset_id, contract=ident.contract,
+                    generation=ident.generation, step=info.step, parent=info.parent,
+                    world_size=len(info.nodes), nodes=info.nodes, checksum=info.checksum,
+                    created=info.created, shards=tuple(sorted(shards, key=lambda s: s.rank)),
+                    extra=dict(info.extra))
+
+
 def _summaries(nodes: tuple[str, ...], shards: list[ShardRecord],
                ) -> tuple[dict[str, bytes], list[hierarchy.NodeSummary]]:
     subs, out = {}, []
@@ -63,7 +75,7 @@ def _summaries(nodes: tuple[str, ...], shards: list[ShardRecord],
 def test_files_match_the_flat_encoding_and_read_back_as_the_same_manifest(tmp_path: Path) -> None:
     nodes, shards = _gang(12, 4)
     subs, summaries = _summaries(nodes, shards)
-    flat = build_manifest(_info(nodes), [ShardReport(rank=s.rank, record=s) for s in shards])
+    flat = _flat(_info(nodes), shards)
     top, flat_subs = encode_manifest(flat, threshold=0)
     assert subs == flat_subs  # node agents write exactly what the flat path writes
     hier_top = json.loads(hierarchy.encode_top_manifest(_info(nodes), summaries))
@@ -140,7 +152,7 @@ def test_coverage_check_agrees_with_the_flat_check(widths: list[int], per_node: 
     _, summaries = _summaries(nodes, shards)
     from hpcrun.checkpoint.manifest import _row_problems
 
-    flat = build_manifest(_info(nodes), [ShardReport(rank=s.rank, record=s) for s in shards])
+    flat = _flat(_info(nodes), shards)
     assert bool(hierarchy.coverage_problems(summaries)) == bool(_row_problems(flat))
 
 

@@ -105,11 +105,8 @@ def test_paced_drain_copies_the_same_verified_bytes(run_dir: Path, tmp_path: Pat
 _PRIORITY = """
 import os
 from pathlib import Path
-from hpcrun.runtime.node.drainer import DrainTarget
 from hpcrun.runtime.node.drainpace import start_background_drain
-p = start_background_drain(DrainTarget(run_dir=Path("/nonexistent/run"), node="n0",
-                           node_local_root=Path("/nonexistent/nvme"), generation=1, holder="h",
-                           num_nodes=1, supervisor=False))
+p = start_background_drain(Path("/nonexistent/nvme"), "run", "n0")
 print(p.nice, p.policy, p.io, os.sched_getscheduler(0) == os.SCHED_BATCH,
       os.getpriority(os.PRIO_PROCESS, 0))
 """

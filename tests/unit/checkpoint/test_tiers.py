@@ -34,7 +34,7 @@ def test_drain_finalize_and_restore_after_node_loss(run_dir: Path, tmp_path: Pat
                          holder=holder) == [first]
     assert drain_pending(run_dir, nvme, node="node0", log=log, generation=gen,
                          holder=holder) == []  # idempotent
-    assert finalize_tier1(run_dir, log=log, generation=gen, holder=holder, num_nodes=1) == [first]
+    assert finalize_tier1(run_dir, log=log, generation=gen, holder=holder) == [first]
     assert fold_checkpoints(log.read())[0].tiers == {Tier.NODE_LOCAL, Tier.SHARED}
     # one COMMIT shape on every tier: the tier-1 copy names the run and the saving generation
     tier0, tier1 = [decode_as(e, CommitPayload) for e in log.read() if e.kind == EntryKind.COMMIT]
@@ -77,7 +77,7 @@ def test_tier0_copy_deleted_only_after_tier1_commit(run_dir: Path, tmp_path: Pat
     assert report.retired == ()  # nothing is durable on tier 1 yet
     gen, holder = ck.id.generation, ck.id.holder
     drain_pending(run_dir, nvme, node="node0", log=log, generation=gen, holder=holder)
-    finalize_tier1(run_dir, log=log, generation=gen, holder=holder, num_nodes=1)
+    finalize_tier1(run_dir, log=log, generation=gen, holder=holder)
     report = collect_run(run_dir, log=log, keep_last=2, now=0.0, local=local)
     assert report.retired == (ids[0],)
     assert sorted(p.name for p in (nvme / "run1" / "ckpt").iterdir()) == ids[1:]
@@ -139,11 +139,9 @@ def test_a_superseded_checkpoint_drained_late_is_not_committed_on_tier_1(log: Ru
                 nodes=["a", "b"], generation=gen, run_id="run1")
     for ckpt_id, node in ((ids[250], "a"), (ids[260], "b"), (ids[260], "a")):
         publish(EntryKind.DRAINED, ckpt_id=ckpt_id, node=node)
-    assert finalize_tier1(Path("run1"), log=log, generation=gen, holder=holder,
-                          num_nodes=2) == [ids[260]]
+    assert finalize_tier1(Path("run1"), log=log, generation=gen, holder=holder) == [ids[260]]
     publish(EntryKind.DRAINED, ckpt_id=ids[250], node="b")  # b's last round, begun earlier
-    assert finalize_tier1(Path("run1"), log=log, generation=gen, holder=holder,
-                          num_nodes=2) == []
+    assert finalize_tier1(Path("run1"), log=log, generation=gen, holder=holder) == []
     shared = [decode_as(e, CommitPayload).step for e in log.read()
               if e.kind == EntryKind.COMMIT and e.payload["tier"] == "shared"]
     assert shared == [260]

@@ -11,16 +11,19 @@ from hypothesis import strategies as st
 
 from hpcrun.control.elastic import (
     gang_node_counts,
+    initial_gang,
     keepable_global_batch,
     requeue_resize,
     sbatch_nodes,
     shrink_gang,
     survives_node_loss,
+    swap_in,
     unkept_world_sizes,
+    usable_spares,
 )
 from hpcrun.control.spec import RunSpec
 from hpcrun.data.batches import replica_rows
-from hpcrun.errors import DataError, SpecError
+from hpcrun.errors import DataError, MembershipError, SpecError
 from hpcrun.runtime.node import membership
 
 BASE = {"name": "tiny", "entrypoint": "examples.tiny_lm.train:main"}
@@ -105,3 +108,30 @@ def test_min_nodes_above_nodes_is_refused_at_submit() -> None:
     with pytest.raises(SpecError, match=r"membership.min_nodes: expected <= resources.nodes "
                                         r"\(3\), found 4; lower min_nodes"):
         spec(nodes=3, min_nodes=4)
+
+
+ALLOCATION = ("node1", "node2", "node3", "node4")
+
+
+def test_the_first_gang_is_the_first_usable_nodes_and_the_rest_are_spares() -> None:
+    assert initial_gang(ALLOCATION, 2) == ("node1", "node2")
+    assert initial_gang(ALLOCATION, 2, unusable={"node2"}) == ("node1", "node3")
+    assert usable_spares(ALLOCATION, ("node1", "node3"), {"node2"}) == ("node4",)
+
+
+def test_too_few_usable_nodes_for_the_gang_says_how_many_and_why() -> None:
+    with pytest.raises(MembershipError, match=r"has 2 usable nodes \(node2, node4 quarantined\), "
+                                              r"expected at least resources.nodes=3"):
+        initial_gang(ALLOCATION, 3, unusable={"node2", "node4", "node9"})
+
+
+def test_a_spare_takes_the_lost_nodes_place_so_every_rank_keeps_its_id() -> None:
+    gang = ("node1", "node2", "node3")
+    assert swap_in(gang, ("node2",), ("node4",)) == ("node1", "node4", "node3")
+    with pytest.raises(MembershipError, match="2 lost node"):
+        swap_in(gang, ("node2", "node3"), ("node4",))
+
+
+def test_a_stale_or_quarantined_spare_is_not_usable() -> None:
+    spares = usable_spares(ALLOCATION, ("node1", "node2"), unusable={"node3"}, stale={"node4"})
+    assert spares == ()
