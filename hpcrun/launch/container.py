@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.scriptslots import one_line, option_word
 from hpcrun.launch.sections import section_mapping, str_tuple
 from hpcrun.vocab import Backend
 
@@ -92,10 +93,12 @@ class ContainerConfig:
             raise ConfigError("container.image: expected an image reference, found ''; name "
                               "the image (a directory for charliecloud, a .sif path for "
                               "apptainer, a registry ref for pyxis)")
-        for mount in self.mounts:
-            if ":" not in mount or mount.startswith(":"):
-                raise ConfigError(f"container.mounts: expected SRC:DST[:FLAGS], found "
-                                  f"{mount!r}; write e.g. /lustre:/lustre")
+        # each reaches a command line (Pyxis: the job script's srun line) as one argument
+        one_line(self.image, key="container.image")
+        for i, flag in enumerate(self.flags):
+            one_line(flag, key=f"container.flags[{i}]")
+        for i, mount in enumerate(self.mounts):
+            self._check_mount(mount, key=f"container.mounts[{i}]")
         if self.runtime == ContainerRuntime.APPTAINER:
             for flag in self.flags:
                 if flag.split("=")[0] in _CLEANENV:
@@ -103,13 +106,25 @@ class ContainerConfig:
                                       "environment, which carries its identity; expected flags "
                                       f"that keep it, remove {flag!r}")
 
+    def _check_mount(self, mount: str, *, key: str) -> None:
+        one_line(mount, key=key)
+        if ":" not in mount or mount.startswith(":"):
+            raise ConfigError(f"{key}: expected SRC:DST[:FLAGS], found {mount!r}; write e.g. "
+                              "/lustre:/lustre")
+        if self.runtime == ContainerRuntime.PYXIS and "," in mount:
+            # --container-mounts is one comma-separated list: a comma would split this mount
+            raise ConfigError(f"{key}: expected one SRC:DST[:FLAGS] mount, found {mount!r} "
+                              "whose ',' would split it into two for --container-mounts; "
+                              "write each mount as its own list item")
+
     @property
     def ranks_inside(self) -> bool:
         """Whether the ranks are started through the runtime (the agent stays on the host)."""
         return self.runtime in RANK_RUNTIMES
 
     def srun_flags(self) -> tuple[str, ...]:
-        """Flags for the agents' ``srun`` (Pyxis); none for the other runtimes."""
+        """Flags for the agents' ``srun`` (Pyxis), one argument each, unquoted; none for the
+        other runtimes."""
         if self.runtime != ContainerRuntime.PYXIS:
             return ()
         mounts = (f"--container-mounts={','.join(self.mounts)}",) if self.mounts else ()
@@ -189,12 +204,22 @@ def rank_command(container: ContainerConfig | None, argv: Sequence[str], *,
 
 
 def render_container(container: ContainerConfig | None, srun_args: Sequence[str],
-                     python: str) -> tuple[list[str], str]:
+                     python: str, *, shell: bool = False) -> tuple[list[str], str]:
     """The agents' ``srun`` flags and interpreter command with ``container`` applied: Pyxis adds
-    its flags; the agent's interpreter is the host's for every runtime."""
+    its flags; the agent's interpreter is the host's for every runtime.
+
+    Args:
+        shell: the flags go onto a shell line (the job script): each container flag is
+            quoted as one word (:func:`~hpcrun.launch.scriptslots.option_word`), so a space or
+            a ``;`` in an image or a mount cannot split it. Without it they stay argv items
+            (submitit quotes its ``srun_args`` itself).
+    """
     if container is None:
         return list(srun_args), python
-    return [*srun_args, *container.srun_flags()], python
+    flags = container.srun_flags()
+    if shell:
+        flags = tuple(option_word(flag, key="container flag") for flag in flags)
+    return [*srun_args, *flags], python
 
 
 # -- checks ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hpcrun.errors import ConfigError
+from hpcrun.launch.scriptslots import one_line
 
 __all__ = ["MODELED_OPTIONS", "SBATCH_OPTIONS", "check_sbatch_option", "merge_sbatch_extra",
            "sbatch_extra_from_dict"]
@@ -100,6 +101,7 @@ def check_sbatch_option(option: str, *, source: str) -> None:
     Raises:
         ConfigError: one line naming the option and what to do.
     """
+    one_line(option, key=f"{source}: sbatch_extra option")
     if option in MODELED_OPTIONS:
         raise ConfigError(f"{source}: sbatch_extra.{option}: hpcrun sets --{option} itself "
                           f"from {MODELED_OPTIONS[option]}; set it there instead")

@@ -249,7 +249,7 @@ def render_sbatch(spec: RunSpec, site: SiteConfig, *, run_dir: Path, op_id: str,
     step = agent_step(spec, site)
     srun_args, interpreter = render_container(
         site.container, [*step.srun_args(), *agent_output_flags(step, run_dir)],
-        python or site.python or shlex.quote(sys.executable))
+        python or site.python or shlex.quote(sys.executable), shell=True)
     context = {
         "run_name": one_line(spec.name, key="name"),
         "site_name": one_line(site.name, key="site name"),

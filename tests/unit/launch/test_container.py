@@ -133,3 +133,31 @@ def test_admission_refuses_a_missing_image_and_skips_pyxis(tmp_path: Path) -> No
     assert isinstance(ok, Passed) and "hpcrun preflight" in ok.what
     site.write_text(base + "container: {runtime: pyxis, image: 'nvcr.io#x'}\n")
     assert isinstance(container_findings(load_site(str(site)), "slurm")[0], Skipped)
+
+
+@pytest.mark.parametrize(("raw", "refusal"), [
+    ({"image": "nvcr.io#torch\n#SBATCH --uid=0"},
+     r"^s\.yaml: container\.image 'nvcr\.io#torch\\n#SBATCH --uid=0' holds the control "),
+    ({"mounts": ["/a:/a\r"]}, r"^s\.yaml: container\.mounts\[0\] '/a:/a\\r' holds the control"),
+    ({"mounts": ["/a:/a,/etc:/etc"]},
+     r"^s\.yaml: container\.mounts\[0\]: expected one SRC:DST\[:FLAGS\] mount, found "
+     r"'/a:/a,/etc:/etc' whose ',' would split it into two for --container-mounts; write each"),
+    ({"flags": ["--container-writable\x00"]}, r"^s\.yaml: container\.flags\[0\] "),
+])
+def test_a_pyxis_value_that_would_break_its_srun_argument_is_one_error_naming_the_key(
+        raw: dict[str, object], refusal: str) -> None:
+    with pytest.raises(ConfigError, match=refusal) as info:
+        container_from_dict({"runtime": "pyxis", "image": "nvcr.io#torch", **raw},
+                            source="s.yaml")
+    assert "\n" not in str(info.value)
+
+
+def test_pyxis_flags_are_argv_items_for_submitit_and_quoted_words_for_the_job_script() -> None:
+    c = ContainerConfig(runtime=ContainerRuntime.PYXIS, image="/img/py torch.sqsh",
+                        mounts=("/my data:/data",), flags=("--container-writable",))
+    raw = ["--container-image=/img/py torch.sqsh", "--container-mounts=/my data:/data",
+           "--container-writable"]
+    assert render_container(c, ["-n", "2"], "python3") == (["-n", "2", *raw], "python3")
+    assert render_container(c, ["-n", "2"], "python3", shell=True)[0] == [
+        "-n", "2", "--container-image='/img/py torch.sqsh'",
+        "--container-mounts='/my data:/data'", "--container-writable"]

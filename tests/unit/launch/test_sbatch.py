@@ -282,8 +282,30 @@ def test_golden_pyxis_site_with_setup_and_sbatch_extra() -> None:
     assert "#SBATCH --mail-type=FAIL" in text and "#SBATCH --reservation=maint-42" in text
     assert "#SBATCH --exclusive\n" in text and "#SBATCH --mem=0\n" in text
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in srun
+    assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in srun
     assert "--container-mounts=/lustre:/lustre,/local/nvme:/local/nvme" in srun
+
+
+def test_golden_pyxis_image_and_mounts_are_each_one_quoted_argument() -> None:
+    """A squashfs image and mounts whose paths hold a space, a ``;`` and a ``$``: each reaches
+    the agents' ``srun`` as one argument, nothing of it runs."""
+    import dataclasses
+
+    from hpcrun.launch.container import ContainerConfig, ContainerRuntime
+
+    site = load_site("generic-gpu")
+    container = ContainerConfig(runtime=ContainerRuntime.PYXIS,
+                                image="/images/py torch;$(id).sqsh",
+                                mounts=("/lustre/my data:/data:ro", "/scratch/$USER:/scratch"),
+                                flags=("--container-writable",))
+    spec = make_spec(nodes=2, tasks_per_node=8, gpus_per_node=8, cpus_per_task=12)
+    text = rendered(spec, dataclasses.replace(site, container=container))
+    assert_golden("sbatch_pyxis_quoted.sh", text)
+    srun = " ".join(line.rstrip("\\ ") for line in text.splitlines()
+                    if line.startswith("srun ") or "hpcrun.runtime.agent" in line)
+    words = shlex.split(srun.removesuffix("&"))
+    assert "--container-image=/images/py torch;$(id).sqsh" in words
+    assert "--container-mounts=/lustre/my data:/data:ro,/scratch/$USER:/scratch" in words
 
 
 def test_golden_apptainer_site_keeps_the_agents_on_the_host() -> None:

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hpcrun.errors import ConfigError, HpcrunError
+from hpcrun.launch.jobsetup import MODELED_OPTIONS, SBATCH_OPTIONS
 from hpcrun.launch.sbatch import format_flag, render_sbatch, sbatch_args
 from hpcrun.launch.scriptslots import env_name, guarded_setup, one_line, word
-from hpcrun.launch.site import SiteConfig, load_site
+from hpcrun.launch.site import SiteConfig, load_site, site_from_dict
 from hpcrun.launch.submit import setup_lines
 from tests.unit.launch.test_sbatch import make_spec
 
@@ -31,6 +33,9 @@ SLOW = settings(max_examples=40, deadline=None,
 # text with the characters that break scripts, plus anything else
 NASTY = st.text(alphabet=st.sampled_from(list("ab $`'\"\\;&|#\n\r\t\x00()*?<>{}=-")) |
                 st.characters(codec="utf-8"), min_size=1, max_size=24)
+# one line, but every shell metacharacter: what must be quoted rather than refused
+SHELLY = st.text(alphabet=st.sampled_from(list("ab $`'\"\\;&|#()*?<>{}=-,:/~!%")),
+                 min_size=1, max_size=24)
 
 
 def _bash_ok(script: str) -> bool:
@@ -89,6 +94,83 @@ def test_a_site_value_is_refused_or_leaves_the_script_well_formed(value: str, sl
         spec, site, run_dir=RUN_DIR, op_id="op")]
 
 
+EXTRA_OPTIONS = ["mail-type", "reservation", "mem", "licenses", "gpu-bind"]
+"""sbatch options a spec or a site may add (none of them set by hpcrun itself)."""
+ALLOWED = SBATCH_OPTIONS - set(MODELED_OPTIONS)
+
+
+def _one_line_refusal(exc: HpcrunError) -> str:
+    event("refused")
+    text = str(exc)
+    assert len(text.splitlines()) == 1, text  # a refusal is one line, whatever the value
+    return text
+
+
+def _srun_argv(script: str) -> list[str]:
+    """The agents' ``srun`` arguments as bash passes them (the command run with a stand-in
+    ``srun`` that prints each argument)."""
+    lines = script.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
+    command = " ".join(ln.rstrip("\\") for ln in lines[start:start + 2]).rstrip(" &")
+    out = subprocess.run(["bash", "-c", 'srun() { printf "%s\\0" "$@"; }\n' + command],
+                         capture_output=True, check=True)
+    return out.stdout.decode().split("\0")[:-1]
+
+
+def _site_with(**keys: object) -> SiteConfig:
+    """The testbed site with ``keys`` changed, validated as a site file is."""
+    raw = {**load_site("testbed").to_dict(), **keys}
+    return site_from_dict(raw, source="hostile.yaml")
+
+
+@settings(SLOW, max_examples=100)
+@given(option=st.one_of(*[st.sampled_from([*EXTRA_OPTIONS, "nodes", "comment"])] * 3, NASTY),
+       value=SHELLY | NASTY,
+       where=st.sampled_from(["spec", "site"]))
+def test_an_sbatch_extra_value_is_refused_in_one_line_or_stays_one_directive(
+        option: str, value: str, where: str) -> None:
+    try:
+        site = _site_with(sbatch_extra={option: value}) if where == "site" else \
+            load_site("testbed")
+        spec = make_spec(**({"sbatch_extra": {option: value}} if where == "spec" else {}))
+        script = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="op", python="python3")
+    except HpcrunError as exc:
+        text = _one_line_refusal(exc)
+        assert CONTROL.search(value) or option not in ALLOWED, text
+        return
+    event("rendered")
+    assert option in ALLOWED and not CONTROL.search(value)
+    assert _bash_ok(script)
+    meant = [format_flag(k, v) for k, v in sbatch_args(spec, site, run_dir=RUN_DIR,
+                                                         op_id="op")]
+    assert _directives(script) == meant
+    own = [shlex.split(d) for d in _directives(script) if d.split("=")[0] == f"--{option}"]
+    assert own == [[f"--{option}={value}" if value else f"--{option}"]]
+
+
+@settings(SLOW, max_examples=100)
+@given(image=SHELLY | NASTY, src=SHELLY | NASTY, dst=SHELLY | NASTY)
+def test_a_pyxis_image_or_mount_is_refused_in_one_line_or_reaches_srun_as_one_argument(
+        image: str, src: str, dst: str) -> None:
+    mount = f"{src}:{dst}"
+    try:
+        site = _site_with(container={"runtime": "pyxis", "image": image, "mounts": [mount]})
+        spec = make_spec()
+        script = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="op", python="python3")
+    except HpcrunError as exc:
+        text = _one_line_refusal(exc)
+        assert (CONTROL.search(image + mount) or not image.strip() or "," in mount
+                or mount.startswith(":")), text
+        return
+    event("rendered")
+    assert _bash_ok(script)
+    assert _directives(script) == [format_flag(k, v) for k, v in sbatch_args(
+        spec, site, run_dir=RUN_DIR, op_id="op")]
+    argv = _srun_argv(script)
+    assert f"--container-image={image}" in argv and f"--container-mounts={mount}" in argv
+    assert argv[-5:] == ["python3", "-m", "hpcrun.runtime.agent", "--run-dir", str(RUN_DIR)]
+
+
 @SLOW
 @given(tail=st.text(alphabet=st.sampled_from(list("ab $`'\";&|#()\\\n")), max_size=20))
 def test_a_failing_setup_line_ends_the_job_whatever_follows_it(tail: str) -> None:
@@ -103,6 +185,22 @@ def test_a_setup_line_with_a_comment_keeps_its_guard() -> None:
     out = subprocess.run(["bash", "-c", guarded_setup("false # load the compiler") + "\nexit 7"],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 1
+
+
+def test_a_failing_line_of_a_multi_line_setup_value_ends_the_job() -> None:
+    # eval's status is its last command's: `false` followed by a line that succeeds passed
+    for value in ("false\ntrue", "false # note\n$&", "export A=1\nfalse\necho reached"):
+        out = subprocess.run(["bash", "-c", guarded_setup(value) + "\necho reached"],
+                             capture_output=True, text=True, check=False)
+        assert out.returncode == 1 and "reached" not in out.stdout, (value, out)
+        assert "site setup line failed" in out.stderr
+
+
+def test_a_multi_line_setup_value_runs_in_the_job_shell_with_conditions_intact() -> None:
+    value = "export HPCRUN_PROBE=6\nif false; then exit 9; fi\n[ -z x ] || HPCRUN_PROBE=7"
+    out = subprocess.run(["bash", "-c", guarded_setup(value) + '\necho "$HPCRUN_PROBE"'],
+                         capture_output=True, text=True, check=False)
+    assert (out.returncode, out.stdout.strip()) == (0, "7")
 
 
 def test_setup_lines_export_into_the_job_shell() -> None:

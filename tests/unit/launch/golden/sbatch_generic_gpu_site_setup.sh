@@ -64,7 +64,7 @@ forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/
 trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
-srun -n 2 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --cpu-bind=none --container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-mounts=/lustre:/lustre,/local/nvme:/local/nvme --container-writable --no-container-mount-home \
+srun -n 2 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --cpu-bind=none --container-image='nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts=/lustre:/lustre,/local/nvme:/local/nvme --container-writable --no-container-mount-home \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do

@@ -1,0 +1,74 @@
+#!/bin/bash
+# hpcrun job script for run tiny on site generic-gpu.
+# Spec <spec-id>; operation tiny.submit.0.
+# Submit with `sbatch <this file>`; it starts one hpcrun agent per node.
+#SBATCH --job-name=tiny
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=96
+#SBATCH --gpus-per-node=8
+#SBATCH --time=30
+#SBATCH --partition=gpu
+#SBATCH --requeue
+#SBATCH --signal=USR1@180
+#SBATCH --open-mode=append
+#SBATCH --comment=hpcrun:tiny.submit.0
+#SBATCH --output=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.out
+#SBATCH --error=/shared/runs/tiny-20250101-000000-abcd/logs/slurm-%j.err
+#SBATCH --exclusive
+#SBATCH --mail-type=END,FAIL
+#SBATCH --mem=0
+#SBATCH --switches=1@00:10:00
+
+# No `set -e`: this shell must reach the wait loop below whatever happens before it.
+set -uo pipefail
+
+# Site modules.
+module load cuda/12.4 || { echo "hpcrun: module load failed:" cuda/12.4 >&2; exit 1; }
+module load nccl/2.21 || { echo "hpcrun: module load failed:" nccl/2.21 >&2; exit 1; }
+
+export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
+export HPCRUN_SITE=generic-gpu
+export HPCRUN_OP_ID=tiny.submit.0
+export NCCL_DEBUG=WARN
+export OMP_NUM_THREADS=8
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+
+# The job's exit status is the run's outcome once the run has ended (a node lost and repaired
+# inside the allocation leaves a killed task behind in the step's own status).
+hpcrun_exit_file=/shared/runs/tiny-20250101-000000-abcd/logs/job-"${SLURM_JOB_ID:-}".exit
+rm -f "$hpcrun_exit_file"
+hpcrun_job_exit() {
+    local rc=$? ended
+    ended=$(head -c 4 "$hpcrun_exit_file" 2>/dev/null)
+    case "$ended" in ''|*[!0-9]*) ;; *) rc=$ended ;; esac
+    exit "$rc"
+}
+trap hpcrun_job_exit EXIT
+
+# Site setup, before the agents start; a failing line ends the job (each line is eval'ed whole,
+# so a comment or a `;` in it cannot cut the guard off). Activation scripts (conda, venv) read
+# unset variables, so -u is off while they run.
+set +u
+bash -n -c 'export HF_HOME=/lustre/$USER/hf-cache' 2>/dev/null && eval 'export HF_HOME=/lustre/$USER/hf-cache' || { echo "hpcrun: site setup line failed:" 'export HF_HOME=/lustre/$USER/hf-cache' >&2; exit 1; }
+bash -n -c 'ulimit -n 65536' 2>/dev/null && eval 'ulimit -n 65536' || { echo "hpcrun: site setup line failed:" 'ulimit -n 65536' >&2; exit 1; }
+set -u
+
+# Preemption: Slurm sends SIGUSR1 to the job steps (--signal without B:), so every agent
+# gets it directly. If it reaches this shell instead (`scancel --batch`), forward it to the step.
+# SIGTERM (preemption grace, time limit) must not end this shell before the agents have
+# committed: it is logged and the shell keeps waiting.
+srun_pid=""
+forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/null; fi; }
+trap forward_preempt USR1
+trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
+
+srun -n 2 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --cpu-bind=none --container-image='/images/py torch;$(id).sqsh' --container-mounts='/lustre/my data:/data:ro,/scratch/$USER:/scratch' --container-writable \
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+srun_pid=$!
+while true; do
+    wait "$srun_pid"
+    rc=$?
+    kill -0 "$srun_pid" 2>/dev/null || break
+done
+exit "$rc"
