@@ -348,6 +348,15 @@ MAX_DURATION_S = (2**31 - 1) // 1000
 the timeouts of sockets, gloo and NCCL accept; more overflows in the allocation, not at submit."""
 
 
+def duration_expected(seconds: float) -> str | None:
+    """What a positive duration setting (a timeout, a deadline) must be when ``seconds`` is
+    not: finite, above 0 and at most :data:`MAX_DURATION_S`; None when it is."""
+    if math.isfinite(seconds) and 0 < seconds <= MAX_DURATION_S:
+        return None
+    return (f"finite seconds, > 0 and at most {MAX_DURATION_S} (24.8 days: a C int of "
+            "milliseconds, what socket, gloo and NCCL timeouts accept)")
+
+
 def _bounded_number(value: int | float, path: str, problems: list[FieldProblem]) -> Any:
     """``value`` when it is finite and, for a duration (a key ending in ``_s``), within what the
     consumers of durations accept; None after recording the problem."""

@@ -70,18 +70,27 @@ def parse_grid_option(text: str) -> tuple[str, tuple[Any, ...]]:
     """``config.lr=1e-3,3e-3`` → ``("config.lr", (0.001, 0.003))`` (values read as YAML).
 
     Raises:
-        SpecError: no ``=``, an empty key or no values.
+        SpecError: no ``=``, an empty key, no values, or a value that is not YAML a safe
+            loader reads (one line naming the item).
     """
     key, sep, values = text.partition("=")
-    parsed = tuple(_scalar(v) for v in values.split(",") if v.strip()) if sep else ()
+    parsed = tuple(_scalar(v, item=text) for v in values.split(",") if v.strip()) if sep else ()
     if not key.strip() or not parsed:
         raise SpecError(f"--grid {text!r}: expected KEY=V1,V2,... with at least one value, e.g. "
                         "--grid config.lr=1e-3,3e-3; an empty grid sweeps nothing")
     return key.strip(), parsed
 
 
-def _scalar(text: str) -> Any:
-    value = yaml.safe_load(text.strip())
+def _scalar(text: str, *, item: str) -> Any:
+    try:
+        value = yaml.safe_load(text.strip())
+    except yaml.YAMLError as exc:
+        # a list or a mapping cannot be one --grid value: ',' separates the values
+        reason = getattr(exc, "problem", None) or " ".join(str(exc).split()[:12])
+        raise SpecError(f"--grid {item!r}: value {text.strip()!r} is not valid YAML "
+                        f"({reason}); expected KEY=V1,V2,... with plain values (numbers, "
+                        "strings, true/false; no tags, anchors or aliases): quote or fix the "
+                        "value, or put list values in a sweep YAML's grid:") from None
     if isinstance(value, str) and _is_float(value):
         return float(value)  # YAML 1.1 reads 1e-3 as a string
     return value
@@ -141,12 +150,12 @@ def _points_of(raw: Any, path: Path) -> tuple[Mapping[str, Any], ...]:
     return tuple({str(k): v for k, v in p.items()} for p in raw)
 
 
-MAX_POINTS = 1000
-"""Most points one sweep may have (one Slurm job array; sites cap ``MaxArraySize`` near it)."""
-
-
-def expand_points(plan: SweepPlan, *, max_points: int = MAX_POINTS) -> list[dict[str, Any]]:
+def expand_points(plan: SweepPlan, *, max_points: int) -> list[dict[str, Any]]:
     """Every point's overrides: the grid's combinations (first axis slowest), then the list.
+
+    Args:
+        max_points: the most points one sweep may have: the site's ``sweep_max_points`` (one
+            Slurm job array; sites cap ``MaxArraySize`` near 1,000).
 
     Raises:
         SpecError: the plan has no point at all, a grid axis has no values, or it has more
@@ -159,9 +168,10 @@ def expand_points(plan: SweepPlan, *, max_points: int = MAX_POINTS) -> list[dict
                             "nothing; nothing was submitted")
     count = (math.prod(len(v) for _, v in plan.grid) if plan.grid else 0) + len(plan.points)
     if count > max_points:
-        raise SpecError(f"the sweep has {count} points, more than the cap of {max_points}; "
-                        "split it into several sweeps or sweep fewer values; nothing was "
-                        "submitted")
+        raise SpecError(f"the sweep has {count} points, more than the cap of {max_points} "
+                        "(the site's sweep_max_points); split it into several sweeps, sweep "
+                        "fewer values, or raise sweep_max_points in the site config; nothing "
+                        "was submitted")
     if plan.grid:
         keys = [k for k, _ in plan.grid]
         points += [dict(zip(keys, combo, strict=True))

@@ -14,6 +14,7 @@ environment passed in as a value.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 import yaml
 
 from hpcrun.checkpoint.cadence import DEFAULT_MTBF_PRIOR_H
+from hpcrun.control.specload import duration_expected
 from hpcrun.errors import ConfigError
 from hpcrun.launch.alertsinks import AlertSinks, alert_sinks_from_dict
 from hpcrun.launch.container import ContainerConfig, container_from_dict
@@ -123,6 +125,10 @@ class SiteConfig:
     shared_tier: SharedTierConfig | None = None
     """Lustre striping of checkpoint directories and the deadline of shared-tier operations
     (:class:`~hpcrun.launch.striping.SharedTierConfig`); None: defaults, no striping."""
+    sweep_max_points: int = 1000
+    """Most points one sweep may have (``hpcrun sweep`` refuses a larger one before it
+    creates anything): one Slurm job array, and ``MaxArraySize`` in slurm.conf is often near
+    1,000."""
     alerts: AlertSinks | None = None
     """Where ``hpcrun watch`` delivers new alerts (:class:`~hpcrun.launch.alertsinks.AlertSinks`:
     a webhook, email); None: alerts are only shown by ``hpcrun status``."""
@@ -133,12 +139,7 @@ class SiteConfig:
         _check(bool(self.node_local_path.strip()), "node_local_path", "a non-empty path",
                self.node_local_path)
         _check(bool(self.shared_path.strip()), "shared_path", "a non-empty path", self.shared_path)
-        _check(self.gpus_per_node >= 0, "gpus_per_node", "an integer >= 0", self.gpus_per_node)
-        _check(0 <= self.preempt_lead_s <= _MAX_SIGNAL_LEAD_S, "preempt_lead_s",
-               f"0..{_MAX_SIGNAL_LEAD_S} seconds", self.preempt_lead_s)
-        _check(self.mtbf_prior_h > 0, "mtbf_prior_h", "hours > 0", self.mtbf_prior_h)
-        for key in ("pg_init_timeout_s", "step_timeout_s", "checkpoint_timeout_s"):
-            _check(getattr(self, key) > 0, key, "seconds > 0", getattr(self, key))
+        self._check_numbers()
         if self.gres is not None:
             _check("{n}" in self.gres, "gres", "a template holding '{n}' (gpu:{n})", self.gres)
         try:
@@ -148,6 +149,21 @@ class SiteConfig:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "nccl_env", MappingProxyType(dict(self.nccl_env)))
         object.__setattr__(self, "sbatch_extra", MappingProxyType(dict(self.sbatch_extra)))
+
+    def _check_numbers(self) -> None:
+        """Every number is finite and within what its consumer accepts."""
+        _check(self.gpus_per_node >= 0, "gpus_per_node", "an integer >= 0", self.gpus_per_node)
+        _check(0 <= self.preempt_lead_s <= _MAX_SIGNAL_LEAD_S, "preempt_lead_s",
+               f"0..{_MAX_SIGNAL_LEAD_S} seconds", self.preempt_lead_s)
+        _check(math.isfinite(self.mtbf_prior_h) and self.mtbf_prior_h > 0, "mtbf_prior_h",
+               "finite hours > 0", self.mtbf_prior_h, fix="write the site's expected hours "
+               "between interruptions of a run, e.g. 24")
+        for key in ("pg_init_timeout_s", "step_timeout_s", "checkpoint_timeout_s"):
+            expected = duration_expected(getattr(self, key))
+            _check(expected is None, key, expected or "", getattr(self, key),
+                   fix="write a finite number of seconds within that range")
+        _check(self.sweep_max_points >= 1, "sweep_max_points", "an integer >= 1",
+               self.sweep_max_points, fix="write the most points one sweep may have, e.g. 1000")
 
     def signal_name(self) -> str:
         """The preemption signal as Slurm spells it in ``--signal`` (``USR1``)."""
@@ -178,9 +194,10 @@ class SiteConfig:
         return out
 
 
-def _check(ok: bool, key: str, expected: str, found: object) -> None:
+def _check(ok: bool, key: str, expected: str, found: object, *, fix: str = "") -> None:
     if not ok:
-        raise ConfigError(f"site config key {key!r}: expected {expected}, found {found!r}")
+        raise ConfigError(f"site config key {key!r}: expected {expected}, found {found!r}"
+                          + (f"; {fix}" if fix else ""))
 
 
 # -- parsing ------------------------------------------------------------------------------------
@@ -192,7 +209,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "preempt_lead_s": (int,), "preempt_mode": (str,), "python": (str,),
     "mtbf_prior_h": (int, float), "requeue_allowed": (bool,), "dist_backend": (str,),
     "pg_init_timeout_s": (int, float), "step_timeout_s": (int, float),
-    "checkpoint_timeout_s": (int, float),
+    "checkpoint_timeout_s": (int, float), "sweep_max_points": (int,),
 }
 _LIST_KEYS = frozenset({"modules", "srun_extra_flags", "setup"})
 _MAPPING_KEYS = frozenset({"container", "sbatch_extra", "shared_tier", "alerts"})

@@ -21,12 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcrun.control.specload import duration_expected
 from hpcrun.errors import ConfigError
 from hpcrun.launch.sections import section_mapping
 from hpcrun.runner import CommandRunner
 
 __all__ = ["SharedTierConfig", "apply_striping", "shared_tier_from_dict", "stripe_command"]
 
+DEFAULT_DEADLINE_S = 300.0
+"""Seconds a shared-tier operation may take when the site sets no ``deadline_s``."""
+MAX_STRIPE_COUNT = 2000
+"""Most stripes Lustre gives one file (``LOV_MAX_STRIPE_COUNT``)."""
 _SIZE_RE = re.compile(r"^[1-9][0-9]*[KMGkmg]?$")
 _KEYS = ("stripe_count", "stripe_size", "deadline_s")
 
@@ -39,20 +44,24 @@ class SharedTierConfig:
     """Lustre: OSTs each checkpoint file is striped over (``-1``: all); None: the default."""
     stripe_size: str | None = None
     """Lustre: stripe size (``4M``, ``16M``); None: the filesystem's default."""
-    deadline_s: float = 300.0
+    deadline_s: float = DEFAULT_DEADLINE_S
     """Seconds one shared-tier operation (write, fsync, rename, read) may take before it is a
     ``storage_timeout`` fault instead of a hang."""
 
     def __post_init__(self) -> None:
-        if self.stripe_count is not None and (self.stripe_count == 0 or self.stripe_count < -1):
-            raise ConfigError(f"shared_tier.stripe_count: expected -1 (all OSTs) or >= 1, found "
-                              f"{self.stripe_count}")
+        if self.stripe_count is not None and not (
+                self.stripe_count == -1 or 1 <= self.stripe_count <= MAX_STRIPE_COUNT):
+            raise ConfigError(f"shared_tier.stripe_count: expected -1 (all OSTs) or 1.."
+                              f"{MAX_STRIPE_COUNT} (Lustre's most stripes per file), found "
+                              f"{self.stripe_count}; write -1 to stripe over every OST")
         if self.stripe_size is not None and not _SIZE_RE.match(self.stripe_size):
             raise ConfigError(f"shared_tier.stripe_size: expected a size such as 4M or 1G, "
                               f"found {self.stripe_size!r}")
-        if self.deadline_s <= 0:
-            raise ConfigError(f"shared_tier.deadline_s: expected seconds > 0, found "
-                              f"{self.deadline_s}")
+        expected = duration_expected(self.deadline_s)
+        if expected is not None:
+            raise ConfigError(f"shared_tier.deadline_s: expected {expected}, found "
+                              f"{self.deadline_s!r}; write how long one shared-tier operation "
+                              "may take (default 300)")
 
     @property
     def striped(self) -> bool:
@@ -79,13 +88,16 @@ def shared_tier_from_dict(raw: object, *, source: str) -> SharedTierConfig | Non
     if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
         raise ConfigError(f"{source}: key 'shared_tier.stripe_count': expected an integer, "
                           f"found {count!r}")
-    if deadline is not None and (isinstance(deadline, bool)
-                                 or not isinstance(deadline, int | float)):
+    if "deadline_s" in raw and (isinstance(deadline, bool)
+                                or not isinstance(deadline, int | float)):
         raise ConfigError(f"{source}: key 'shared_tier.deadline_s': expected seconds, found "
-                          f"{deadline!r}")
+                          f"{deadline!r}; write a number of seconds, or leave the key out for "
+                          f"{DEFAULT_DEADLINE_S:g}")
     try:
-        return SharedTierConfig(stripe_count=count, deadline_s=float(deadline or 300.0),
-                                stripe_size=None if size is None else str(size))
+        # the default only when the key is absent: 0 is refused, never read as "unset"
+        return SharedTierConfig(stripe_count=count, stripe_size=None if size is None else
+                                str(size), deadline_s=DEFAULT_DEADLINE_S if deadline is None
+                                else float(deadline))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 

@@ -2,9 +2,11 @@
 
 ``hpcrun sweep`` and :func:`hpcrun.sweep` run the same steps:
 
-1. :func:`plan_points`: the sweep YAML, ``--grid`` and explicit points become one validated
-   spec per point (:mod:`hpcrun.control.sweep`); points asking for different resources are
-   refused (one array has one shape).
+1. :func:`plan_points`: the sweep YAML, ``--grid`` (values read by YAML's safe loader, a
+   malformed one refused in one line) and explicit points become one validated spec per
+   point (:mod:`hpcrun.control.sweep`), at most the site's ``sweep_max_points``
+   (:func:`point_cap`, counted before a single point is built); points asking for different
+   resources are refused (one array has one shape).
 2. The base spec passes the admission ``submit`` gives it
    (:func:`hpcrun.launch.submission.prepare_submission`), then every point passes the checks
    that can depend on its values (:func:`admit_points`); nothing exists yet.
@@ -115,7 +117,7 @@ def plan_points(req: SweepRequest) -> tuple[Path, Any, list[dict[str, Any]], lis
     from hpcrun.control.sweep import expand_points, point_specs
 
     base, plan = _plan(req)
-    points = expand_points(plan)
+    points = expand_points(plan, max_points=point_cap(base, req))
     raw = _read_yaml(base)
     if not isinstance(raw, dict):
         raise SpecError(f"{base}: expected a run spec mapping; see `hpcrun submit --help`")
@@ -125,6 +127,22 @@ def plan_points(req: SweepRequest) -> tuple[Path, Any, list[dict[str, Any]], lis
         raise SpecError("sweep points ask for different resources; one job array needs one "
                         "shape: sweep config values, not resources.*; nothing was submitted")
     return base, plan, points, specs
+
+
+def point_cap(base: Path, req: SweepRequest) -> int:
+    """The most points this sweep may have: its site's ``sweep_max_points``, the site named as
+    admission names it (``--site``, else the base spec's ``site``, else ``local``), read
+    before a single point is built.
+
+    Raises:
+        ConfigError: the site config does not load (one line, as ``submit`` gives it).
+    """
+    from hpcrun.launch.site import load_site
+
+    raw = _read_yaml(base)
+    named = raw.get("site") if isinstance(raw, dict) else None
+    return load_site(req.site or (named if isinstance(named, str) else "local")
+                     ).sweep_max_points
 
 
 def submit_sweep(req: SweepRequest, context: SubmitContext) -> SweepSubmitted:

@@ -40,7 +40,7 @@ def test_grid_options_read_values_as_yaml() -> None:
 def test_points_are_the_grid_product_then_the_list() -> None:
     plan = SweepPlan(grid=(("config.lr", (0.001, 0.003)), ("config.seed", (0, 1, 2))),
                      points=({"config.lr": 0.1, "config.seed": 9},))
-    points = expand_points(plan)
+    points = expand_points(plan, max_points=1000)
     assert len(points) == 7 and points[0] == {"config.lr": 0.001, "config.seed": 0}
     assert points[2] == {"config.lr": 0.001, "config.seed": 2} and points[6]["config.seed"] == 9
     specs = point_specs(BASE, points, base_dir=Path("."))
@@ -50,7 +50,7 @@ def test_points_are_the_grid_product_then_the_list() -> None:
 
 def test_an_empty_grid_is_one_clear_error() -> None:
     with pytest.raises(SpecError, match="the sweep is empty"):
-        expand_points(SweepPlan())
+        expand_points(SweepPlan(), max_points=1000)
 
 
 def test_a_grid_key_not_in_the_spec_is_one_clear_error() -> None:
@@ -62,7 +62,7 @@ def test_a_grid_key_not_in_the_spec_is_one_clear_error() -> None:
 def test_duplicate_points_are_one_clear_error() -> None:
     plan = SweepPlan(grid=(("config.seed", (0, 1)),), points=({"config.seed": 1},))
     with pytest.raises(SpecError, match="sweep points 1 and 2 are the same run"):
-        point_specs(BASE, expand_points(plan), base_dir=Path("."))
+        point_specs(BASE, expand_points(plan, max_points=1000), base_dir=Path("."))
 
 
 def test_sweep_yaml_grid_and_list_forms(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_sweep_yaml_grid_and_list_forms(tmp_path: Path) -> None:
         "  points:\n    - {config.seed: 5}\n  max_parallel: 2\n")
     base, plan = load_sweep_file(tmp_path / "sweep.yaml")
     assert base == tmp_path / "run.yaml" and plan.max_parallel == 2
-    assert expand_points(plan) == [{"config.lr": 0.001}, {"config.lr": 0.003},
+    assert expand_points(plan, max_points=1000) == [{"config.lr": 0.001}, {"config.lr": 0.003},
                                    {"config.seed": 5}]
     (tmp_path / "bad.yaml").write_text("sweep:\n  spec: run.yaml\n  grid:\n    config.lr: []\n")
     with pytest.raises(SpecError, match="expected at least one value"):

@@ -22,7 +22,7 @@ BASE = {"name": "lm", "entrypoint": "m:f", "config": {"lr": 0.01, "seed": 0, "st
 def test_the_points_table_has_one_row_per_array_task_with_its_values() -> None:
     plan = SweepPlan(grid=(parse_grid_option("config.lr=1e-3,3e-3"),),
                      points=({"config.seed": 7},))
-    points = expand_points(plan)
+    points = expand_points(plan, max_points=1000)
     specs = point_specs(BASE, points, base_dir=Path("."))
     rows = [line.split() for line in render_points(points, specs).splitlines()]
     assert rows[0] == ["task", "config.lr", "config.seed", "spec"]
