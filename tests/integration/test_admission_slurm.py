@@ -50,7 +50,7 @@ def _dry_run(runs: RunFactory, spec: dict[str, object]) -> tuple[int, list[str]]
 
 def test_a_spec_over_the_partitions_and_the_qos_limits_is_refused_at_submit_naming_each(
         testbed: Testbed, runs: RunFactory) -> None:
-    over = slurm_spec(testbed, nodes=3, resources={
+    over = slurm_spec(testbed, nodes=3, data={"global_batch": 12}, resources={
         "partition": LIMITED_PARTITION, "qos": "short", "time_limit_min": 30})
     rc, lines = _dry_run(runs, over)
     assert rc == 2, lines

@@ -100,7 +100,7 @@ def test_a_global_batch_that_cannot_be_kept_is_one_error_naming_the_sizes() -> N
 
 def test_a_keepable_global_batch_or_a_fixed_gang_is_accepted() -> None:
     assert spec(global_batch=12).data.global_batch == 12
-    assert spec(min_nodes=None, global_batch=8).data.global_batch == 8
+    assert spec(min_nodes=None, global_batch=6).data.global_batch == 6  # 3 x 2 ranks
     assert spec(min_nodes=3, global_batch=6).membership.min_nodes == 3
 
 
