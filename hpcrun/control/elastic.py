@@ -181,6 +181,30 @@ def swap_in(gang: Sequence[str], lost: Sequence[str], spares: Sequence[str]) -> 
     return tuple(replacement.get(n, n) for n in gang)
 
 
+def check_fixed_batch(global_batch: int | None, tasks_per_node: int, nodes: int,
+                      checks: Checks) -> None:
+    """A fixed gang's global batch splits evenly over its ranks, so the data plane's
+    ``replica_rows`` does not refuse it in the allocation.
+
+    A fixed gang has one world size, ``nodes x tasks_per_node``: a hot spare takes a lost node's
+    place at the same size. The data-parallel size is the training code's choice (DDP and FSDP
+    over every rank: the world size; a tensor- or pipeline-parallel mesh: a divisor of it),
+    which the spec cannot see. The world size is what it can check: a batch it divides splits
+    evenly over any data-parallel size, and :func:`check_elastic_batch` asks the same of every
+    size; a mesh whose smaller data-parallel size alone divides the batch is refused too (raise
+    the batch to a multiple of the world size).
+    """
+    bad = unkept_world_sizes(global_batch, tasks_per_node, (nodes,))
+    if not bad:
+        return
+    checks(False, "data.global_batch",
+           f"a multiple of the world size ({bad[0][1]}: {nodes} nodes x {tasks_per_node} "
+           "ranks), so each rank takes an equal share of every global batch", global_batch,
+           f"set data.global_batch to a multiple of "
+           f"{keepable_global_batch(tasks_per_node, (nodes,))}, or change resources.nodes "
+           "or resources.tasks_per_node", reads=("resources", "membership"))
+
+
 def check_elastic_batch(global_batch: int | None, tasks_per_node: int,
                          counts: range, checks: Checks) -> None:
     """An elastic run keeps its global batch at every gang size it may shrink to (each rank

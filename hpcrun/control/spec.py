@@ -27,12 +27,7 @@ from typing import Any
 
 import yaml
 
-from hpcrun.control.elastic import (
-    check_elastic_batch,
-    gang_node_counts,
-    keepable_global_batch,
-    unkept_world_sizes,
-)
+from hpcrun.control.elastic import check_elastic_batch, check_fixed_batch, gang_node_counts
 from hpcrun.control.payload import canonical_json
 from hpcrun.control.specload import (
     ADDITIVE,
@@ -478,7 +473,8 @@ class RunSpec:
             check_elastic_batch(self.data.global_batch, self.resources.tasks_per_node,
                                 gang_node_counts(m.min_nodes, nodes), checks)
         elif m.mode == MembershipMode.FIXED:
-            _check_fixed_batch(self, checks)
+            check_fixed_batch(self.data.global_batch, self.resources.tasks_per_node,
+                              self.resources.nodes, checks)
         checks.done()
 
     def to_dict(self) -> dict[str, Any]:
@@ -527,32 +523,6 @@ class RunSpec:
         """Whether the ranks run a plain script or command (``script``/``command``) instead of
         an ``entrypoint`` taking ``ctx``."""
         return not self.entrypoint
-
-
-def _check_fixed_batch(spec: RunSpec, checks: Checks) -> None:
-    """A fixed gang's global batch splits evenly over its ranks, so the data plane's
-    ``replica_rows`` does not refuse it in the allocation.
-
-    A fixed gang has one world size, ``nodes x tasks_per_node``: a hot spare takes a lost node's
-    place at the same size (an elastic gang's sizes are checked by
-    :func:`~hpcrun.control.elastic.check_elastic_batch`). The data-parallel size is the
-    training code's choice (DDP and FSDP over every rank: the world size; a tensor- or
-    pipeline-parallel mesh: a divisor of it), which the spec cannot see. The world size is what
-    it can check: a batch it divides splits evenly over any data-parallel size, and the
-    elastic check asks the same of every size; a mesh whose smaller data-parallel size alone
-    divides the batch is refused too (raise the batch to a multiple of the world size).
-    """
-    r, batch = spec.resources, spec.data.global_batch
-    bad = unkept_world_sizes(batch, r.tasks_per_node, (r.nodes,))
-    if not bad:
-        return
-    world = bad[0][1]
-    checks(False, "data.global_batch",
-           f"a multiple of the world size ({world}: {r.nodes} nodes x {r.tasks_per_node} "
-           "ranks), so each rank takes an equal share of every global batch", batch,
-           f"set data.global_batch to a multiple of "
-           f"{keepable_global_batch(r.tasks_per_node, (r.nodes,))}, or change resources.nodes "
-           "or resources.tasks_per_node", reads=("resources", "membership"))
 
 
 def _check_launch(spec: RunSpec, checks: Checks) -> None:
