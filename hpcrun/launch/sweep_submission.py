@@ -270,7 +270,7 @@ def _submit_array(sweep_dir: Path, sub: Submission,
     env = {**context.environ, **points[0][2]}
     array_id = submit_sbatch(script, runner=context.runner, env=env)
     for k, (run_dir, _, _) in enumerate(points):
-        RunLog(run_dir).append_entry(JobPayload(job_id=f"{array_id}_{k}", backend="slurm",
+        RunLog(run_dir).append_entry(JobPayload(job_id=f"{array_id}_{k}", backend=Backend.SLURM,
                                                 op_id=op_id), generation=UNFENCED, holder="")
     return array_id
 
