@@ -25,8 +25,12 @@ def test_the_real_checkpointer_commits_and_restores_a_simulated_gang(tmp_path: P
     assert large["save_metadata_ops_per_rank"] <= small["save_metadata_ops_per_rank"]
     assert large["restore_metadata_ops_per_rank"] <= small["restore_metadata_ops_per_rank"]
     assert large["summary_wire_bytes"] > small["summary_wire_bytes"]
-    text = render([small, large])
-    assert "files opened per rank on restore: 1 shard" in text and "NOT met" not in text
+    # the counted targets hold on any machine; the timed ones (commit, planning, growth) are
+    # the benchmark's to report, never a test's to assert on a loaded machine
+    counted = [line for line in render([small, large]).splitlines()
+               if line.startswith(("- save metadata ops", "- files opened"))]
+    assert len(counted) == 2 and all(line.endswith(": met") for line in counted), counted
+    assert "files opened per rank on restore: 1 shard" in counted[1]
 
 
 def test_the_gang_never_gathers_across_all_ranks() -> None:
