@@ -52,7 +52,6 @@ __all__ = ["RECORD_SCHEMA_VERSION", "CheckpointRef", "FaultRecord", "RunRecord",
 RECORD_SCHEMA_VERSION = 2
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointRef:
     """A checkpoint committed on one tier (from a valid ``commit`` entry)."""
