@@ -38,9 +38,10 @@ test-unit: venv
 # included: real preemption with grace time, node crashes, time limits) and the browser check of
 # `hpcrun report`. This is the README's test command and what CI runs (within 60 minutes on a
 # 2-core machine). HPCRUN_REQUIRE_BROWSER=1 makes the browser test fail, not skip, without Chromium.
-# Two pytest processes side by side (tests/suite.sh): every testbed test in one, one after another
-# (they share one cluster), the unit and local-backend tests in the other (two xdist workers);
-# most testbed time is waiting on Slurm (grace times, requeues), so they overlap.
+# Two pytest processes side by side (tests/suite.sh): the testbed tests in one, on two Slurm
+# clusters side by side (testbed lanes 0 and 1, a test module per lane), the unit and
+# local-backend tests in the other (two xdist workers); most testbed time is waiting on Slurm
+# (grace times, requeues), so they overlap.
 test: lint chromium
 	HPCRUN_REQUIRE_BROWSER=1 tests/suite.sh $(PY) $(PYTEST_ARGS)
 

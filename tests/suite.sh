@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite as two pytest processes side by side. The testbed tests
-# (`-m slurm`) run one after another in one process, as they would alone: the testbed is one
-# cluster and its tests crash and boot its nodes. Everything else (lint is done before, unit and
-# local-backend tests, the browser check) runs in the other, over $LOCAL_WORKERS (2) pytest-xdist
-# workers; most testbed time is waiting on Slurm (grace times, requeues), so they overlap. The
-# second process's output is kept in $LOG_DIR/local.log and printed after the first's; the exit
-# status is the first failure's.
+# (`-m slurm`) run in one, over $TESTBED_LANES (2) xdist workers, worker K on testbed lane K: a
+# Slurm cluster of its own (`hpcrun testbed up --lane K`), since the tests crash and boot nodes
+# and preempt whatever runs on the batch partition; a test module stays on one lane
+# (--dist loadfile). Everything else (lint is done before, unit and local-backend tests, the
+# browser check) runs in the other, over $LOCAL_WORKERS (2) workers. Most testbed time is waiting
+# on Slurm (grace times, requeues), so they overlap. The second process's output is kept in
+# $LOG_DIR/local.log and printed after the first's; the exit status is the first failure's.
 # Usage: tests/suite.sh PYTHON [pytest args...]
 set -uo pipefail
 py=$1
@@ -18,8 +19,27 @@ mkdir -p "$log_dir"
 "$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" --dist worksteal --durations=25 \
   --junit-xml="$log_dir/local.xml" "$@" >"$log_dir/local.log" 2>&1 &
 local_pid=$!
-"$py" -m pytest tests -m slurm --durations=25 --junit-xml="$log_dir/testbed.xml" "$@"
+lanes=${TESTBED_LANES:-2}
+hpcrun="$(dirname "$py")/hpcrun"
+started=()  # lanes this script brought up, newest first: lane 0 (it started munged) goes last
+if [ "$(id -u)" = 0 ]; then  # without root the testbed tests skip themselves
+  for ((k = 0; k < lanes; k++)); do
+    if ! out=$("$hpcrun" testbed up --lane "$k" 2>&1); then
+      echo "$out" >&2
+      echo "suite: testbed lane $k did not come up (see above)" >&2
+      kill "$local_pid"
+      exit 1
+    fi
+    echo "$out" | head -1
+    [[ $out == "testbed started"* ]] && started=("$k" "${started[@]}")
+  done
+fi
+"$py" -m pytest tests -m slurm -n "$lanes" --dist loadfile --durations=25 \
+  --junit-xml="$log_dir/testbed.xml" "$@"
 slurm_rc=$?
+for k in "${started[@]}"; do
+  "$hpcrun" testbed down --lane "$k" | head -1
+done
 wait "$local_pid"
 local_rc=$?
 echo "==================== unit and local-backend tests ($log_dir/local.log) ===================="

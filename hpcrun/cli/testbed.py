@@ -4,25 +4,40 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from hpcrun.testbed import Testbed, TestbedConfig
-from hpcrun.testbed.config import default_state_dir, render_env_exports
+from hpcrun.testbed.config import (
+    MAX_LANES,
+    default_lane,
+    default_state_dir,
+    lane_config,
+    render_env_exports,
+)
 
 _STATE_DIR_HELP = "State directory [env HPCRUN_TESTBED_DIR; default /var/lib/hpcrun-testbed]."
+_LANE_HELP = (f"Which of up to {MAX_LANES} testbeds side by side (own state dir <DIR>-laneK, "
+              "ports, job ids; lane 0 is the plain one) [env HPCRUN_TESTBED_LANE; default 0].")
 
 
-def _state_dir(value: str | None) -> Path:
-    return Path(os.path.abspath(value)) if value else default_state_dir(os.environ)
+def _config(state_dir: str | None, lane: int | None, **fields: object) -> TestbedConfig:
+    base = Path(os.path.abspath(state_dir)) if state_dir else default_state_dir(os.environ)
+    return lane_config(base, default_lane(os.environ) if lane is None else lane,
+                       **fields)  # type: ignore[arg-type]
 
 
-def _existing(state_dir: str | None) -> Testbed:
-    return Testbed.from_state_dir(_state_dir(state_dir))
+def _existing(state_dir: str | None, lane: int | None) -> Testbed:
+    return Testbed.from_state_dir(_config(state_dir, lane).state_dir)
 
 
-state_dir_option = click.option("--state-dir", metavar="DIR", default=None, help=_STATE_DIR_HELP)
+def state_dir_option(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--state-dir`` and ``--lane``: which testbed a command acts on."""
+    fn = click.option("--lane", type=click.IntRange(0, MAX_LANES - 1), default=None,
+                      help=_LANE_HELP)(fn)
+    return click.option("--state-dir", metavar="DIR", default=None, help=_STATE_DIR_HELP)(fn)
 
 
 @click.group()
@@ -45,10 +60,11 @@ def testbed() -> None:
 @click.option("--grace-time", type=click.IntRange(0, 3600), default=15, show_default=True,
               metavar="SECONDS", help="GraceTime of the preemptible batch partition.")
 @state_dir_option
-def up(nodes: int, no_accounting: bool, grace_time: int, state_dir: str | None) -> None:
+def up(nodes: int, no_accounting: bool, grace_time: int, state_dir: str | None,
+       lane: int | None) -> None:
     """Start the testbed (installing Slurm if missing); verify it if it is already up."""
-    config = TestbedConfig(state_dir=_state_dir(state_dir), nodes=nodes,
-                           accounting=not no_accounting, grace_time=grace_time)
+    config = _config(state_dir, lane, nodes=nodes, accounting=not no_accounting,
+                     grace_time=grace_time)
     result = Testbed(config).up()
     if result.cold:
         what = "started"
@@ -69,9 +85,9 @@ def up(nodes: int, no_accounting: bool, grace_time: int, state_dir: str | None) 
 
 @testbed.command(short_help="Stop the testbed and wipe job state.")
 @state_dir_option
-def down(state_dir: str | None) -> None:
+def down(state_dir: str | None, lane: int | None) -> None:
     """Stop every daemon the testbed started and wipe job state (packages stay installed)."""
-    tb = _existing(state_dir)
+    tb = _existing(state_dir, lane)
     stopped = tb.down()
     click.echo(f"testbed down: stopped {', '.join(stopped)}" if stopped
                else "testbed down: nothing was running")
@@ -80,9 +96,9 @@ def down(state_dir: str | None) -> None:
 @testbed.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @state_dir_option
-def status(as_json: bool, state_dir: str | None) -> None:
+def status(as_json: bool, state_dir: str | None, lane: int | None) -> None:
     """Show daemons (with pids) and node states. Exits 1 when the testbed is not fully up."""
-    st = _existing(state_dir).status()
+    st = _existing(state_dir, lane).status()
     click.echo(st.to_json() if as_json else st.to_text())
     if not st.up:
         sys.exit(1)
@@ -91,26 +107,26 @@ def status(as_json: bool, state_dir: str | None) -> None:
 @testbed.command(short_help="Emulate power loss of NODE (SIGKILL everything on it).")
 @click.argument("node")
 @state_dir_option
-def crash(node: str, state_dir: str | None) -> None:
+def crash(node: str, state_dir: str | None, lane: int | None) -> None:
     """Emulate power loss of NODE: SIGKILL its slurmd and every process on it.
 
     Slurm marks the node DOWN after SlurmdTimeout (10 s); --requeue jobs are requeued.
     """
-    killed = _existing(state_dir).crash(node)
+    killed = _existing(state_dir, lane).crash(node)
     click.echo(f"{node}: killed {len(killed)} processes" + (f" ({killed})" if killed else ""))
 
 
 @testbed.command()
 @click.argument("node")
 @state_dir_option
-def boot(node: str, state_dir: str | None) -> None:
+def boot(node: str, state_dir: str | None, lane: int | None) -> None:
     """Start NODE's slurmd in a fresh namespace and return it to service."""
-    _existing(state_dir).boot(node)
+    _existing(state_dir, lane).boot(node)
     click.echo(f"{node}: up and resumed")
 
 
 @testbed.command()
 @state_dir_option
-def env(state_dir: str | None) -> None:
+def env(state_dir: str | None, lane: int | None) -> None:
     """Print export lines for clients: eval "$(hpcrun testbed env)"."""
-    click.echo(render_env_exports(_existing(state_dir).config), nl=False)
+    click.echo(render_env_exports(_existing(state_dir, lane).config), nl=False)

@@ -28,6 +28,13 @@ DB_USER = "slurm"
 DB_PASSWORD = "hpcrun-testbed"  # loopback-only database of a throwaway testbed
 
 _MAX_NODES = 64
+_MAX_FIRST_JOB_ID = 0x03FF0000  # Slurm's default MaxJobId is 0x03FF0000 (67043328)
+
+LANE_ENV = "HPCRUN_TESTBED_LANE"
+MAX_LANES = 4
+"""Testbeds that may run side by side on one machine (``hpcrun testbed up --lane K``)."""
+LANE_PORT_STRIDE = 100
+LANE_JOB_ID_STRIDE = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +65,9 @@ class TestbedConfig:
     """nodeK's slurmd listens on slurmd_base_port + K (all nodes share 127.0.0.1)."""
     mariadb_port: int = 3307
     """TCP port of the testbed's own MariaDB on 127.0.0.1 (not the system's 3306)."""
+    first_job_id: int = 1
+    """Slurm's ``FirstJobId``: testbeds side by side (:func:`lane_config`) number their jobs
+    apart, so nothing keyed by a job id (rendezvous ports, node-local paths) is shared."""
 
     def __post_init__(self) -> None:
         if not self.state_dir.is_absolute():
@@ -68,6 +78,9 @@ class TestbedConfig:
                               "pass --nodes within that range")
         if self.cpus_per_node < 1:
             raise ConfigError(f"cpus_per_node must be >= 1, found {self.cpus_per_node}")
+        if not 1 <= self.first_job_id <= _MAX_FIRST_JOB_ID:
+            raise ConfigError(f"first_job_id must be 1..{_MAX_FIRST_JOB_ID}, found "
+                              f"{self.first_job_id}")
         if not 0 <= self.grace_time <= 3600:
             raise ConfigError(f"grace_time must be 0..3600 s, found {self.grace_time}")
         if not (self.node_local_path.startswith("/") and self.node_local_path != "/"):
@@ -185,6 +198,7 @@ def _daemon_lines(config: TestbedConfig) -> list[str]:
     s = config.state_dir
     return [
         f"ClusterName={config.cluster_name}",
+        f"FirstJobId={config.first_job_id}",
         f"SlurmctldHost={CONTROLLER_HOSTNAME}(127.0.0.1)",
         f"SlurmctldPort={config.slurmctld_port}",
         "SlurmUser=root",
@@ -345,7 +359,7 @@ def config_to_json(config: TestbedConfig) -> str:
 _FIELD_TYPES: Mapping[str, type] = {
     "state_dir": str, "nodes": int, "cpus_per_node": int, "accounting": bool,
     "grace_time": int, "node_local_path": str, "cluster_name": str, "slurmctld_port": int,
-    "slurmdbd_port": int, "slurmd_base_port": int, "mariadb_port": int,
+    "slurmdbd_port": int, "slurmd_base_port": int, "mariadb_port": int, "first_job_id": int,
 }
 
 
@@ -368,6 +382,45 @@ def config_from_json(text: str, *, source: str = "testbed.json") -> TestbedConfi
         kwargs[name] = value
     kwargs["state_dir"] = Path(kwargs["state_dir"])
     return TestbedConfig(**kwargs)
+
+
+def lane_config(state_dir: Path, lane: int = 0, **fields: Any) -> TestbedConfig:
+    """Lane ``lane`` of up to :data:`MAX_LANES` testbeds side by side on one machine.
+
+    Lane 0 is the plain testbed in ``state_dir``. Lane K > 0 is a cluster of its own: state
+    directory ``<state_dir>-laneK``, every port ``K * 100`` above lane 0's, cluster name
+    ``hpcrunK`` and job ids from ``K * 1,000,000 + 1``. All lanes share the machine's munged
+    (the first lane up starts it; bring lane 0 up first and down last). ``fields`` sets the
+    other fields (nodes, accounting, grace time).
+    """
+    if not 0 <= lane < MAX_LANES:
+        raise ConfigError(f"testbed lane must be 0..{MAX_LANES - 1}, found {lane}; pass "
+                          f"--lane (or ${LANE_ENV}) within that range")
+    if lane == 0:
+        return TestbedConfig(state_dir=state_dir, **fields)
+    base = TestbedConfig()
+    shift = lane * LANE_PORT_STRIDE
+    return TestbedConfig(
+        state_dir=state_dir.with_name(f"{state_dir.name}-lane{lane}"),
+        cluster_name=f"{base.cluster_name}{lane}", slurmctld_port=base.slurmctld_port + shift,
+        slurmdbd_port=base.slurmdbd_port + shift, slurmd_base_port=base.slurmd_base_port + shift,
+        mariadb_port=base.mariadb_port + shift, first_job_id=lane * LANE_JOB_ID_STRIDE + 1,
+        **fields)
+
+
+def default_lane(env: Mapping[str, str]) -> int:
+    """``$HPCRUN_TESTBED_LANE`` if set, else 0.
+
+    Raises:
+        ConfigError: the value is not a lane number.
+    """
+    raw = env.get(LANE_ENV, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise ConfigError(f"${LANE_ENV} must be a lane number 0..{MAX_LANES - 1}, found "
+                          f"{raw!r}; unset it or set a number")
+    return int(raw)
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:

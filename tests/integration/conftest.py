@@ -5,6 +5,11 @@ brought down at the end (unless it was already up when the session started, or
 ``HPCRUN_TESTBED_KEEP=1`` is set). It needs root: without root the tests that use it are skipped;
 as root a failed bring-up FAILS them. ``HPCRUN_TESTBED_DIR`` picks the state directory.
 
+Lanes: under pytest-xdist, worker ``gwK`` uses testbed lane K (``hpcrun testbed up --lane K``:
+a cluster of its own with its own state dir, ports and job ids), so the testbed tests run in as
+many clusters side by side as there are workers (``tests/suite.sh`` brings the lanes up first,
+lane 0 first because it starts munged, and down at the end). ``HPCRUN_TESTBED_LANE`` overrides.
+
 Cluster: 4 nodes ``node1..node4`` (4 CPUs each, all on 127.0.0.1), partitions ``batch``
 (default, preemptible, PriorityTier=1, GraceTime=15 s) and ``high`` (PriorityTier=2, never
 preempted), accounting on (``sacct`` works), ``cred_expire=5`` so a requeued job runs again
@@ -44,8 +49,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hpcrun.errors import HpcrunError
-from hpcrun.testbed import JobClient, Testbed, TestbedConfig
-from hpcrun.testbed.config import default_state_dir
+from hpcrun.testbed import JobClient, Testbed
+from hpcrun.testbed.config import LANE_ENV, default_lane, default_state_dir, lane_config
 from hpcrun.testbed.jobs import TERMINAL_STATES
 from hpcrun.testing.net import free_port as _free_port
 
@@ -61,7 +66,7 @@ def testbed() -> Iterator[Testbed]:
     if os.geteuid() != 0:
         pytest.skip("the Slurm testbed needs root (it starts munged, slurmctld and slurmd in "
                     "namespaces); run the slurm tests as root")
-    tb = Testbed(TestbedConfig(state_dir=default_state_dir(os.environ)))
+    tb = Testbed(lane_config(default_state_dir(os.environ), _lane()))
     try:
         result = tb.up()
     except HpcrunError as exc:
@@ -69,6 +74,14 @@ def testbed() -> Iterator[Testbed]:
     yield tb
     if result.cold and os.environ.get(KEEP_ENV) != "1":
         tb.down()
+
+
+def _lane() -> int:
+    """This session's testbed lane: ``$HPCRUN_TESTBED_LANE``, else the xdist worker's number."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if os.environ.get(LANE_ENV) or not worker.startswith("gw"):
+        return default_lane(os.environ)
+    return int(worker.removeprefix("gw"))
 
 
 class _TrackingJobClient(JobClient):

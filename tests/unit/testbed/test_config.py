@@ -10,10 +10,13 @@ from hypothesis import strategies as st
 
 from hpcrun.errors import ConfigError
 from hpcrun.testbed.config import (
+    MAX_LANES,
     TestbedConfig,
     config_from_json,
     config_to_json,
+    default_lane,
     default_state_dir,
+    lane_config,
     node_range,
     render_db_init_sql,
     render_env_exports,
@@ -163,3 +166,25 @@ def test_malformed_persisted_config_is_refused(text: str, message: str) -> None:
 def test_state_dir_from_environment() -> None:
     assert default_state_dir({}) == Path("/var/lib/hpcrun-testbed")
     assert default_state_dir({"HPCRUN_TESTBED_DIR": "/x/y"}) == Path("/x/y")
+
+
+def test_lanes_are_clusters_apart_that_share_nothing_keyed_by_port_name_or_job_id() -> None:
+    lanes = [lane_config(STATE, k, nodes=4) for k in range(MAX_LANES)]
+    assert lanes[0] == TestbedConfig(state_dir=STATE, nodes=4)
+    assert [c.state_dir.name for c in lanes[1:]] == ["tb-lane1", "tb-lane2", "tb-lane3"]
+    ports = [p for c in lanes for p in (c.slurmctld_port, c.slurmdbd_port, c.mariadb_port,
+                                        *(c.slurmd_port(n) for n in c.node_names))]
+    assert len(set(ports)) == len(ports)
+    assert len({c.cluster_name for c in lanes}) == MAX_LANES
+    assert [c.first_job_id for c in lanes] == [1, 1_000_001, 2_000_001, 3_000_001]
+    assert "FirstJobId=1000001" in render_slurm_conf(lanes[1]).splitlines()
+    assert config_from_json(config_to_json(lanes[2])) == lanes[2]
+    with pytest.raises(ConfigError, match=r"lane must be 0\.\.3"):
+        lane_config(STATE, MAX_LANES)
+
+
+def test_lane_from_environment() -> None:
+    assert default_lane({}) == 0
+    assert default_lane({"HPCRUN_TESTBED_LANE": "2"}) == 2
+    with pytest.raises(ConfigError, match="HPCRUN_TESTBED_LANE must be a lane number"):
+        default_lane({"HPCRUN_TESTBED_LANE": "two"})
