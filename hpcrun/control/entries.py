@@ -383,12 +383,19 @@ class FaultPayload(EntryPayload):
     """Checkpoint concerned (checkpoint faults)."""
     background: bool = False
     """An incident the run survives (a restore fell back), not a fault of the gang."""
+    culprit_ranks: tuple[int, ...] = ()
+    """A hang's ranks that did not arrive at the collective the others entered (none: the
+    evidence named nobody)."""
+    culprit_nodes: tuple[str, ...] = ()
+    """Their nodes."""
 
     def fields(self) -> dict[str, Any]:
         return {"fault": self.fault.value, "node": self.node, "rank": self.rank,
                 "step": self.step, "signature": self.signature, "detail": self.detail,
                 **present(op_id=self.op_id, ckpt_id=self.ckpt_id,
-                          background=self.background or None)}
+                          background=self.background or None,
+                          culprit_ranks=list(self.culprit_ranks) or None,
+                          culprit_nodes=list(self.culprit_nodes) or None)}
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
@@ -396,7 +403,9 @@ class FaultPayload(EntryPayload):
                 "rank": f.integer("rank", None), "step": f.integer("step", None),
                 "signature": f.text("signature", ""), "detail": f.text("detail", ""),
                 "op_id": f.text("op_id", None), "ckpt_id": f.text("ckpt_id", None),
-                "background": f.flag("background", False)}
+                "background": f.flag("background", False),
+                "culprit_ranks": tuple(f.integers("culprit_ranks", ())),
+                "culprit_nodes": tuple(f.texts("culprit_nodes", ()))}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

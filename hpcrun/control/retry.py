@@ -217,10 +217,13 @@ def segment_progress(record: RunRecord) -> int | None:
 
 
 def _names_culprit(f: FaultRecord) -> bool:
-    """Whether the fault's node is evidence against that node. A start-up hang
-    (``hang:never_stepped:...``) names the node whose agent noticed first: the healthy ranks
-    wait for the stuck one inside a collective and never step either."""
-    return not f.signature.startswith("hang:never_stepped:")
+    """Whether the fault's node is evidence against that node. A hang is only when its
+    evidence named the ranks that did not arrive (``hang:culprit:<node>:<rank>``) or the node
+    itself went silent: otherwise every rank of the gang stalls waiting for the stuck one, and
+    the node that reported is just where it was seen."""
+    if f.fault != FaultClass.HANG:
+        return True
+    return f.signature.startswith(("hang:culprit:", "hang:node_silent:"))
 
 
 def quarantine_candidates(faults: Iterable[FaultRecord], now: float,

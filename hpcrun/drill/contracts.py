@@ -143,9 +143,22 @@ def _cause(ev: Evidence, row: MatrixRow) -> ContractResult:
         return ContractResult(name="cause", ok=None, detail=f"n/a: {row.fault} expects no fault "
                               f"class (seen: {', '.join(sorted(set(seen))) or 'none'})")
     ok = row.expect_cause in seen
-    return ContractResult(name="cause", ok=ok, detail=f"{row.expect_cause} "
-                          f"{'recorded' if ok else 'not recorded'} (faults: "
-                          f"{', '.join(sorted(set(seen))) or 'none'})")
+    result = ContractResult(name="cause", ok=ok, detail=f"{row.expect_cause} "
+                            f"{'recorded' if ok else 'not recorded'} (faults: "
+                            f"{', '.join(sorted(set(seen))) or 'none'})")
+    return _culprit(ev, result) if ok and row.names_culprit else result
+
+
+def _culprit(ev: Evidence, cause: ContractResult) -> ContractResult:
+    """The cause holds only when a fault names the injected rank as the one that did not
+    arrive (and no other rank)."""
+    named = sorted({tuple(_payload(e).get("culprit_ranks") or ()) for e in ev.entries
+                    if _kind(e) == "fault" and _payload(e).get("culprit_ranks")})
+    ok = ev.victim_rank is not None and (ev.victim_rank,) in named
+    shown = ", ".join("/".join(map(str, t)) for t in named) or "none"
+    return ContractResult(name="cause", ok=ok, detail=f"{cause.detail}; culprit "
+                          f"{'named' if ok else 'not named'}: rank {ev.victim_rank} injected, "
+                          f"named {shown}")
 
 
 def recoveries(valid: Sequence[Any]) -> tuple[int, int]:

@@ -72,6 +72,8 @@ class MatrixRow:
     """The stop is announced: no step may be lost (RPO = 0 steps)."""
     ledger: bool = True
     """The sample ledger must show no skipped or duplicated samples."""
+    names_culprit: bool = False
+    """The cause's fault must name the injected rank as the one that did not arrive."""
 
     def __post_init__(self) -> None:
         if not self.backends <= set(Backend):
@@ -118,8 +120,9 @@ MATRIX: tuple[MatrixRow, ...] = (
     MatrixRow(fault=DrillFault.NODE_LOSS_SHRINK,
               what="node power loss, no spare, elastic → gang shrinks to N-1 nodes, same job",
               backends=_SLURM, expect_cause="node_failure", recovery=Recovery.RESTART),
-    MatrixRow(fault=DrillFault.HANG, what="a rank stops making progress without exiting",
-              backends=_BOTH, expect_cause="hang", recovery=Recovery.EITHER),
+    MatrixRow(fault=DrillFault.HANG, what="a rank stops making progress without exiting: "
+              "the rank that did not arrive is named", backends=_BOTH, expect_cause="hang",
+              recovery=Recovery.EITHER, names_culprit=True),
     MatrixRow(fault=DrillFault.STRAGGLER, what="one rank slowed: reported",
               backends=_BOTH, recovery=Recovery.NONE),
     MatrixRow(fault=DrillFault.DRAIN_STORAGE_ERROR,

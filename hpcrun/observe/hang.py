@@ -23,6 +23,7 @@ from typing import IO, Any
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.entries import FaultPayload
 from hpcrun.errors import ArgumentError
+from hpcrun.observe.culprit import Culprit
 from hpcrun.observe.heartbeat import NodeHeartbeat
 from hpcrun.vocab import FaultClass
 
@@ -151,22 +152,45 @@ def capture_stacks(pids: Iterable[int], *, wait_s: float = 1.0,
     return sent
 
 
+CULPRIT_SIGNATURE = "hang:culprit:"
+"""Signature prefix of a hang whose evidence names the ranks that did not arrive: the only
+hang that counts against a node (``control/retry.py``'s quarantine)."""
+
+
 def hang_fault_payload(hang: Hang, *, threshold_s: float) -> dict[str, Any]:
     """The run-log payload of the ``hang`` fault (fields the control plane folds)."""
     detail = (f"no step finished {hang.stalled_s:.0f} s after the start "
               f"({hang.reason}: past the start-up allowance, HPCRUN_START_S)"
               if hang.reason == HangReason.NEVER_STEPPED else
               f"no progress for {hang.stalled_s:.0f} s (threshold {threshold_s:.0f} s, "
-              f"{hang.reason})")
+              f"{hang.reason}); no evidence named the rank that did not arrive")
     return FaultPayload(fault=FaultClass.HANG, node=hang.node, rank=hang.rank, step=hang.step,
                         signature=hang.signature, detail=detail).to_payload()
 
 
+def culprit_fault_payload(hangs: Sequence[Hang], culprit: Culprit, *,
+                          threshold_s: float) -> dict[str, Any]:
+    """The one ``hang`` fault of a hang whose culprit is known: it names the ranks that did
+    not arrive and their node (the node the quarantine counts), not every stalled rank."""
+    rank = culprit.ranks[0]
+    node = culprit.nodes[0] if culprit.nodes else None
+    own = [h for h in hangs if h.rank in culprit.ranks]
+    stalled = max((h.stalled_s for h in hangs), default=0.0)
+    return FaultPayload(
+        fault=FaultClass.HANG, node=node, rank=rank,
+        step=min((h.step for h in own), default=min((h.step for h in hangs), default=-1)),
+        signature=f"{CULPRIT_SIGNATURE}{node or '?'}:{rank}",
+        detail=(f"{culprit.describe()}; no progress for {stalled:.0f} s "
+                f"(threshold {threshold_s:.0f} s)"),
+        culprit_ranks=culprit.ranks, culprit_nodes=culprit.nodes).to_payload()
+
+
 def respond_to_hang(hangs: Sequence[Hang], *, pids: Iterable[int],
                     kill_gang: Callable[[], None], record_fault: Callable[[dict[str, Any]], None],
-                    threshold_s: float, wait_s: float = 1.0,
-                    clock: Clock = SYSTEM_CLOCK) -> list[int]:
-    """Capture stacks, then kill the gang, then record one ``hang`` fault per stuck rank.
+                    threshold_s: float, wait_s: float = 1.0, clock: Clock = SYSTEM_CLOCK,
+                    culprit: Culprit | None = None) -> list[int]:
+    """Capture stacks, then kill the gang, then record the ``hang`` fault: one naming the
+    ``culprit`` when the evidence named one, else one per stuck rank.
 
     The order is the point: diagnostics before the kill, the fault after it, so a retry never
     races the old gang. Returns the pids whose stacks were requested.
@@ -175,6 +199,9 @@ def respond_to_hang(hangs: Sequence[Hang], *, pids: Iterable[int],
         return []
     signalled = capture_stacks(pids, wait_s=wait_s, clock=clock)
     kill_gang()
+    if culprit is not None:
+        record_fault(culprit_fault_payload(hangs, culprit, threshold_s=threshold_s))
+        return signalled
     for hang in hangs:
         record_fault(hang_fault_payload(hang, threshold_s=threshold_s))
     return signalled

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ class RankBeat:
     """Duration of that step, when known."""
     pid: int
     """Process id of the rank on its node (for stack capture and kill)."""
+    seq: int | None = None
+    """Collectives the rank has issued on its world group (None: not known); refreshed while
+    the rank is blocked, so the ranks that did not arrive at a collective show one lower."""
 
     def __post_init__(self) -> None:
         if self.rank < 0 or self.pid < 0:
@@ -78,15 +82,16 @@ def _rank_beat_from(raw: Any) -> RankBeat | None:
         return None
     try:
         rank, step, ts, pid = raw["rank"], raw["step"], raw["ts"], raw["pid"]
-        st = raw.get("step_time_s")
+        st, seq = raw.get("step_time_s"), raw.get("seq")
     except KeyError:
         return None
     if not (isinstance(rank, int) and isinstance(step, int) and isinstance(pid, int)
-            and isinstance(ts, int | float) and (st is None or isinstance(st, int | float))):
+            and isinstance(ts, int | float) and (st is None or isinstance(st, int | float))
+            and (seq is None or isinstance(seq, int))):
         return None
     if rank < 0 or pid < 0:
         return None
-    return RankBeat(rank=rank, step=step, ts=float(ts), pid=pid,
+    return RankBeat(rank=rank, step=step, ts=float(ts), pid=pid, seq=seq,
                     step_time_s=None if st is None else float(st))
 
 
@@ -109,12 +114,12 @@ def parse_node_heartbeat(raw_bytes: bytes) -> NodeHeartbeat | None:
 
 
 def write_rank_heartbeat(hb_dir: Path, *, rank: int, step: int, ts: float,
-                         step_time_s: float | None, pid: int) -> None:
+                         step_time_s: float | None, pid: int, seq: int | None = None) -> None:
     """Report a rank's progress to its node agent (node-local file, atomic replace).
 
     No fsync: the file is node-local and only needs to be whole, not durable.
     """
-    beat = RankBeat(rank=rank, step=step, ts=ts, step_time_s=step_time_s, pid=pid)
+    beat = RankBeat(rank=rank, step=step, ts=ts, step_time_s=step_time_s, pid=pid, seq=seq)
     hb_dir = Path(hb_dir)
     hb_dir.mkdir(parents=True, exist_ok=True)
     target = hb_dir / f"rank-{rank:05d}.json"
@@ -124,24 +129,92 @@ def write_rank_heartbeat(hb_dir: Path, *, rank: int, step: int, ts: float,
 
 
 class RankHeartbeat:
-    """A rank's rate-limited heartbeat: call :meth:`beat` at every step boundary."""
+    """A rank's rate-limited heartbeat: call :meth:`beat` at every step boundary.
+
+    With ``seq`` (the world group's collective sequence number), every beat carries it, and
+    :meth:`tick` (from :class:`SeqTicker`'s thread) rewrites the last beat when the number moved
+    while no step finished: the rank entered a collective and is blocked in it.
+    """
 
     def __init__(self, hb_dir: Path, *, rank: int, pid: int | None = None,
-                 clock: Clock = SYSTEM_CLOCK, min_interval_s: float = 1.0) -> None:
+                 clock: Clock = SYSTEM_CLOCK, min_interval_s: float = 1.0,
+                 seq: Callable[[], int | None] | None = None) -> None:
         self._hb_dir, self._rank = Path(hb_dir), rank
         self._pid = os.getpid() if pid is None else pid
         self._clock, self._min_interval = clock, min_interval_s
+        self._seq = seq
         self._last: float | None = None
+        self._called: float | None = None  # monotonic time of the last beat() call
+        self._lock = threading.Lock()
+        self._state: tuple[int, float, float | None] | None = None  # step, ts, step time
+        self._written_seq: int | None = None
+        self.ticks_written = 0
+        """Beats :meth:`tick` rewrote (the ticker's file writes)."""
 
     def beat(self, step: int, step_time_s: float | None = None, *, force: bool = False) -> bool:
         """Write the beat unless one was written less than ``min_interval_s`` ago."""
         mono = self._clock.monotonic()
-        if not force and self._last is not None and mono - self._last < self._min_interval:
-            return False
-        write_rank_heartbeat(self._hb_dir, rank=self._rank, step=step, ts=self._clock.now(),
-                             step_time_s=step_time_s, pid=self._pid)
-        self._last = mono
+        with self._lock:
+            self._state, self._called = (step, self._clock.now(), step_time_s), mono
+            if not force and self._last is not None and mono - self._last < self._min_interval:
+                return False
+            self._write()
+            self._last = mono
         return True
+
+    def tick(self, *, quiet_s: float) -> bool:
+        """Rewrite the last beat with the current sequence number when it moved and no beat
+        was written for ``quiet_s`` (the main thread is blocked); whether it wrote."""
+        if self._seq is None:
+            return False
+        with self._lock:
+            if self._called is None or self._clock.monotonic() - self._called < quiet_s:
+                return False
+            if self._current_seq() == self._written_seq:
+                return False
+            self._write()
+            self.ticks_written += 1
+        return True
+
+    def _current_seq(self) -> int | None:
+        try:
+            return self._seq() if self._seq is not None else None
+        except Exception:
+            return None
+
+    def _write(self) -> None:
+        assert self._state is not None
+        step, ts, step_time_s = self._state
+        seq = self._current_seq()
+        write_rank_heartbeat(self._hb_dir, rank=self._rank, step=step, ts=ts,
+                             step_time_s=step_time_s, pid=self._pid, seq=seq)
+        self._written_seq = seq
+
+
+class SeqTicker:
+    """A daemon thread that calls :meth:`RankHeartbeat.tick` every ``interval_s`` (a counter
+    read, and a node-local file write only when the number moved while the rank is blocked)."""
+
+    def __init__(self, heartbeat: RankHeartbeat, *, interval_s: float = 1.0) -> None:
+        self._hb, self._interval = heartbeat, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpcrun-seq-ticker", daemon=True)
+
+    def start(self) -> SeqTicker:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self._interval)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._hb.tick(quiet_s=self._interval)
+            except OSError:
+                continue  # a full or vanished node-local dir: the next tick tries again
 
 
 def read_rank_beats(hb_dir: Path) -> dict[int, RankBeat]:

@@ -129,6 +129,11 @@ def test_hang_is_detected_the_gang_killed_and_the_run_recovers(tmp_path: Path) -
     assert (str(record.state), record.step) == ("SUCCEEDED", STEPS), record.state_info
     hangs = [e.payload for e in valid_entries(run, "fault") if e.payload["fault"] == "hang"]
     assert hangs, [e.payload for e in valid_entries(run, "fault")]
+    # the rank that did not arrive is named, with its node, from the collective sequence
+    # numbers; the rank blocked in the all-reduce is not
+    named = [h for h in hangs if h.get("culprit_ranks")]
+    assert named and all(h["culprit_ranks"] == [1] and h["rank"] == 1 for h in named), hangs
+    assert all(h["culprit_nodes"] == [h["node"]] and h["node"] for h in named), hangs
     assert record.generation >= 2
     # The gang was killed: the hung rank's process is gone, not left behind.
     assert run_processes(run) == []

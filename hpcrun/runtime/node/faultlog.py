@@ -25,7 +25,7 @@ from hpcrun.clock import Clock
 from hpcrun.control.entries import FaultPayload, NodeExitNote, PayloadError, PeerLostNote
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.runtime.incarnation import Ending, Incarnation, RankExit
-from hpcrun.runtime.node.gpus import exit_fault
+from hpcrun.runtime.node.gpus import exit_culprit, exit_fault
 from hpcrun.runtime.node.logview import LogView, gang_faults
 
 SCRIPT_ECHO_WAIT_S = 3.0
@@ -68,10 +68,12 @@ class FaultLog:
         step = ex.report.get("step")
         if step is None and ex.rank in beats:
             step = beats[ex.rank].step
+        fault = exit_fault(ex, inc)
         self.append(inc, {
-            "fault": (fault := exit_fault(ex, inc)), "node": self.node, "rank": ex.rank,
+            "fault": fault, "node": self.node, "rank": ex.rank,
             "step": step, "signature": f"{fault}:rank{ex.rank}:{ex.returncode}",
-            "detail": str(ex.report.get("detail") or how)[-2000:]})
+            "detail": str(ex.report.get("detail") or how)[-2000:],
+            **(exit_culprit(inc) if fault == "hang" else {})})
 
     def _peer_fault_follows(self, inc: Incarnation, causes: list[RankExit]) -> bool:
         """Step 2: whether another node logs a gang fault within the wait."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpcrun.errors import HpcrunError
 from hpcrun.launch.gpu import (
@@ -31,6 +31,7 @@ from hpcrun.runner import CommandRunner, SubprocessRunner
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.site import SiteConfig
+    from hpcrun.observe.culprit import Culprit
     from hpcrun.runtime.incarnation import Incarnation, RankExit
 
 DRIVER_GPUS_DIR = "/proc/driver/nvidia/gpus"
@@ -136,3 +137,31 @@ def exit_fault(ex: RankExit, inc: Incarnation) -> str:
     """
     dump = diagnostics_dir(inc) / f"{FLIGHT_RECORDER_FILE}{ex.rank}"
     return timeout_fault(ex.fault, returncode=ex.returncode, dumped=dump.exists())
+
+
+def flight_recorder_culprit(inc: Incarnation, rank_nodes: Mapping[int, str]) -> Culprit | None:
+    """The ranks the incarnation's NCCL flight recorder dumps show behind the others, with
+    their nodes from ``rank_nodes``; None without dumps or when they name nobody. The dumps
+    are read with an unpickler that builds plain containers only
+    (:func:`~hpcrun.observe.culprit.parse_flight_dump`)."""
+    from hpcrun.observe.culprit import flight_culprit, read_flight_dumps
+
+    return flight_culprit(read_flight_dumps(diagnostics_dir(inc), FLIGHT_RECORDER_FILE),
+                          rank_nodes)
+
+
+def exit_culprit(inc: Incarnation) -> dict[str, Any]:
+    """What a ``hang`` read from a rank's exit adds to its fault when the flight recorder
+    dumps name the ranks that did not arrive: those ranks, their nodes (from the published
+    heartbeats), and the culprit signature the quarantine counts; {} when they name nobody."""
+    from hpcrun.observe.hang import CULPRIT_SIGNATURE
+    from hpcrun.observe.heartbeat import read_heartbeats
+
+    rank_nodes = {r: n for n, hb in read_heartbeats(inc.run_dir).items() for r in hb.ranks}
+    found = flight_recorder_culprit(inc, rank_nodes)
+    if found is None:
+        return {}
+    node = found.nodes[0] if found.nodes else None
+    return {"node": node, "rank": found.ranks[0], "culprit_ranks": list(found.ranks),
+            "culprit_nodes": list(found.nodes), "detail": found.describe(),
+            "signature": f"{CULPRIT_SIGNATURE}{node or '?'}:{found.ranks[0]}"}

@@ -9,15 +9,22 @@
    the start-up allowance (``HPCRUN_START_S``, else twice
    the threshold and at least :data:`START_GRACE_S`; none for a script, which may never report
    a step: :func:`~hpcrun.observe.hang.never_stepped`).
-3. **Respond.** :func:`~hpcrun.observe.hang.respond_to_hang`, in this order because a killed
+3. **Culprit.** Every rank's beat carries its world group's collective sequence number, kept
+   current while it is blocked (``SeqTicker``); the node reads the gang's beats (its own, the
+   other nodes' published ones) and NCCL's flight recorder dumps if any, and names the ranks
+   that did not arrive (:mod:`~hpcrun.observe.culprit`). It waits up to
+   :data:`EVIDENCE_WAIT_S` for every node's numbers to settle, then names whom they show.
+4. **Respond.** :func:`~hpcrun.observe.hang.respond_to_hang`, in this order because a killed
    process tells nothing: dump every rank's Python stacks, kill the node's ranks, record a
-   ``hang`` fault under the incarnation's fence.
-4. **Node exit.** The loop returns FAILED: the agent stops the rest with the short fault grace,
+   ``hang`` fault under the incarnation's fence: one naming the culprit ranks and nodes, else
+   one per stalled rank (which no quarantine counts).
+5. **Node exit.** The loop returns FAILED: the agent stops the rest with the short fault grace,
    notes ``node_exit`` failed; the other nodes see the fault on the log and stop theirs.
-5. **Decision.** The supervisor (``supervise/supervisor.py``) sends the ``hang`` fault through
-   the retry rules (``supervise/decide.py``): a restart in the allocation, a requeue, or FAILED.
-   A rank killed after its NCCL flight recorder dumped reads as ``hang`` too
-   (``node/gpus.py``'s ``exit_fault``).
+6. **Decision.** The supervisor (``supervise/supervisor.py``) sends the ``hang`` fault through
+   the retry rules (``supervise/decide.py``): a restart in the allocation, a requeue, or FAILED;
+   only a named culprit's node counts toward its quarantine. A rank killed after its NCCL
+   flight recorder dumped reads as ``hang`` too, with the culprit its dumps name
+   (``node/gpus.py``'s ``exit_fault`` and ``flight_recorder_culprit``).
 """
 
 from __future__ import annotations
@@ -30,10 +37,15 @@ from hpcrun.clock import Clock
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
+    from hpcrun.observe.culprit import Culprit
+    from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
     from hpcrun.runtime.incarnation import Incarnation
     from hpcrun.runtime.node.gang import Gang
 
 START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
+EVIDENCE_WAIT_S = 15.0
+"""How long a detected hang waits for every node's sequence numbers to settle (a node
+publishes its beats every 5 s) before the culprit is named from what there is."""
 
 
 def hang_threshold(spec: RunSpec) -> float:
@@ -56,6 +68,8 @@ def hang_watch(inc: Incarnation, gang: Gang, *, spec: RunSpec, environ: Mapping[
         start_grace = math.inf  # a script may never report a step: not a hang
     started = clock.now()
 
+    first_seen: list[float] = []  # when the hang was first seen (the evidence wait)
+
     def check() -> bool:
         if threshold <= 0:
             return False
@@ -68,8 +82,49 @@ def hang_watch(inc: Incarnation, gang: Gang, *, spec: RunSpec, environ: Mapping[
         if beats:
             hb = NodeHeartbeat(node=node, ts=now, ranks=beats)
             hangs += detect_hangs({node: hb}, now, threshold_s=threshold)
+        if not hangs:
+            return False
+        first_seen[:1] = first_seen[:1] or [now]
+        culprit, ready = hang_culprit(inc, node, beats, now=now, started=started,
+                                      waited_s=now - first_seen[0])
+        if not ready:
+            return False
         return bool(respond_to_hang(
             hangs, pids=gang.pids, kill_gang=lambda: gang.kill(grace_s=1.0),
-            record_fault=record_fault, threshold_s=threshold, clock=clock))
+            record_fault=record_fault, threshold_s=threshold, clock=clock, culprit=culprit))
 
     return check
+
+
+def gang_evidence(inc: Incarnation, node: str, beats: Mapping[int, RankBeat], *, now: float,
+                  started: float) -> dict[str, NodeHeartbeat]:
+    """This node's beats as of ``now`` and the other gang nodes' published ones of this
+    incarnation (one small file per node, read only once a hang is seen)."""
+    from hpcrun.observe.heartbeat import NodeHeartbeat, read_heartbeats
+
+    gang = set(inc.gang)
+    out = {}
+    for name, hb in read_heartbeats(inc.run_dir).items():
+        ranks = {r: b for r, b in hb.ranks.items() if b.ts >= started - 1}
+        if name != node and (not gang or name in gang) and ranks:
+            out[name] = NodeHeartbeat(node=name, ts=hb.ts, ranks=ranks,
+                                      generation=hb.generation)
+    out[node] = NodeHeartbeat(node=node, ts=now, ranks=beats, generation=inc.generation)
+    return out
+
+
+def hang_culprit(inc: Incarnation, node: str, beats: Mapping[int, RankBeat], *, now: float,
+                 started: float, waited_s: float) -> tuple[Culprit | None, bool]:
+    """The hang's culprit and whether to act now: the flight recorder's dumps when they name
+    one, else the settled sequence numbers once every node's have settled or the wait is
+    over."""
+    from hpcrun.observe.culprit import Evidence, name_culprit, settled_evidence
+    from hpcrun.runtime.node.gpus import flight_recorder_culprit
+
+    seen = gang_evidence(inc, node, beats, now=now, started=started)
+    evidence = settled_evidence(seen, inc.gang or (node,))
+    flight = flight_recorder_culprit(inc, evidence.rank_nodes)
+    if flight is not None:
+        return flight, True
+    culprit = name_culprit(evidence.seqs, evidence.rank_nodes, evidence=Evidence.SEQUENCE)
+    return culprit, evidence.complete or waited_s >= EVIDENCE_WAIT_S

@@ -147,7 +147,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     from hpcrun.launch.signals import signal_number
     from hpcrun.observe.events import EventKind, EventWriter
     from hpcrun.observe.hang import install_stack_dump, stacks_path
-    from hpcrun.observe.heartbeat import RankHeartbeat
+    from hpcrun.observe.heartbeat import RankHeartbeat, SeqTicker
     from hpcrun.observe.tracker import rank_tracker
     from hpcrun.runtime import faults
     from hpcrun.runtime.incarnation import rank_events_path
@@ -202,7 +202,10 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
                  step_timeout_s=settings.timeouts.step_s,
                  checkpoint_timeout_s=settings.timeouts.checkpoint_s,
                  **(image_root or {}))
-    beat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5).beat
+    heartbeat = RankHeartbeat(inc.heartbeat_dir(), rank=env.rank, min_interval_s=0.5,
+                              seq=world_seq())
+    _TICKERS.append(SeqTicker(heartbeat, interval_s=SEQ_TICK_S).start())
+    beat = heartbeat.beat
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
         cadence=cadence_factory(inc.run_dir, policy, log), events=events, stop=stop,
@@ -214,6 +217,29 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         marks.mark("context")
         marks.bind(events)
     return ctx
+
+
+SEQ_TICK_S = 1.0
+"""How often a rank's ticker reads its collective sequence number (a counter read; it writes
+the node-local beat only when the number moved while no step finished)."""
+_TICKERS: list[Any] = []  # this process's sequence tickers, stopped before the group goes
+
+
+def world_seq() -> Callable[[], int | None] | None:
+    """The world group's collective sequence number reader (gloo and NCCL count every
+    collective issued); None without one."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    get = getattr(dist.group.WORLD, "_get_sequence_number_for_group", None)
+    return get if callable(get) else None
+
+
+def stop_tickers() -> None:
+    """Stop this process's sequence tickers (before the process group is destroyed)."""
+    while _TICKERS:
+        _TICKERS.pop().stop()
 
 
 def check_image(environ: Mapping[str, str]) -> dict[str, str] | None:
@@ -312,6 +338,7 @@ def run(environ: Mapping[str, str]) -> int:
             return EXIT_USER_ERROR
         raise
     finally:
+        stop_tickers()
         destroy_process_group()
 
 

@@ -163,6 +163,12 @@ def test_quarantine_after_k_failures_inside_window_only() -> None:
     unstarted = [_fault(FaultClass.HANG, slot=i, ts=4000, node="n6",
                         sig="hang:never_stepped:n6:0") for i in range(5)]
     assert quarantine_candidates(unstarted, 4500, policy) == set()
+    # a hang stalls every rank of the gang: only the node its evidence names is suspect
+    unnamed = [_fault(FaultClass.HANG, slot=i, ts=4000, node="n7",
+                      sig="hang:no_progress:n7:0") for i in range(5)]
+    named = [_fault(FaultClass.HANG, slot=10 + i, ts=4000, node="n8",
+                    sig="hang:culprit:n8:3") for i in range(2)]
+    assert quarantine_candidates(unnamed + named, 4500, policy) == {"n8"}
 
 
 def test_decision_excludes_quarantined_nodes() -> None:

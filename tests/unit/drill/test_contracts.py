@@ -120,3 +120,23 @@ def test_a_row_that_ends_the_run_holds_checkpoints_without_a_commit_a_recovering
     assert got["checkpoints"].ok is False
     got = {c.name: c for c in check_contracts(ended, row_for("rank-kill"))}
     assert got["checkpoints"].ok is False and "no evidence" in got["checkpoints"].detail
+
+
+def test_the_hang_row_holds_its_cause_only_when_the_injected_rank_is_named() -> None:
+    row = row_for("hang")
+    base = _preempted()
+
+    def cause(*faults: dict[str, object], victim: int | None = 3) -> tuple[bool | None, str]:
+        extra = [_e(20 + i, "fault", 1, 112.1, **f) for i, f in enumerate(faults)]
+        ev = replace(base, entries=[*base.entries, *extra], victim_rank=victim)
+        got = next(r for r in check_contracts(ev, row) if r.name == "cause")
+        return got.ok, got.detail
+
+    named = {"fault": "hang", "node": "n1", "rank": 3, "culprit_ranks": [3],
+             "culprit_nodes": ["n1"]}
+    assert cause(named)[0] is True
+    ok, detail = cause({"fault": "hang", "node": "n0", "rank": 0})
+    assert ok is False and "culprit not named" in detail and "named none" in detail
+    ok, detail = cause({**named, "rank": 2, "culprit_ranks": [2]})
+    assert ok is False and "rank 3 injected, named 2" in detail
+    assert cause(named, victim=None)[0] is False

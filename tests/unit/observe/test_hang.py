@@ -96,7 +96,8 @@ def test_capture_then_kill_then_record_on_real_processes(tmp_path: Path) -> None
         assert "stuck_in_collective" in text  # the stack was captured before the kill
     assert faults == [{"fault": "hang", "node": "n0", "rank": 0, "step": 5,
                        "signature": "hang:no_progress:n0:0",
-                       "detail": "no progress for 900 s (threshold 60 s, no_progress)"}]
+                       "detail": "no progress for 900 s (threshold 60 s, no_progress); no "
+                                 "evidence named the rank that did not arrive"}]
     assert all(p.returncode is not None for p in procs)
 
 
@@ -123,3 +124,22 @@ def test_a_rank_that_never_finishes_a_step_is_caught_after_the_start_grace() -> 
     assert (hang.rank, hang.step, hang.reason) == (1, -1, HangReason.NEVER_STEPPED)
     assert hang.stalled_s == 601.0 and "never_stepped" in hang.signature
     assert never_stepped("n1", [0, 1], [0, 1], started=100.0, now=9e9, grace_s=600) == []
+
+
+def test_a_named_culprit_makes_one_fault_against_its_node_not_one_per_stalled_rank() -> None:
+    from hpcrun.observe.culprit import Culprit, Evidence
+    from hpcrun.observe.hang import Hang
+
+    hangs = [Hang(node=n, rank=r, step=15, stalled_s=6.0, reason=HangReason.NO_PROGRESS)
+             for n, r in (("a", 0), ("b", 1))]
+    culprit = Culprit(ranks=(1,), nodes=("b",), seq=30, ahead=31, evidence=Evidence.SEQUENCE)
+    faults: list[dict[str, object]] = []
+    respond_to_hang(hangs, pids=[], kill_gang=lambda: None, record_fault=faults.append,
+                    threshold_s=5, wait_s=0, culprit=culprit)
+    assert len(faults) == 1
+    f = faults[0]
+    assert (f["node"], f["rank"], f["step"], f["culprit_ranks"], f["culprit_nodes"]) == (
+        "b", 1, 15, [1], ["b"])
+    assert f["signature"] == "hang:culprit:b:1"
+    assert "rank 1 on b did not arrive: collective #30 issued, others reached #31" in str(
+        f["detail"])

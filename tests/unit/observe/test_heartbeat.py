@@ -64,3 +64,32 @@ def test_malformed_heartbeat_files_are_skipped(tmp_path: Path) -> None:
     beats = read_heartbeats(tmp_path)
     assert list(beats) == ["ok"]
     assert list(beats["ok"].ranks) == [0]
+
+
+def test_the_ticker_rewrites_a_blocked_ranks_sequence_number_only_when_it_moved(
+        tmp_path: Path) -> None:
+    """A rank blocked in a collective after its last step: its beat keeps the step and the
+    time of its last progress, and gains the collective it entered, written once."""
+    clock, seq = FakeClock(start=1000.0), [40]
+    hb = RankHeartbeat(tmp_path, rank=2, pid=7, clock=clock, min_interval_s=0.5,
+                       seq=lambda: seq[0])
+    assert not hb.tick(quiet_s=1.0)  # no step yet: nothing to rewrite
+    assert hb.beat(15, 0.2)
+    assert read_rank_beats(tmp_path)[2].seq == 40
+    seq[0] = 41  # entered the next all-reduce
+    assert not hb.tick(quiet_s=1.0)  # a step just ended: the main thread is not blocked
+    clock.advance(1.5)
+    assert hb.tick(quiet_s=1.0)
+    beat = read_rank_beats(tmp_path)[2]
+    assert (beat.step, beat.ts, beat.seq) == (15, 1000.0, 41)
+    clock.advance(5)
+    assert not hb.tick(quiet_s=1.0)  # unchanged: no write
+    assert hb.ticks_written == 1
+
+
+def test_a_torn_down_group_reads_as_no_sequence_number(tmp_path: Path) -> None:
+    def gone() -> int:
+        raise RuntimeError("process group destroyed")
+
+    RankHeartbeat(tmp_path, rank=0, pid=1, seq=gone).beat(3)
+    assert read_rank_beats(tmp_path)[0].seq is None
