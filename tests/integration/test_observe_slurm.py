@@ -41,10 +41,13 @@ def test_hung_rank_is_detected_dumped_killed_and_recovered(testbed: Testbed,
     rec = run.wait({"SUCCEEDED"}, timeout=180)
     assert rec.step == 40 and rec.job_ids == (run.job_id,)
     hangs = [f for f in rec.faults if f.fault == "hang"]
-    # every rank of the gang stops at step 10 (the others wait for rank 1 in a collective), so
-    # each node reports its stalled ranks; rank 1's stacks show where it really is
+    # every rank of the gang stops at step 10 (the others wait for rank 1 in a collective);
+    # the collective sequence numbers name rank 1 and its node (the first), the only node a
+    # quarantine would count
     assert hangs and {f.node for f in hangs} <= set(rec.membership), hangs
     assert all("no progress for" in f.detail for f in hangs)
+    named = [f for f in hangs if f.signature.startswith("hang:culprit:")]
+    assert named and all((f.rank, f.node) == (1, rec.membership[0]) for f in named), hangs
     assert rec.restarts + rec.requeues == 1  # one recovery, inside the allocation or by requeue
     stacks = run.run_dir / "diagnostics" / "g0001" / "stacks-rank-00001.txt"
     dumped = stacks.read_text()

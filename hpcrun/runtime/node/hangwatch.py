@@ -58,7 +58,7 @@ def hang_watch(inc: Incarnation, gang: Gang, *, spec: RunSpec, environ: Mapping[
                node: str, clock: Clock,
                record_fault: Callable[[Mapping[str, Any]], None]) -> Callable[[], bool]:
     """A check the agent calls every poll: whether a rank hung (and was dealt with)."""
-    from hpcrun.observe.hang import detect_hangs, never_stepped, respond_to_hang
+    from hpcrun.observe.hang import HangReason, detect_hangs, never_stepped, respond_to_hang
     from hpcrun.observe.heartbeat import NodeHeartbeat, read_rank_beats
 
     threshold = float(environ.get("HPCRUN_HANG_S", "0") or 0) or hang_threshold(spec)
@@ -87,8 +87,8 @@ def hang_watch(inc: Incarnation, gang: Gang, *, spec: RunSpec, environ: Mapping[
         first_seen[:1] = first_seen[:1] or [now]
         culprit, ready = hang_culprit(inc, node, beats, now=now, started=started,
                                       waited_s=now - first_seen[0])
-        if not ready:
-            return False
+        if not ready and any(h.reason != HangReason.NEVER_STEPPED for h in hangs):
+            return False  # a rank that never stepped has no number to wait for
         return bool(respond_to_hang(
             hangs, pids=gang.pids, kill_gang=lambda: gang.kill(grace_s=1.0),
             record_fault=record_fault, threshold_s=threshold, clock=clock, culprit=culprit))

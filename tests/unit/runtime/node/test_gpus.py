@@ -81,3 +81,33 @@ def test_an_abort_after_a_flight_recorder_dump_is_a_hang(tmp_path: Path) -> None
     (diag / "nccl-trace-rank-5").write_bytes(b"dump")
     assert exit_fault(killed, inc) == "hang"
     assert exit_fault(RankExit(rank=4, returncode=-6), inc) == "process_crash"
+
+
+def test_the_flight_recorder_dumps_name_the_rank_that_did_not_arrive(tmp_path: Path) -> None:
+    """The watchdog's dumps (plain pickles) show rank 6 one collective behind: the hang fault
+    names it and the node its heartbeat came from; a dump that would run code is skipped."""
+    import pickle
+
+    from hpcrun.observe.heartbeat import HeartbeatAggregator, write_rank_heartbeat
+    from hpcrun.runtime.node.gpus import exit_culprit
+
+    inc = Incarnation(run_dir=tmp_path, run_id="r", generation=3, holder="h", fence_slot=1,
+                      job_id="j", restart_count=0, attempt=0, node="n1", node_local_root=None)
+    assert exit_culprit(inc) == {}
+    diag = diagnostics_dir(inc)
+    diag.mkdir(parents=True)
+    for rank, seq in {4: 9, 5: 9, 6: 8}.items():
+        status = {"0": {"last_enqueued_collective": seq}}
+        (diag / f"nccl-trace-rank-{rank}").write_bytes(pickle.dumps(
+            {"version": "2.10", "pg_status": status, "entries": []}))
+    (diag / "nccl-trace-rank-7").write_bytes(
+        b"cos\nsystem\n(S'touch " + str(tmp_path / "ran").encode() + b"'\ntR.")
+    for node, rank in (("n1", 4), ("n1", 5), ("n2", 6)):
+        hb_dir = tmp_path / "hb" / node
+        write_rank_heartbeat(hb_dir, rank=rank, step=3, ts=1.0, step_time_s=None, pid=1)
+        HeartbeatAggregator(tmp_path, node=node, hb_dir=hb_dir, generation=3).poll()
+    found = exit_culprit(inc)
+    assert (found["node"], found["rank"], found["culprit_ranks"], found["culprit_nodes"],
+            found["signature"]) == ("n2", 6, [6], ["n2"], "hang:culprit:n2:6")
+    assert "rank 6 on n2 did not arrive" in found["detail"]
+    assert not (tmp_path / "ran").exists()
