@@ -108,7 +108,10 @@ def preflight(spec_path: str, backend: str) -> None:
     """Check what can fail early on the target allocation, before the long run.
 
     Devices and process group, storage writable on both tiers (with measured bandwidth), data
-    objects present with matching digests, a checkpoint round trip, telemetry written.
+    objects present with matching digests, a checkpoint round trip, telemetry written, and the
+    links between the spec's nodes: one rank per node (an srun step on Slurm, local processes
+    on the local backend) all-reduces with every other node in turn; the row names the median
+    pair bandwidth and the slowest pair, and fails when that pair is below half the median.
     """
     from hpcrun.drill import render
     from hpcrun.drill.preflight import preflight as run_preflight

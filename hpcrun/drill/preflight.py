@@ -1,9 +1,12 @@
 """``hpcrun preflight`` and ``hpcrun canary``: what can fail early, checked before a long run.
 
 Preflight checks the pieces in isolation on the machine it runs on (a login node, or a compute
-node of the target allocation): a process group forms and an all-reduce completes, both storage
-tiers are writable (measured bandwidth, cold reads), a checkpoint commits and restores bit for
-bit, telemetry is written; first, the same admission checks as ``hpcrun submit``
+node of the target allocation): a process group forms and an all-reduce completes, the links
+between the spec's nodes carry an all-reduce at even bandwidth (:mod:`hpcrun.drill.linkcheck`,
+the one check that starts ranks on those nodes: one per node, every pair measured, the slowest
+pair named against the median), both storage tiers are writable (measured bandwidth, cold
+reads), a checkpoint commits and restores bit for bit, telemetry is written; first, the same
+admission checks as ``hpcrun submit``
 (:mod:`hpcrun.launch.admit`: spec, site, entrypoint importable, data manifest with every object
 hashed, Slurm partition/account/QoS), one row per finding. On a GPU site, the node's GPUs are
 checked too (:mod:`hpcrun.drill.gpu_health`: nvidia-smi health fields, Xids, a known-answer
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrun.drill.contracts import ContractResult
+from hpcrun.drill.linkcheck import ROW
 from hpcrun.errors import HpcrunError
 from hpcrun.vocab import Backend
 
@@ -206,7 +210,9 @@ def preflight(spec_path: Path, *, backend: Backend = Backend.LOCAL) -> list[Chec
             _guard("process group", lambda: process_group_check(min(world, 4))
                    if backend == Backend.LOCAL else Check(
                        name="process group", ok=None,
-                       detail="checked on the allocation by `hpcrun canary --backend slurm`")),
+                       detail="formed across the nodes by the node links row; ranks per node: "
+                       "`hpcrun canary --backend slurm`")),
+            _guard(ROW, lambda: links_check(spec, site, backend=backend, admitted=rows)),
             _guard("shared tier", lambda: storage_check("shared tier", shared)),
             _guard("node-local tier", lambda: storage_check("node-local tier", local())),
             _guard("checkpoint round trip", lambda: checkpoint_check(scratch,
@@ -216,6 +222,25 @@ def preflight(spec_path: Path, *, backend: Backend = Backend.LOCAL) -> list[Chec
     if site.gpus_per_node > 0:
         rows += gpu_checks()
     return rows
+
+
+def links_check(spec: Any, site: Any, *, backend: Backend, admitted: list[Check]) -> Check:
+    """The pairwise all-reduce bandwidth between the spec's nodes (:mod:`hpcrun.drill.linkcheck`):
+    an ``srun`` step over the nodes on Slurm (not started when an ``admitted`` scheduler row
+    failed: the allocation could not start), emulated nodes on the local backend."""
+    import shutil
+
+    from hpcrun.drill.linkcheck import local_link_check, slurm_link_check
+    from hpcrun.runner import SubprocessRunner
+
+    if backend == Backend.LOCAL:
+        return local_link_check(spec.resources.nodes)
+    if any(r.name == "scheduler" and r.ok is False for r in admitted):
+        return Check(name=ROW, ok=None, detail="not started: a scheduler row above failed")
+    if shutil.which("srun") is None:
+        return Check(name=ROW, ok=None, detail="srun not found: run `hpcrun preflight --backend "
+                     "slurm` where Slurm's clients are (a login node)")
+    return slurm_link_check(spec, site, SubprocessRunner(), environ=os.environ)
 
 
 _NCCL_SCRIPT = """

@@ -43,12 +43,22 @@ def test_rank_kill_drill_passes_and_its_run_passes_the_restore_drill(tmp_path: P
 
 
 def test_preflight_checks_everything_on_the_local_machine(tmp_path: Path) -> None:
-    out = cli(tmp_path, "preflight", str(_spec(tmp_path)))
-    assert out.returncode == 0, out.stdout + out.stderr
+    spec = _spec(tmp_path, nodes=3, tasks_per_node=1, data={"global_batch": 6})
+    out = cli(tmp_path, "preflight", str(spec))
     for check in ("spec", "site", "entrypoint", "data", "process group", "shared tier",
                   "node-local tier", "checkpoint round trip", "telemetry"):
         assert re.search(rf"^{check}\s+ok\s", out.stdout, re.M), (check, out.stdout)
     assert re.search(r"write \d+ MB/s", out.stdout)
+    # three emulated nodes, every pair measured, the slowest named against the median; they
+    # share one loopback, so only a loaded machine stretches a pair, and the verdict says so
+    links = re.search(r"^node links\s+(\S+)\s+3 nodes, 3 pairs \(gloo, 4 MiB\): median pair "
+                      r"[\d.]+ GB/s; slowest local\d<->local\d [\d.]+ GB/s \(([\d.]+)× "
+                      r"below median\)", out.stdout, re.M)
+    assert links, out.stdout
+    times = float(links.group(2))
+    if abs(times - 2.0) > 0.05:  # the printed ratio is rounded
+        assert links.group(1) == ("FAIL" if times > 2.0 else "ok"), out.stdout
+    assert out.returncode == (1 if links.group(1) == "FAIL" else 0), out.stdout + out.stderr
 
 
 def test_drill_list_names_every_fault_and_where_it_runs(tmp_path: Path) -> None:
