@@ -212,7 +212,7 @@ def report(run: str, output: Path, node_hour_price: float | None) -> None:
     facts = facts_from_record(default_record_reader(run_dir), rpo_s=spec_rpo(run_dir))
     page = build_report(sorted_events(run_dir), facts=facts, node_hour_price=node_hour_price,
                         mtbf=run_mtbf(run_dir, prior_h=_site_mtbf_prior_h(run_dir)),
-                        markers=run_markers(run_dir))
+                        markers=run_markers(run_dir), now=time.time())
     click.echo(f"wrote {write_report(output, page)}")
 
 

@@ -34,6 +34,10 @@ class Usage:
     """Allocated wall seconds, the current allocation's included up to now."""
     nodes: int
     """Nodes each allocation holds (gang plus spares)."""
+    node_s: float | None = None
+    """Node-seconds held, spares included (None: ``wall_s`` x ``nodes``)."""
+    spare_node_s: float = 0.0
+    """Of those, node-seconds on hot spares."""
 
     def __post_init__(self) -> None:
         if self.segments < 0 or self.wall_s < 0 or self.nodes < 1:
@@ -47,8 +51,13 @@ class Usage:
 
     @property
     def node_hours(self) -> float:
-        """Allocated node-hours."""
-        return self.wall_hours * self.nodes
+        """Allocated node-hours, hot spares included."""
+        return (self.node_s if self.node_s is not None else self.wall_s * self.nodes) / 3600.0
+
+    @property
+    def spare_node_hours(self) -> float:
+        """Of :attr:`node_hours`, the hours hot spares were held."""
+        return self.spare_node_s / 3600.0
 
 
 def allocated_nodes(spec: RunSpec) -> int:
@@ -69,9 +78,18 @@ def allocation_cap(budgets: Budgets) -> int:
 
 
 def usage_of(record: RunRecord, *, nodes: int, now: float) -> Usage:
-    """The run's usage at ``now``: closed allocations plus the open one so far."""
+    """The run's usage at ``now``: closed allocations plus the open one so far.
+
+    Each allocation counts the nodes it held (``nodes``, the spec's gang plus spares, where an
+    older log does not name them), so budgets, status, the report and the export show one
+    node-hours figure (:attr:`~hpcrun.control.record.RunRecord.allocations`).
+    """
     open_s = max(0.0, now - record.alloc_since) if record.alloc_since is not None else 0.0
-    return Usage(segments=record.segments, wall_s=record.wall_s + open_s, nodes=nodes)
+    node_s = sum(a.seconds(now) * (a.nodes or nodes) for a in record.allocations)
+    spare_s = sum(a.seconds(now) * a.spares for a in record.allocations)
+    held = record.allocations[-1].nodes if record.allocations else 0
+    return Usage(segments=record.segments, wall_s=record.wall_s + open_s, nodes=held or nodes,
+                 node_s=node_s if record.allocations else None, spare_node_s=spare_s)
 
 
 def budget_spent(usage: Usage, budgets: Budgets) -> str | None:
@@ -101,7 +119,7 @@ def remaining_s(usage: Usage, budgets: Budgets) -> float | None:
     if budgets.max_wall_hours is not None:
         left.append(budgets.max_wall_hours * 3600.0 - usage.wall_s)
     if budgets.max_node_hours is not None:
-        left.append(budgets.max_node_hours * 3600.0 / usage.nodes - usage.wall_s)
+        left.append((budgets.max_node_hours - usage.node_hours) * 3600.0 / usage.nodes)
     return max(0.0, min(left)) if left else None
 
 

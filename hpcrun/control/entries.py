@@ -239,13 +239,19 @@ class StatePayload(EntryPayload):
     """When the change was decided, if earlier than the entry (a requeue Slurm did)."""
     nodes: tuple[str, ...] | None = None
     """Membership of the incarnation, when the state names it."""
+    alloc_start: float | None = None
+    """When the scheduler granted the allocation, by its clock (STARTING; Slurm's
+    ``SLURM_JOB_START_TIME``): the allocation is charged from there, not from this entry."""
+    held: int | None = None
+    """Nodes the allocation holds, hot spares included (STARTING)."""
 
     def fields(self) -> dict[str, Any]:
         return {"state": self.state.value, "reason": self.reason, **present(
             attempt=self.attempt, restored_step=self.restored_step,
             restored_tier=self.restored_tier and self.restored_tier.value, op_id=self.op_id,
             delay_s=self.delay_s, not_before=self.not_before, exclude=listed(self.exclude),
-            decided_at=self.decided_at, nodes=listed(self.nodes))}
+            decided_at=self.decided_at, nodes=listed(self.nodes),
+            alloc_start=self.alloc_start, held=self.held)}
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
@@ -255,7 +261,8 @@ class StatePayload(EntryPayload):
                 "restored_tier": f.choice("restored_tier", Tier, None),
                 "op_id": f.text("op_id", None), "delay_s": f.number("delay_s", None),
                 "not_before": f.number("not_before", None), "exclude": f.texts("exclude", None),
-                "decided_at": f.number("decided_at", None), "nodes": f.texts("nodes", None)}
+                "decided_at": f.number("decided_at", None), "nodes": f.texts("nodes", None),
+                "alloc_start": f.number("alloc_start", None), "held": f.integer("held", None)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -46,10 +46,10 @@ from hpcrun.control.states import can_transition, is_terminal
 from hpcrun.errors import FormatError
 from hpcrun.vocab import Backend, FaultClass, RunState, Tier
 
-__all__ = ["RECORD_SCHEMA_VERSION", "CheckpointRef", "FaultRecord", "RunRecord", "continue_fold",
-           "fold_record", "latest_checkpoint"]
+__all__ = ["RECORD_SCHEMA_VERSION", "AllocationUse", "CheckpointRef", "FaultRecord", "RunRecord",
+           "continue_fold", "fold_record", "latest_checkpoint"]
 
-RECORD_SCHEMA_VERSION = 2
+RECORD_SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +72,30 @@ class CheckpointRef:
     """Total bytes of its shards."""
     nodes: tuple[str, ...] = ()
     """Nodes holding shards (node-local tier)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllocationUse:
+    """One allocation the run held: the single source of allocated time and node-hours."""
+
+    job_id: str
+    """Scheduler job that held it ("" when no job entry came first)."""
+    start: float
+    """When it was granted: the scheduler's start when the STARTING entry names it, else the
+    first STARTING entry's time."""
+    end: float | None = None
+    """When it was given back; None while it is held."""
+    nodes: int = 0
+    """Nodes held, hot spares included (0: not named, an older log)."""
+    spares: int = 0
+    """Of those, hot spares (held, not in the gang the allocation started)."""
+    queued_s: float = 0.0
+    """Wait before it: from the submission or the previous allocation's end to its start."""
+
+    def seconds(self, now: float) -> float:
+        """Its length, up to ``now`` while it is held."""
+        end = self.end if self.end is not None else max(self.start, now)
+        return max(0.0, end - self.start)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,7 +192,12 @@ class RunRecord:
     """Allocated wall seconds of the allocations that ended (STARTING to REQUEUED, PREEMPTED
     or a terminal state)."""
     alloc_since: float | None = None
-    """When the current allocation's first STARTING was logged; None between allocations."""
+    """When the current allocation started (its :attr:`AllocationUse.start`); None between
+    allocations."""
+    allocations: tuple[AllocationUse, ...] = ()
+    """Every allocation, oldest first; the last one is open while ``alloc_since`` is set."""
+    queued_since: float | None = None
+    """Since when the run waits for an allocation (its submission, a requeue)."""
     alloc_seen: float | None = None
     """Last heartbeat or progress of the current allocation (where an allocation that ended
     without a word ended)."""
@@ -200,6 +229,7 @@ class RunRecord:
         """JSON-ready form (tuples become lists on dumping); fast, unlike ``asdict``."""
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         body["checkpoints"] = [_slots_dict(c) for c in self.checkpoints]
+        body["allocations"] = [_slots_dict(a) for a in self.allocations]
         body["faults"] = [_slots_dict(f) for f in self.faults]
         body["op_claims"] = self.op_claims.to_dict()
         return {"schema_version": RECORD_SCHEMA_VERSION, **body}
@@ -218,6 +248,7 @@ class RunRecord:
                                     for c in body["checkpoints"])
         body["faults"] = tuple(FaultRecord(**{**f, "fault": FaultClass(f["fault"])})
                                for f in body["faults"])
+        body["allocations"] = tuple(AllocationUse(**a) for a in body.get("allocations", ()))
         body["drained"] = {k: tuple(v) for k, v in body["drained"].items()}
         body["job_backends"] = {j: Backend(b) for j, b in body.get("job_backends", {}).items()}
         body["log_debris"] = dict(body.get("log_debris") or {})
@@ -238,7 +269,7 @@ class _Acc:
     def __init__(self, rec: RunRecord) -> None:
         self.v: dict[str, Any] = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)}
         for key in ("job_ids", "membership", "checkpoints", "faults", "quarantined",
-                    "anomalies", "skipped"):
+                    "anomalies", "skipped", "allocations"):
             self.v[key] = list(self.v[key])
         self.v["ops"] = {k: dict(v) for k, v in self.v["ops"].items()}
         self.v["drained"] = {k: list(v) for k, v in self.v["drained"].items()}
@@ -246,7 +277,7 @@ class _Acc:
     def freeze(self) -> RunRecord:
         v = dict(self.v)
         for key in ("job_ids", "membership", "checkpoints", "faults", "quarantined",
-                    "anomalies", "skipped"):
+                    "anomalies", "skipped", "allocations"):
             v[key] = tuple(v[key])
         v["drained"] = {k: tuple(n) for k, n in v["drained"].items()}
         return RunRecord(**v)
@@ -255,7 +286,8 @@ class _Acc:
         self.v["anomalies"].append(f"slot {entry.slot} ({entry.kind}): {what}")
 
 
-def _set_state(acc: _Acc, entry: LogEntry, target: RunState) -> None:
+def _set_state(acc: _Acc, entry: LogEntry, target: RunState,
+               p: StatePayload | None = None) -> None:
     current = acc.v["state"]
     if is_terminal(current) and target != current:
         acc.anomaly(entry, f"{current.value} -> {target.value} ignored: terminal states are final")
@@ -271,7 +303,7 @@ def _set_state(acc: _Acc, entry: LogEntry, target: RunState) -> None:
     if requeued and current != target:
         acc.v["requeues"] += 1
         acc.v["restarts"] = 0
-    _account_allocation(acc, entry, current, target)
+    _account_allocation(acc, entry, current, target, p)
     acc.v["state"] = target
 
 
@@ -279,28 +311,55 @@ _ALLOCATION_ENDS = frozenset({RunState.REQUEUED, RunState.PREEMPTED, RunState.SU
                               RunState.FAILED, RunState.CANCELLED})
 
 
-def _account_allocation(acc: _Acc, entry: LogEntry, current: RunState,
-                        target: RunState) -> None:
-    """Allocated wall time: an allocation runs from its first STARTING to the state that gives
-    it back (a STARTING straight after RUNNING is a requeue nobody recorded: the old one ended
-    at its last heartbeat)."""
+def _account_allocation(acc: _Acc, entry: LogEntry, current: RunState, target: RunState,
+                        p: StatePayload | None) -> None:
+    """Allocated wall time: an allocation runs from its start (the scheduler's, else its first
+    STARTING) to the state that gives it back (a STARTING straight after RUNNING is a requeue
+    nobody recorded: the old one ended at its last heartbeat)."""
     since = acc.v["alloc_since"]
     if since is not None and (target in _ALLOCATION_ENDS or (
             target == RunState.STARTING and current == RunState.RUNNING)):
         seen = acc.v["alloc_seen"]
-        end = entry.ts if target != RunState.STARTING or seen is None else seen
-        acc.v["wall_s"] += max(0.0, end - since)
-        acc.v["alloc_since"] = since = acc.v["alloc_seen"] = None
+        end = max(since, entry.ts if target != RunState.STARTING or seen is None else seen)
+        _close_allocation(acc, end, queue_after=target not in _RUN_ENDS)
+        since = None
     if since is None and target == RunState.STARTING:
-        acc.v["alloc_since"] = entry.ts
-        if acc.v["first_started"] is None:
-            acc.v["first_started"] = entry.ts
-        acc.v["segment_from_step"] = max((c.step for c in acc.v["checkpoints"]), default=0)
+        _open_allocation(acc, entry, p)
+
+
+_RUN_ENDS = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+
+
+def _close_allocation(acc: _Acc, end: float, *, queue_after: bool) -> None:
+    acc.v["wall_s"] += max(0.0, end - acc.v["alloc_since"])
+    allocs = acc.v["allocations"]
+    if allocs and allocs[-1].end is None:
+        allocs[-1] = replace(allocs[-1], end=end)
+    acc.v["alloc_since"] = acc.v["alloc_seen"] = None
+    acc.v["queued_since"] = end if queue_after else None
+
+
+def _open_allocation(acc: _Acc, entry: LogEntry, p: StatePayload | None) -> None:
+    start = entry.ts
+    if p is not None and p.alloc_start is not None and p.alloc_start <= entry.ts:
+        start = p.alloc_start
+    held = (p.held if p is not None and p.held else 0) or len(acc.v["membership"])
+    gang = len(p.nodes) if p is not None and p.nodes else held
+    queued = acc.v["queued_since"]
+    acc.v["allocations"].append(AllocationUse(
+        job_id=acc.v["job_ids"][-1] if acc.v["job_ids"] else "", start=start, nodes=held,
+        spares=max(0, held - gang),
+        queued_s=max(0.0, start - queued) if queued is not None else 0.0))
+    acc.v["alloc_since"] = start
+    acc.v["queued_since"] = None
+    if acc.v["first_started"] is None:
+        acc.v["first_started"] = start
+    acc.v["segment_from_step"] = max((c.step for c in acc.v["checkpoints"]), default=0)
 
 
 def _on_state(acc: _Acc, e: LogEntry, p: StatePayload) -> None:
     before = acc.v["state"]
-    _set_state(acc, e, p.state)
+    _set_state(acc, e, p.state, p)
     if acc.v["state"] != before or acc.v["state_info"] is None:
         acc.v["state_info"] = {**p.to_payload(), "slot": e.slot, "ts": e.ts}
     if p.nodes:
@@ -316,6 +375,8 @@ def _on_job(acc: _Acc, e: LogEntry, p: JobPayload) -> None:
         acc.v["job_ids"].append(p.job_id)
         acc.v["restarts"] = 0
     acc.v["job_backends"] = {**acc.v["job_backends"], p.job_id: Backend(p.backend)}
+    if not p.nodes and acc.v["alloc_since"] is None and acc.v["queued_since"] is None:
+        acc.v["queued_since"] = e.ts  # submitted (no nodes yet): the wait for them starts
     if p.nodes:
         acc.v["membership"] = list(p.nodes)
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpcrun.control.budget import allocated_nodes, projected_finish, total_steps, usage_of
+from hpcrun.observe.figures import fmt_node_hours
 
 if TYPE_CHECKING:
     from hpcrun.control.record import RunRecord
@@ -31,7 +32,8 @@ class CampaignFigures:
     max_wall_hours: float | None
     """The wall-hour budget."""
     node_hours: float
-    """Allocated node-hours so far."""
+    """Allocated node-hours so far, hot spares included (the figure status and the report
+    show)."""
     max_node_hours: float | None
     """The node-hour budget."""
     projected_finish: float | None
@@ -75,9 +77,10 @@ def _of(used: str, limit: float | int | None) -> str:
 
 def campaign_lines(fig: CampaignFigures, *, state: str) -> list[str]:
     """The status lines: segments, budgets and, while the run is not over, its finish."""
+    node_hours = (f"  node-hours {fmt_node_hours(fig.node_hours)} of {fig.max_node_hours:g}"
+                  if fig.max_node_hours is not None else "")  # else the figures' row shows it
     lines = [f"segments    {_of(str(fig.segments), fig.max_segments)}",
-             f"wall        {_of(f'{fig.wall_hours:.2f} h', fig.max_wall_hours)}"
-             f"  node-hours {_of(f'{fig.node_hours:.2f}', fig.max_node_hours)}"]
+             f"wall        {_of(f'{fig.wall_hours:.3f} h', fig.max_wall_hours)}{node_hours}"]
     if state not in ("SUCCEEDED", "FAILED", "CANCELLED"):
         lines.append("finish      " + _finish(fig))
     elif fig.reason:

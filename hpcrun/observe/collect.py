@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from hpcrun.observe.figures import AllocationFact
 from hpcrun.observe.heartbeat import NodeHeartbeat, read_heartbeats
 from hpcrun.observe.runsummary import read_run_summary
 from hpcrun.observe.status import (
@@ -106,7 +107,17 @@ def facts_from_record(record: Any, *, rpo_s: float | None = None) -> RecordFacts
         cursor=cursor if isinstance(cursor, Mapping) else _as_mapping(cursor),
         faults=tuple(fault_fact(f) for f in (_get(record, "faults") or ())),
         quarantined=tuple(str(n) for n in (_get(record, "quarantined") or ())), rpo_s=rpo_s,
-        log_debris=tuple(f"log/{k}: {v}" for k, v in (_get(record, "log_debris") or {}).items()))
+        log_debris=tuple(f"log/{k}: {v}" for k, v in (_get(record, "log_debris") or {}).items()),
+        allocations=tuple(allocation_fact(a) for a in (_get(record, "allocations") or ())))
+
+
+def allocation_fact(raw: Any) -> AllocationFact:
+    """One of the record's allocations (object or mapping) as status reads it."""
+    return AllocationFact(start=_num(_get(raw, "start"), 0.0) or 0.0,
+                          end=_num(_get(raw, "end")),
+                          nodes=int(_get(raw, "nodes", 1) or 1),
+                          spares=int(_get(raw, "spares", 0) or 0),
+                          queued_s=_num(_get(raw, "queued_s"), 0.0) or 0.0)
 
 
 def _as_mapping(obj: Any) -> Mapping[str, Any]:

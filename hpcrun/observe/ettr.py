@@ -7,17 +7,26 @@ time. Every second of every allocation is charged to exactly one bucket, so noth
   step or span are merged into one gang interval: the gang moves at its slowest rank);
 - overlapping intervals are resolved by priority: recovery > checkpoint exposure > replay >
   input wait > productive > startup > stall;
-- time no event covers is *startup* (queue-to-start inside the allocation) before the first
-  event, and *idle* after it.
+- time no event covers is *startup* (grant to the first event: scheduling the job step,
+  starting the agents and ranks) before the first event, *recovery* between one generation's
+  last event and the next generation's first inside the same allocation (a restart), and
+  *idle* after the last event.
+
+An allocation runs from the scheduler's start (Slurm's ``Start``, logged by the agent on
+STARTING) to the state that gave it back: the run record's allocations
+(:attr:`~hpcrun.control.record.RunRecord.allocations`) carry them, and every generation that
+ran inside one is charged to it. The wait before an allocation (queue, requeue backoff) is
+shown as ``queue_s`` and stays outside ETTR: no node was held.
 
 A step is *replayed* when an earlier generation already completed the same step index (work
 recomputed after a restore); the first completion of each index is the accepted one. Checkpoint
 writes, commits and drains count as exposure only when their event says ``blocking``; the stage
 (host copy) always pauses training.
 
-Allocations come from the record when known; otherwise from events: a ``state`` event with
-``data.state == "STARTING"`` marks an allocation's start (and ``data.nodes`` its size), and the
-allocation ends at the end of its generation's last event.
+Without the record's allocations (a bare event log), allocations come from events: a
+``state`` event with ``data.state == "STARTING"`` marks a generation's start (and
+``data.nodes`` its size), and it ends at the end of the generation's last event; time outside
+the events (start-up before them, restart gaps) is then not seen.
 
 Tokens: a ``step`` event's ``data.tokens`` are the tokens that rank consumed; a step's gang tokens
 are the sum over ranks.
@@ -63,16 +72,20 @@ _BLOCKING_ONLY = {"ckpt_write": Bucket.CHECKPOINT, "ckpt_commit": Bucket.CHECKPO
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Allocation:
-    """One allocation (one generation's time holding nodes)."""
+    """One allocation: the time a job held nodes (or one generation's, from events alone)."""
 
-    generation: int
-    """Generation that ran in it."""
+    generation: int | None = None
+    """Generation that ran in it; None: every generation whose events fall inside it."""
     start: float
     """Wall time the nodes were granted."""
     end: float
     """Wall time they were released."""
     nodes: int
-    """Nodes held."""
+    """Nodes held, hot spares included."""
+    spares: int = 0
+    """Of those, hot spares."""
+    queued_s: float = 0.0
+    """Wait before it (queue, requeue backoff); outside ETTR."""
 
     def __post_init__(self) -> None:
         if self.end < self.start or self.nodes < 1:
@@ -83,6 +96,14 @@ class Allocation:
     @property
     def seconds(self) -> float:
         return self.end - self.start
+
+    @property
+    def node_hours(self) -> float:
+        return self.seconds * self.nodes / 3600.0
+
+    @property
+    def spare_node_hours(self) -> float:
+        return self.seconds * self.spares / 3600.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,9 +153,13 @@ class EttrReport:
     accepted_tokens: int
     """Tokens of accepted steps."""
     node_hours: float
-    """Allocated node-hours."""
+    """Allocated node-hours, hot spares included."""
     cost_per_token: float | None
     """Price per accepted token, when a node-hour price is known."""
+    spare_node_hours: float = 0.0
+    """Of ``node_hours``, the hours hot spares were held."""
+    queue_s: float = 0.0
+    """Seconds waited for allocations (outside ``allocated_s`` and ETTR)."""
     allocations: tuple[Allocation, ...] = field(default_factory=tuple)
     """The allocations the figures cover."""
 
@@ -163,6 +188,7 @@ class EttrReport:
             "seconds": dict(self.seconds), "accepted_steps": self.accepted_steps,
             "replayed_steps": self.replayed_steps, "accepted_tokens": self.accepted_tokens,
             "throughput_tokens_per_s": self.throughput, "node_hours": self.node_hours,
+            "spare_node_hours": self.spare_node_hours, "queue_s": self.queue_s,
             "cost_per_token": self.cost_per_token,
         }
 
@@ -297,6 +323,32 @@ def charge(alloc: Allocation, intervals: Sequence[Interval]) -> dict[Bucket, flo
     return dict(totals)
 
 
+def allocation_intervals(alloc: Allocation,
+                         by_gen: Mapping[int, Sequence[Interval]]) -> list[Interval]:
+    """What ``alloc`` is charged from: its generation's intervals, or, for an allocation of
+    the record, those of every generation inside it and the restart gaps between them."""
+    if alloc.generation is not None:
+        return list(by_gen.get(alloc.generation, ()))
+    inside = {g: [iv for iv in ivs if iv.end > alloc.start and iv.start < alloc.end]
+              for g, ivs in by_gen.items()}
+    inside = {g: ivs for g, ivs in inside.items() if ivs}
+    return [iv for ivs in inside.values() for iv in ivs] + restart_gaps(inside)
+
+
+def restart_gaps(by_gen: Mapping[int, Sequence[Interval]]) -> list[Interval]:
+    """Recovery from one generation's last interval to the next one's first (a restart:
+    the gang was torn down, the fault handled and a new gang started)."""
+    bounds = sorted((min(iv.start for iv in ivs), max(iv.end for iv in ivs))
+                    for ivs in by_gen.values() if ivs)
+    out: list[Interval] = []
+    reach = bounds[0][1] if bounds else 0.0
+    for first, last in bounds[1:]:
+        if first > reach:
+            out.append(Interval(start=reach, end=first, bucket=Bucket.RECOVERY))
+        reach = max(reach, last)
+    return out
+
+
 Timeline = list[tuple[Allocation, list[Interval]]]
 """Each allocation with its resolved, non-overlapping segments."""
 
@@ -317,7 +369,7 @@ def timeline_from_parts(allocs: Sequence[Allocation], steps: Sequence[GangStep],
     """
     accepted, replayed = split_replays(steps)
     by_gen = gang_intervals((), accepted, replayed, spans=spans)
-    return [(a, resolve_timeline(a, by_gen.get(a.generation, []))) for a in allocs]
+    return [(a, resolve_timeline(a, allocation_intervals(a, by_gen))) for a in allocs]
 
 
 def bin_segments(segments: Sequence[Interval], *, start: float, width: float,
@@ -370,9 +422,9 @@ def ettr_from_parts(allocs: Sequence[Allocation], steps: Sequence[GangStep],
     by_gen = gang_intervals((), accepted, replayed, spans=spans)
     seconds = {b.value: 0.0 for b in Bucket}
     for alloc in allocs:
-        for bucket, s in charge(alloc, by_gen.get(alloc.generation, [])).items():
+        for bucket, s in charge(alloc, allocation_intervals(alloc, by_gen)).items():
             seconds[bucket.value] += s
-    node_hours = sum(a.seconds * a.nodes for a in allocs) / 3600.0
+    node_hours = sum(a.node_hours for a in allocs)
     tokens = sum(s.tokens for s in accepted)
     first = min((a.start for a in allocs), default=0.0)
     origin = submitted_ts if submitted_ts is not None else first
@@ -381,4 +433,6 @@ def ettr_from_parts(allocs: Sequence[Allocation], steps: Sequence[GangStep],
     return EttrReport(allocated_s=sum(a.seconds for a in allocs), seconds=seconds,
                       wall_s=max(0.0, wall), accepted_steps=len(accepted),
                       replayed_steps=len(replayed), accepted_tokens=tokens,
-                      node_hours=node_hours, cost_per_token=cost, allocations=tuple(allocs))
+                      node_hours=node_hours, cost_per_token=cost,
+                      spare_node_hours=sum(a.spare_node_hours for a in allocs),
+                      queue_s=sum(a.queued_s for a in allocs), allocations=tuple(allocs))

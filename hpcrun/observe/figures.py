@@ -13,20 +13,52 @@ Every throughput names what it divides by:
 - *per wall second*: accepted tokens / end-to-end seconds from the first allocation to the last
   event, queue gaps between allocations included.
 
-Allocated time is what the events see: a generation's allocation runs from its first event
-(or its ``STARTING`` state event) to its last one.
+Allocated time is the run record's: each allocation runs from the scheduler's start to the
+state that gave it back (:class:`AllocationFact`), and node-hours count every node it held,
+hot spares included and shown apart; budgets count the same. Only without the record (a bare
+event log) is allocated time what the events see, a generation's first event to its last.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcrun.observe.ettr import Bucket, EttrReport, Timeline, ettr_from_parts, timeline_from_parts
+from hpcrun.observe.ettr import (
+    Allocation,
+    Bucket,
+    EttrReport,
+    Timeline,
+    ettr_from_parts,
+    timeline_from_parts,
+)
 from hpcrun.observe.summary import EventSummary
 
-FIGURES_SCHEMA_VERSION = 1
+FIGURES_SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllocationFact:
+    """One allocation as the run record folds it (its ``allocations``)."""
+
+    start: float
+    """When the scheduler granted it."""
+    end: float | None = None
+    """When it was given back; None while it is held."""
+    nodes: int = 1
+    """Nodes held, hot spares included."""
+    spares: int = 0
+    """Of those, hot spares."""
+    queued_s: float = 0.0
+    """Wait before it."""
+
+
+def allocations_at(facts: Sequence[AllocationFact], now: float) -> list[Allocation]:
+    """The record's allocations for ETTR, the one still held counted up to ``now``."""
+    return [Allocation(start=a.start, end=max(a.start, now) if a.end is None else a.end,
+                       nodes=max(1, a.nodes), spares=min(a.spares, max(0, a.nodes - 1)),
+                       queued_s=a.queued_s) for a in facts]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,7 +78,11 @@ class RunFigures:
     accepted_tokens: int = 0
     """Tokens of accepted steps, summed over ranks."""
     node_hours: float = 0.0
-    """Allocated node-hours."""
+    """Allocated node-hours, hot spares included."""
+    spare_node_hours: float = 0.0
+    """Of ``node_hours``, the hours hot spares were held."""
+    queue_s: float = 0.0
+    """Seconds waited for allocations (outside ``allocated_s`` and ETTR)."""
     cost_per_token: float | None = None
     """Price per accepted token, when a node-hour price is known."""
     input_wait_measured: bool = False
@@ -99,6 +135,7 @@ class RunFigures:
                 "input_wait_measured": self.input_wait_measured,
                 "accepted_steps": self.accepted_steps, "replayed_steps": self.replayed_steps,
                 "accepted_tokens": self.accepted_tokens, "node_hours": self.node_hours,
+                "spare_node_hours": self.spare_node_hours, "queue_s": self.queue_s,
                 "cost_per_token": self.cost_per_token,
                 "tokens_per_allocated_s": self.tokens_per_allocated_s,
                 "tokens_per_productive_s": self.tokens_per_productive_s,
@@ -109,24 +146,29 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def run_figures(summary: EventSummary, *,
+def run_figures(summary: EventSummary, *, allocations: Sequence[Allocation] = (),
                 node_hour_price: float | None = None) -> RunFigures | None:
-    """The shared figures of a run's folded events; None before any event."""
+    """The shared figures of a run's folded events; None before any event.
+
+    ``allocations``: the record's (:func:`allocations_at`); without them, the events'.
+    """
     if not summary.events:
         return None
-    return figures_from_ettr(ettr_report(summary, node_hour_price=node_hour_price),
-                             input_wait_measured=summary.input_wait_measured())
+    return figures_from_ettr(
+        ettr_report(summary, allocations=allocations, node_hour_price=node_hour_price),
+        input_wait_measured=summary.input_wait_measured())
 
 
-def ettr_report(summary: EventSummary, *, node_hour_price: float | None = None) -> EttrReport:
-    """The ETTR charge of the folded events (allocations seen in the events)."""
-    return ettr_from_parts(summary.allocations(), summary.gang_steps(),
+def ettr_report(summary: EventSummary, *, allocations: Sequence[Allocation] = (),
+                node_hour_price: float | None = None) -> EttrReport:
+    """The ETTR charge of the folded events over the record's allocations (else the events')."""
+    return ettr_from_parts(list(allocations) or summary.allocations(), summary.gang_steps(),
                            summary.span_intervals(), node_hour_price=node_hour_price)
 
 
-def run_timeline(summary: EventSummary) -> Timeline:
+def run_timeline(summary: EventSummary, *, allocations: Sequence[Allocation] = ()) -> Timeline:
     """The resolved timeline that :func:`run_figures` charges (for the report's plot)."""
-    return timeline_from_parts(summary.allocations(), summary.gang_steps(),
+    return timeline_from_parts(list(allocations) or summary.allocations(), summary.gang_steps(),
                                summary.span_intervals())
 
 
@@ -135,6 +177,7 @@ def figures_from_ettr(report: EttrReport, *, input_wait_measured: bool) -> RunFi
                       seconds=dict(report.seconds), accepted_steps=report.accepted_steps,
                       replayed_steps=report.replayed_steps,
                       accepted_tokens=report.accepted_tokens, node_hours=report.node_hours,
+                      spare_node_hours=report.spare_node_hours, queue_s=report.queue_s,
                       cost_per_token=report.cost_per_token,
                       input_wait_measured=input_wait_measured)
 
@@ -150,6 +193,12 @@ def fmt_seconds(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
     return format_duration(seconds)
+
+
+def fmt_node_hours(node_hours: float, spare_node_hours: float = 0.0) -> str:
+    """The one way node-hours are printed: ``0.012 (0.004 on spares)``."""
+    spares = f" ({spare_node_hours:.3f} on spares)" if spare_node_hours > 0 else ""
+    return f"{node_hours:.3f}{spares}"
 
 
 def fmt_rate(value: float | None) -> str:
@@ -175,10 +224,15 @@ def figure_rows(fig: RunFigures) -> list[tuple[str, str]]:
                        f"{fmt_rate(fig.tokens_per_productive_s)} tok/s per productive second"),
         ("end to end", f"{fmt_rate(fig.tokens_per_wall_s)} tok/s per wall second over "
                        f"{fmt_seconds(fig.wall_s)} (first allocation to last event)"),
-        ("node-hours", f"{fig.node_hours:.3f}" + (f" ({fig.cost_per_token:.3g} per token)"
-                                                  if fig.cost_per_token is not None else "")),
+        _queue_row(fig),
+        ("node-hours", fmt_node_hours(fig.node_hours, fig.spare_node_hours) + (
+            f"; {fig.cost_per_token:.3g} per token" if fig.cost_per_token is not None else "")),
     ]
     return rows
+
+
+def _queue_row(fig: RunFigures) -> tuple[str, str]:
+    return ("queued", f"{fmt_seconds(fig.queue_s)} waiting for allocations (outside ETTR)")
 
 
 STEPS_NOT_REPORTED = "steps not reported by the script"
@@ -193,5 +247,6 @@ def silent_rows(fig: RunFigures) -> list[tuple[str, str]]:
                  "with hpcrun.lite's report(step))"),
         ("allocated", f"{fmt_seconds(fig.allocated_s)} of gang time"),
         ("wall", f"{fmt_seconds(fig.wall_s)} (first allocation to last event)"),
-        ("node-hours", f"{fig.node_hours:.3f}"),
+        _queue_row(fig),
+        ("node-hours", fmt_node_hours(fig.node_hours, fig.spare_node_hours)),
     ]

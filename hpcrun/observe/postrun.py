@@ -189,11 +189,13 @@ def publish_post_run(run_dir: Path, *, record: Any, spec: Any, log: Any, generat
     from hpcrun.observe.collect import facts_from_record
     from hpcrun.observe.ettr import compute_ettr
     from hpcrun.observe.events import read_events
+    from hpcrun.observe.figures import allocations_at
 
     facts = facts_from_record(record, rpo_s=getattr(spec.checkpoint, "rpo_s", None))
     manifests = [str(getattr(c, "manifest", "")) for c in getattr(record, "checkpoints", ())]
     artifacts = digest_artifacts(run_dir, find_artifacts(run_dir, manifests))
-    ettr = compute_ettr(read_events(run_dir), node_hour_price=node_hour_price)
+    ettr = compute_ettr(read_events(run_dir), node_hour_price=node_hour_price,
+                        allocations=allocations_at(facts.allocations, now) or None)
     manifest = build_manifest(facts, provenance=provenance_from_spec(spec), artifacts=artifacts,
                               ettr=ettr, created_ts=now)
     return publish_manifest(run_dir, manifest, log=log, generation=generation, holder=holder,

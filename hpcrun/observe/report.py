@@ -45,6 +45,7 @@ from hpcrun.observe.ettr import Bucket, Timeline, bin_segments
 from hpcrun.observe.figures import (
     STEPS_NOT_REPORTED,
     RunFigures,
+    allocations_at,
     figure_rows,
     run_figures,
     run_timeline,
@@ -116,10 +117,12 @@ def draw_timeline(events: Sequence[Event], segments: Timeline,
     ax = fig.subplots()
     origin = min((a.start for a, _ in segments), default=0.0)
     width = max((a.end for a, _ in segments), default=origin) - origin
-    for alloc, segs in segments if width > 0 else []:
-        _paint_row(ax, alloc.generation, bin_segments(segs, start=origin, width=width,
-                                                      bins=TIMELINE_BINS), width / TIMELINE_BINS)
-    newest = max((a.generation for a, _ in segments), default=0)
+    rows = [a.generation if a.generation is not None else i + 1
+            for i, (a, _) in enumerate(segments)]  # the record's allocations: one row each
+    for row, (_, segs) in zip(rows, segments if width > 0 else [], strict=False):
+        _paint_row(ax, row, bin_segments(segs, start=origin, width=width,
+                                         bins=TIMELINE_BINS), width / TIMELINE_BINS)
+    newest = max(rows, default=0)
     for ts, gen, what in incidents(events, facts) if segments else []:
         y = (gen if gen >= 0 else newest) + 0.45
         ax.plot(ts - origin, y, marker="v", color="red", markersize=9)
@@ -127,7 +130,7 @@ def draw_timeline(events: Sequence[Event], segments: Timeline,
                     textcoords="offset points")
     if not segments:
         _empty(ax, "allocations")
-    ax.set_yticks(sorted({a.generation for a, _ in segments}))
+    ax.set_yticks(sorted(set(rows)))
     ax.set_xlabel("seconds since the first allocation")
     ax.set_ylabel("generation")
     ax.legend(handles=[Rectangle((0, 0), 1, 1, color=COLORS[b], label=b) for b in Bucket],
@@ -428,16 +431,20 @@ def render_html(plots: Sequence[Plot], rows: Sequence[tuple[str, str]], *, title
 
 def build_report(events: Sequence[Event], *, facts: RecordFacts | None = None,
                  node_hour_price: float | None = None,
-                 mtbf: MtbfEstimate | None = None, markers: Sequence[RunMarker] = ()) -> str:
+                 mtbf: MtbfEstimate | None = None, markers: Sequence[RunMarker] = (),
+                 now: float | None = None) -> str:
     """The whole report page for a run's events (and record facts when known).
 
     ``mtbf``: the site's prior combined with the run's interruptions (what ``hpcrun report``
     passes); without it the default prior, the record's faults and the events' allocated time.
     ``markers``: the run log's requeues, restarts and restores
-    (:func:`hpcrun.observe.metrics.markers_from_log`).
+    (:func:`hpcrun.observe.metrics.markers_from_log`). ``now``: where an allocation still
+    held is counted to (default: the last event).
     """
     summary = summarize_events(events)
-    figures = run_figures(summary, node_hour_price=node_hour_price)
+    at = now if now is not None else max((e.ts for e in events), default=0.0)
+    allocs = allocations_at(facts.allocations, at) if facts is not None else []
+    figures = run_figures(summary, allocations=allocs, node_hour_price=node_hour_price)
     mtbf = mtbf if mtbf is not None else fallback_mtbf(facts, figures)
     plots = build_plots(events, summary, figures, mtbf, facts, markers)
     title = f"hpcrun report: {facts.run_id}" if facts else "hpcrun report"

@@ -15,7 +15,9 @@ from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evalua
 from hpcrun.observe.ettr import GangStep
 from hpcrun.observe.figures import (
     STEPS_NOT_REPORTED,
+    AllocationFact,
     RunFigures,
+    allocations_at,
     figure_rows,
     fmt_seconds,
     run_figures,
@@ -123,6 +125,8 @@ class RecordFacts:
     warnings: tuple[str, ...] = ()
     """What the ranks warned about in the run log (``no_restore``: no checkpoint will ever
     be committed), one line each."""
+    allocations: tuple[AllocationFact, ...] = ()
+    """The allocations the run held, oldest first (what ETTR and node-hours count)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -338,7 +342,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                                           window=window)
                              if facts.state in ACTIVE_STATES else (None, None))
     ages = checkpoint_ages(facts.checkpoints, now)
-    figures = run_figures(s)
+    figures = run_figures(s, allocations=allocations_at(facts.allocations, now))
     last_steps = s.last_steps(facts.generation)
     step_times = s.rank_step_times(facts.generation)
     signals = alert_signals(facts, (), now, ages=ages, window=sw, step_times=step_times,

@@ -245,7 +245,9 @@ class Agent:
             StatePayload(state=RunState.STARTING, attempt=attempt,
                          reason=f"job {self.node.job_id} restart {self.node.restart_count} "
                                 f"attempt {attempt}",
-                         nodes=gang if gang != tuple(self.node.nodes) else None),
+                         nodes=gang if gang != tuple(self.node.nodes) else None,
+                         alloc_start=self.node.job_started if attempt == 0 else None,
+                         held=len(self.node.nodes)),
             generation=generation, holder=holder).slot
 
     def _incarnation(self, generation: int, holder: str, slot: int, attempt: int,

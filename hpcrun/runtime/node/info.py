@@ -29,6 +29,9 @@ class NodeInfo:
     """This node's tier-0 directory, None when the run has none."""
     backend: Backend
     """Where the gang runs: Slurm or the local backend."""
+    job_started: float | None = None
+    """When the scheduler granted the allocation, by its clock (Slurm's
+    ``SLURM_JOB_START_TIME``); None when it does not say."""
 
     @property
     def is_supervisor(self) -> bool:
@@ -72,7 +75,7 @@ class NodeInfo:
             nodes=nodes, job_id=env["SLURM_JOB_ID"],
             restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
             node_local_root=expand_path(template, env) if template else None,
-            backend=Backend.SLURM,
+            backend=Backend.SLURM, job_started=_epoch(env.get("SLURM_JOB_START_TIME")),
         )
 
     @property
@@ -89,3 +92,11 @@ class NodeInfo:
     def incarnation_key(self, attempt: int) -> str:
         """Prefix of the fence holder for ``attempt`` of this job start: every agent derives it."""
         return f"{self.job_start_key}a{attempt}."
+
+
+def _epoch(text: str | None) -> float | None:
+    """Seconds since the epoch from a variable Slurm sets, None when unset or not a number."""
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None

@@ -116,3 +116,73 @@ def test_a_created_note_alone_has_no_allocation() -> None:
     rec = fold_record([E(0, EntryKind.NOTE, 1.0, gen=UNFENCED, event="created", owner="a")],
                       run_id="r", spec_id="s")
     assert rec.alloc_since is None and rec.wall_s == 0.0
+
+
+def spare_requeue_log() -> list[LogEntry]:
+    """Submitted at 900; job 7 granted 3 nodes (one a hot spare) at 990 by Slurm's clock, the
+    agent's STARTING at 1000; a restart inside it; requeued at 1600; job 7 again granted at
+    1900 with the spare swapped in (no spare left), done at 2200."""
+    return [
+        E(0, EntryKind.JOB, 900.0, gen=UNFENCED, job_id="7", backend="slurm", op_id="o1"),
+        E(1, EntryKind.FENCE, 1000.0),
+        E(2, EntryKind.JOB, 1000.0, job_id="7", backend="slurm", nodes=["a", "b", "c"]),
+        E(3, EntryKind.STATE, 1000.0, state="STARTING", reason="", alloc_start=990.0, held=3,
+          nodes=["a", "b"]),
+        E(4, EntryKind.STATE, 1010.0, state="RUNNING", reason=""),
+        E(5, EntryKind.STATE, 1200.0, state="RECOVERING", reason="crash"),
+        E(6, EntryKind.FENCE, 1300.0, gen=2),
+        E(7, EntryKind.STATE, 1300.0, gen=2, state="STARTING", reason="", attempt=1,
+          held=3, nodes=["a", "c"]),
+        E(8, EntryKind.STATE, 1600.0, gen=2, state="REQUEUED", reason="node lost"),
+        E(9, EntryKind.FENCE, 1905.0, gen=3),
+        E(10, EntryKind.JOB, 1905.0, gen=3, job_id="7", backend="slurm", restart_count=1,
+          nodes=["a", "c"]),
+        E(11, EntryKind.STATE, 1905.0, gen=3, state="STARTING", reason="", alloc_start=1900.0,
+          held=2),
+        E(12, EntryKind.STATE, 2200.0, gen=3, state="SUCCEEDED", reason="done"),
+    ]
+
+
+def test_allocations_run_from_slurms_start_and_count_spares() -> None:
+    rec = fold_record(spare_requeue_log(), run_id="r", spec_id="s")
+    first, second = rec.allocations
+    assert (first.job_id, first.start, first.end, first.nodes, first.spares) == \
+        ("7", 990.0, 1600.0, 3, 1)
+    assert first.queued_s == 90.0                      # submitted 900, granted 990
+    assert (second.start, second.end, second.nodes, second.spares) == (1900.0, 2200.0, 2, 0)
+    assert second.queued_s == 300.0                    # requeued 1600, granted 1900
+    assert rec.wall_s == 610.0 + 300.0 and rec.first_started == 990.0
+    usage = usage_of(rec, nodes=3, now=9999.0)
+    assert usage.node_hours == pytest.approx((610.0 * 3 + 300.0 * 2) / 3600.0)
+    assert usage.spare_node_hours == pytest.approx(610.0 / 3600.0)
+
+
+def test_an_open_allocation_counts_to_now_with_its_own_nodes() -> None:
+    rec = fold_record(spare_requeue_log()[:5], run_id="r", spec_id="s")
+    assert rec.alloc_since == 990.0 and rec.allocations[-1].end is None
+    usage = usage_of(rec, nodes=5, now=1090.0)
+    assert usage.wall_s == 100.0 and usage.nodes == 3
+    assert usage.node_hours == pytest.approx(300.0 / 3600.0)
+
+
+def test_status_report_and_budgets_show_one_node_hours_figure() -> None:
+    from hpcrun.observe.campaign import campaign_figures, campaign_lines
+    from hpcrun.observe.collect import facts_from_record
+    from hpcrun.observe.figures import allocations_at, figure_rows, run_figures
+    from hpcrun.observe.summary import summarize_events
+    from tests.unit.observe.builders import step
+
+    rec = fold_record(spare_requeue_log(), run_id="r", spec_id="s")
+    facts = facts_from_record(rec)
+    evs = [step(1, 1010.0, 1100.0, gen=1), step(2, 1950.0, 2100.0, gen=3)]
+    fig = run_figures(summarize_events(evs), allocations=allocations_at(facts.allocations, 9e9))
+    usage = usage_of(rec, nodes=3, now=9e9)
+    assert fig is not None and fig.node_hours == pytest.approx(usage.node_hours)
+    assert fig.spare_node_hours == pytest.approx(usage.spare_node_hours)
+    assert fig.allocated_s == rec.wall_s and fig.queue_s == 390.0
+    row = dict(figure_rows(fig))["node-hours"]
+    assert row == f"{usage.node_hours:.3f} ({usage.spare_node_hours:.3f} on spares)"
+    spec = RunSpec.from_dict({"name": "x", "entrypoint": "m:f",
+                              "budgets": {"max_node_hours": 2}})
+    lines = campaign_lines(campaign_figures(rec, spec, now=9e9), state="SUCCEEDED")
+    assert f"node-hours {usage.node_hours:.3f} of 2" in "\n".join(lines)

@@ -89,3 +89,46 @@ def test_an_allocation_that_never_starts_work_is_all_startup() -> None:
     assert r.allocated_s == pytest.approx(30.0)  # instant events still extend the allocation
     assert r.seconds[Bucket.STARTUP] == pytest.approx(30.0)
     assert r.ettr == 0.0
+
+
+def _restart_log() -> list:
+    """Gen 1: 10 steps of 10 s from t=10, a fault at 110; gen 2 (a restart in the same
+    allocation) first reports at 410 and takes 10 more steps."""
+    g1 = [step(k, 10.0 * k, 10.0 * k + 10.0, gen=1) for k in range(1, 11)]
+    g2 = [step(10 + k, 400.0 + 10.0 * k, 410.0 + 10.0 * k, gen=2) for k in range(1, 11)]
+    return [*g1, ev("fault", 110.0, 10, gen=1, fault="crash"), *g2]
+
+
+def test_a_300_s_restart_gap_inside_the_allocation_is_recovery() -> None:
+    alloc = Allocation(start=0.0, end=520.0, nodes=2)
+    r = compute_ettr(_restart_log(), allocations=[alloc])
+    assert r.allocated_s == 520.0
+    assert r.seconds[Bucket.PRODUCTIVE] == 200.0
+    assert r.seconds[Bucket.RECOVERY] == 300.0     # 110 (gen 1's last event) .. 410
+    assert r.seconds[Bucket.STARTUP] == 10.0       # granted at 0, first step at 10
+    assert r.seconds[Bucket.IDLE] == 10.0          # last step ends at 510
+    assert r.ettr == pytest.approx(200.0 / 520.0)
+    assert sum(r.seconds.values()) == pytest.approx(r.allocated_s)
+
+
+def test_per_generation_allocations_from_events_alone_miss_the_gap() -> None:
+    """Why the record's allocations are used: the events alone score the restart 100%."""
+    assert compute_ettr(_restart_log()).ettr == pytest.approx(1.0)
+
+
+def test_a_requeue_gap_is_queue_outside_ettr_and_each_allocation_starts_with_startup() -> None:
+    a1 = Allocation(start=0.0, end=115.0, nodes=2, queued_s=30.0)
+    a2 = Allocation(start=395.0, end=520.0, nodes=2, queued_s=280.0)
+    r = compute_ettr(_restart_log(), allocations=[a1, a2])
+    assert r.allocated_s == 240.0 and r.queue_s == 310.0
+    assert r.seconds[Bucket.STARTUP] == 10.0 + 15.0   # 0..10 and 395..410
+    assert r.seconds[Bucket.RECOVERY] == 0.0          # no restart inside either allocation
+    assert r.seconds[Bucket.IDLE] == 5.0 + 10.0       # 110..115 and 510..520
+    assert r.ettr == pytest.approx(200.0 / 240.0)
+
+
+def test_spares_count_in_node_hours_and_are_shown_apart() -> None:
+    alloc = Allocation(start=0.0, end=3600.0, nodes=3, spares=1)
+    r = compute_ettr(_restart_log(), allocations=[alloc])
+    assert r.node_hours == pytest.approx(3.0) and r.spare_node_hours == pytest.approx(1.0)
+    assert r.to_dict()["spare_node_hours"] == pytest.approx(1.0)
