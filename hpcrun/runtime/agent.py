@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -383,6 +384,23 @@ class Agent:
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
         return env
 
+def slurm_start_of(node: NodeInfo, environ: Mapping[str, str]) -> NodeInfo:
+    """``node`` with Slurm's start of the allocation when the job's environment does not carry
+    it (``SLURM_JOB_START_TIME`` is newer than Slurm 22.05): one ``scontrol show job`` by the
+    supervising agent, the one that logs STARTING; on any error the STARTING entry's own time
+    stands in."""
+    if node.backend != Backend.SLURM or node.job_started is not None or not node.is_supervisor:
+        return node
+    from hpcrun.runner import slurm_runner
+    from hpcrun.scheduler.slurm import SlurmClient, parse_slurm_time
+
+    try:
+        fields = SlurmClient(slurm_runner(environ)).scontrol_show_job(node.job_id)
+    except HpcrunError:
+        return node
+    return replace(node, job_started=parse_slurm_time(fields.get("StartTime", "")))
+
+
 def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
     """Wire an agent from the run directory and this process's environment."""
     from hpcrun.control.record import load_run_spec
@@ -391,7 +409,8 @@ def build_agent(run_dir: Path, environ: Mapping[str, str]) -> Agent:
 
     spec = load_run_spec(run_dir)
     site = load_site_snapshot(run_dir)
-    node = NodeInfo.from_environ(environ, node_local_template=site.node_local_path)
+    node = slurm_start_of(NodeInfo.from_environ(environ, node_local_template=site.node_local_path),
+                          environ)
     if node.node_local_root is not None:
         ensure_private_dir(node.node_local_root, what="node-local directory",
                            check_ancestors=True)

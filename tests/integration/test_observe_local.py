@@ -87,6 +87,14 @@ def test_status_and_report_agree_on_every_shared_figure(slow_run: tuple[Path, Pa
             assert status["figures"][key] == value, key
     assert status["ettr"] == pytest.approx(report["ettr"])
     assert status["figures"]["accepted_tokens"] == status["facts"]["tokens"]
+    # allocated time and node-hours are the record's allocations (one figure everywhere): the
+    # preemption's requeue is two allocations, the wait between them queue, not allocated
+    rec = read_record(run)
+    assert len(rec.allocations) == 2 and rec.requeues == 1
+    assert status["figures"]["allocated_s"] == pytest.approx(rec.wall_s)
+    assert status["figures"]["node_hours"] == pytest.approx(
+        sum(a.seconds(0.0) * a.nodes for a in rec.allocations) / 3600.0)
+    assert status["figures"]["queue_s"] == pytest.approx(sum(a.queued_s for a in rec.allocations))
     text = _status(root, run)
     page = _report(root, run)
     for label in ("throughput", "end to end", "ETTR", "input wait", "accepted"):

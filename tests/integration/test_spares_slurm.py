@@ -16,7 +16,14 @@ from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.rto import rto_splits
 from hpcrun.testbed import JobClient, Testbed
-from tests.integration.helpers import RunFactory, first_after, paced, slurm_spec, wait_until
+from tests.integration.helpers import (
+    RunFactory,
+    TestbedRun,
+    first_after,
+    paced,
+    slurm_spec,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -77,6 +84,7 @@ def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
     # same run completed
     history = slurm.wait_for_accounting(int(run.job_id), {"COMPLETED"}, timeout=60)
     assert [r.state for r in history] in (["COMPLETED"], ["RESIZING", "COMPLETED"]), history
+    _allocation_agrees_with_slurms_clock(run, slurm)
     wait_until(f"{victim} back in service", lambda: slurm.run(
         "sinfo", "-h", "-n", victim, "-o", "%T").stdout.strip() in ("idle", "mixed", "allocated"),
         timeout=60)
@@ -152,3 +160,41 @@ def _job_end(slurm: JobClient, job_id: int, *, timeout: float) -> str:
             break
         time.sleep(1.0)
     return str(state)
+
+
+def _allocation_agrees_with_slurms_clock(run: TestbedRun, slurm: JobClient) -> None:
+    """Allocated seconds and node-hours by hand from ``sacct``'s Start, End and NNodes of
+    every record of the job (a shrink is a record of its own) against ETTR's and the record's:
+    the restart's gap is inside the allocation, so charged, and the spare is counted."""
+    from hpcrun.control.budget import usage_of
+    from hpcrun.observe.collect import facts_from_record
+    from hpcrun.observe.ettr import Bucket
+    from hpcrun.observe.events import sorted_events
+    from hpcrun.observe.figures import allocations_at, run_figures
+    from hpcrun.observe.summary import summarize_events
+
+    out = slurm.run("env", "SLURM_TIME_FORMAT=%s", "sacct", "-j", run.job_id,
+                    "--duplicates", "-X", "-n", "-P", "-o", "Start,End,NNodes").stdout
+    rows = [[int(x) for x in ln.split("|")] for ln in out.split() if ln.strip()]
+    hand_s = rows[-1][1] - rows[0][0]
+    hand_nh = sum((end - start) * n for start, end, n in rows) / 3600.0
+    rec = run.record()
+    fig = run_figures(summarize_events(sorted_events(run.run_dir)),
+                      allocations=allocations_at(facts_from_record(rec).allocations, 0.0))
+    assert fig is not None
+    print(f"\nsacct {rows}: {hand_s} s, {hand_nh:.4f} node-h; record {rec.allocations}; "
+          f"ETTR {fig.ettr:.3f} of {fig.allocated_s:.1f} s, {fig.node_hours:.4f} node-h "
+          f"({fig.spare_node_hours:.4f} on spares), recovery {fig.seconds[Bucket.RECOVERY]:.1f} s")
+    (alloc,) = rec.allocations
+    assert abs(alloc.start - rows[0][0]) <= 1.0, "the allocation starts at Slurm's Start"
+    # the record's end is the terminal state; Slurm's End follows the agents' exit
+    assert 0.0 <= hand_s - fig.allocated_s <= 3.0
+    assert alloc.nodes == 3 and alloc.spares == 1
+    assert fig.spare_node_hours == pytest.approx(fig.allocated_s / 3600.0)
+    # one node-hours figure: what the budgets count is what status and the report show
+    usage = usage_of(rec, nodes=3, now=0.0)
+    assert fig.node_hours == pytest.approx(usage.node_hours)
+    # until Slurm shrank the job (the lost node removed), node-seconds agree with its own
+    assert rows[0][2] == alloc.nodes and rows[0][0] == pytest.approx(alloc.start, abs=1.0)
+    assert fig.seconds[Bucket.RECOVERY] > 0, "the restart's gap is charged to recovery"
+
