@@ -40,7 +40,7 @@ test-unit: venv
 # 2-core machine). HPCRUN_REQUIRE_BROWSER=1 makes the browser test fail, not skip, without Chromium.
 # Two pytest processes side by side (tests/suite.sh): the testbed tests in one, on two Slurm
 # clusters side by side (testbed lanes 0 and 1, a test module per lane), the unit and
-# local-backend tests in the other (two xdist workers); most testbed time is waiting on Slurm
+# local-backend tests in the other (three xdist workers); most testbed time is waiting on Slurm
 # (grace times, requeues), so they overlap.
 test: lint chromium
 	HPCRUN_REQUIRE_BROWSER=1 tests/suite.sh $(PY) $(PYTEST_ARGS)

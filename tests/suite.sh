@@ -4,7 +4,7 @@
 # Slurm cluster of its own (`hpcrun testbed up --lane K`), since the tests crash and boot nodes
 # and preempt whatever runs on the batch partition; a test module stays on one lane
 # (--dist loadfile). Everything else (lint is done before, unit and local-backend tests, the
-# browser check) runs in the other, over $LOCAL_WORKERS (2) workers. Most testbed time is waiting
+# browser check) runs in the other, over $LOCAL_WORKERS (3) workers. Most testbed time is waiting
 # on Slurm (grace times, requeues), so they overlap. The second process's output is kept in
 # $LOG_DIR/local.log and printed after the first's; the exit status is the first failure's.
 # Usage: tests/suite.sh PYTHON [pytest args...]
@@ -14,9 +14,9 @@ shift
 log_dir=${LOG_DIR:-.test-logs}
 mkdir -p "$log_dir"
 # Each half keeps its per-test timings (JUnit XML in $LOG_DIR) and prints its 25 slowest tests.
-# worksteal: the local-backend runs (30-300 s each) are spread over both workers to the end,
+# worksteal: the local-backend runs (30-300 s each) are spread over all workers to the end,
 # instead of queueing on one worker.
-"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-2}" --dist worksteal --durations=25 \
+"$py" -m pytest tests -m "not slurm" -n "${LOCAL_WORKERS:-3}" --dist worksteal --durations=25 \
   --junit-xml="$log_dir/local.xml" "$@" >"$log_dir/local.log" 2>&1 &
 local_pid=$!
 lanes=${TESTBED_LANES:-2}
