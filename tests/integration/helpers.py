@@ -264,3 +264,33 @@ def first_after(entries: Iterable[tuple[str, LogEntry]], state: str,
     found = [e for s, e in entries if s == state and e.slot > after_slot]
     assert found, f"no {state} entry after slot {after_slot}"
     return found[0]
+
+
+TEARDOWN_S = 8.0
+"""How much later Slurm's End of an allocation may be than the record's end (the stop's state
+entry): the agents' exit and Slurm's epilog, which the record does not charge yet (3.5 s
+measured on a loaded 2-core machine)."""
+
+
+def sacct_allocations(slurm: JobClient, job_id: str) -> list[tuple[int, int, int]]:
+    """``(start, end, nodes)`` of every record of ``job_id`` in Slurm's own accounting (a
+    requeue or a shrink is a record of its own), times as epoch seconds."""
+    out = slurm.run("env", "SLURM_TIME_FORMAT=%s", "sacct", "-j", str(job_id), "--duplicates",
+                    "-X", "-n", "-P", "-o", "Start,End,NNodes").stdout
+    rows = [ln.split("|") for ln in out.split() if ln.strip()]
+    return [(int(start), int(end), int(nodes)) for start, end, nodes in rows]
+
+
+def run_figures_of(run: TestbedRun) -> Any:
+    """The figures status and the report show for ``run`` (ETTR over the record's
+    allocations)."""
+    from hpcrun.observe.collect import facts_from_record
+    from hpcrun.observe.events import sorted_events
+    from hpcrun.observe.figures import allocations_at, run_figures
+    from hpcrun.observe.summary import summarize_events
+
+    fig = run_figures(summarize_events(sorted_events(run.run_dir)),
+                      allocations=allocations_at(facts_from_record(run.record()).allocations,
+                                                 0.0))
+    assert fig is not None, f"no figures for {run.run_dir}"
+    return fig

@@ -18,10 +18,13 @@ from hpcrun.control.log import EntryKind
 from hpcrun.testbed import JobClient, Testbed
 from tests.integration.helpers import (
     BASELINE_STEPS,
+    TEARDOWN_S,
     RunFactory,
     TestbedRun,
     baseline_run,
     first_after,
+    run_figures_of,
+    sacct_allocations,
     scontrol_job,
     slurm_spec,
     wait_until,
@@ -158,8 +161,30 @@ def test_signal_preemption_commits_requeues_once_and_resumes(
     assert [r.state for r in history] == ["REQUEUED", "COMPLETED"]
     notes = [e for e in run.valid(EntryKind.NOTE) if e.payload.get("event") == "requeue_sent"]
     assert len(notes) == 1 and "requeued job" in str(notes[0].payload["detail"])
+    _allocations_agree_with_sacct(run, slurm)
     _print_timeline(f"signal preemption at step {step_at_signal}, resumed from {committed}",
                     _preemption_timeline(run, signalled_at))
+
+
+def _allocations_agree_with_sacct(run: TestbedRun, slurm: JobClient) -> None:
+    """Each allocation of a requeued run against Slurm's record of it: the same start, the
+    same length (the record's end is the stop's state entry; Slurm's follows the agents'
+    exit), node-hours by hand, and the wait for the second allocation as queue, outside ETTR."""
+    rows = sacct_allocations(slurm, run.job_id)
+    rec = run.record()
+    fig = run_figures_of(run)
+    print(f"\nsacct {rows}; record {rec.allocations}; ETTR {fig.ettr:.3f} of "
+          f"{fig.allocated_s:.1f} s, {fig.node_hours:.5f} node-h, queued {fig.queue_s:.1f} s")
+    assert len(rec.allocations) == len(rows) == 2
+    for alloc, (start, end, nodes) in zip(rec.allocations, rows, strict=True):
+        assert alloc.end is not None and abs(alloc.start - start) <= 1.0, (alloc, start)
+        assert -2.0 <= end - alloc.end <= TEARDOWN_S, (alloc, end)  # sacct: whole seconds
+        assert alloc.nodes == nodes
+    hand_s = sum(end - start for start, end, _ in rows)
+    hand_nh = sum((end - start) * n for start, end, n in rows) / 3600.0
+    assert 0.0 <= hand_s - fig.allocated_s <= 2 * TEARDOWN_S
+    assert fig.node_hours == pytest.approx(hand_nh, abs=2 * TEARDOWN_S * 2 / 3600.0)
+    assert fig.queue_s >= rows[1][0] - rows[0][1] - 2.0 and fig.queue_s > 0.0
 
 
 @pytest.mark.slow
