@@ -169,7 +169,7 @@ class LocalLauncher:
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / "agent.out", "ab") as out:
             return subprocess.Popen(
-                [self.plan.python, "-m", "hpcrun.runtime.agent", "--run-dir",
+                [self.plan.python, "-m", "hpcrun.runtime", "--run-dir",
                  str(self.plan.run_dir)], env=env, stdout=out, stderr=subprocess.STDOUT,
                 cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
 

@@ -70,8 +70,12 @@ def signal_run(run_dir: Path, name: str, *, runner: CommandRunner) -> str:
     newest job's steps.
 
     Raises:
-        SchedulerError: nothing to signal (no live launcher, no Slurm job).
+        SchedulerError: nothing to signal (the run has ended, no live launcher, no Slurm job).
     """
+    state = read_record(run_dir).state
+    if is_terminal(state):
+        raise SchedulerError(f"run {run_dir.name} has ended ({state}); there is nothing to "
+                             "signal: `hpcrun submit` starts a new run")
     if run_backend(run_dir) is Backend.LOCAL:
         return _signal_local(run_dir, name)
     return _signal_slurm(run_dir, name, runner)

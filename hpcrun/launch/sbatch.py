@@ -85,7 +85,7 @@ def job_exit_lines(run_dir: Path) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AgentStep:
-    """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime.agent``."""
+    """How the job starts its agents: ``srun <args> <python> -m hpcrun.runtime``."""
 
     nodes: int | None
     """Agents to start: one per node of the allocation (the gang's and the hot spares'); None

@@ -6,6 +6,10 @@ where it is safe to act (for training, at a step boundary: :mod:`hpcrun.runtime.
 holds the whole preemption path). :func:`stop_on` installs the handlers for a block and restores
 whatever was installed before (for example submitit's handlers, or the default action) when the
 block exits. :func:`signal_number` parses a site's signal name.
+
+Before a flag exists: a process's first instructions call :func:`hold_signals`, so a signal that
+comes while it imports and sets up is remembered (:func:`take_held`) instead of taking its default
+action (SIGUSR1's and SIGTERM's is to terminate the process).
 """
 
 from __future__ import annotations
@@ -114,3 +118,30 @@ def stop_on(signals: Iterable[int | str], flag: StopFlag) -> Iterator[StopFlag]:
     finally:
         for num, old in previous.items():
             signal.signal(num, old if old is not None else signal.SIG_DFL)
+
+
+_held: list[int] = []
+
+
+def _hold(signum: int, frame: Any) -> None:
+    _held.append(signum)
+
+
+def hold_signals(signals: Iterable[int | str]) -> None:
+    """From now on each of ``signals`` is only remembered, until a :func:`stop_on` block takes
+    it over and :func:`take_held` hands what came in the meantime to its flag. For the first
+    instructions of a process that a preemption notice can reach before its flag exists."""
+    for num in dict.fromkeys(signal_number(s) for s in signals):
+        signal.signal(num, _hold)
+
+
+def holding(signum: int) -> bool:
+    """Whether ``signum`` is held (:func:`hold_signals`) right now."""
+    return signal.getsignal(signum) is _hold
+
+
+def take_held() -> int | None:
+    """The first signal held since the last call (None if none came), forgetting them all."""
+    first = _held[0] if _held else None
+    _held.clear()
+    return first

@@ -1,4 +1,4 @@
-"""The per-node agent: ``python -m hpcrun.runtime.agent --run-dir DIR`` (one per node).
+"""The per-node agent: ``python -m hpcrun.runtime --run-dir DIR`` (one per node).
 
 Each agent spawns its node's ranks, relays the preemption signal to them, folds their heartbeats
 into one file and their events into one stream per node (:mod:`hpcrun.runtime.node.observations`),

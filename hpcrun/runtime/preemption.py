@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.retry import FaultClass
-from hpcrun.launch.signals import StopFlag, stop_on
+from hpcrun.launch.signals import StopFlag, holding, stop_on, take_held
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending
 from hpcrun.runtime.supervise.decisions import (
     DecisionPolicy,
@@ -60,13 +60,19 @@ if TYPE_CHECKING:
 def agent_stop_signals(preempt_signal: int, flag: StopFlag) -> Iterator[StopFlag]:
     """Within the block the preemption signal and SIGTERM only set ``flag``.
 
-    Outside it (before, and after it while the agent exits) a late preemption signal is
-    ignored: with the default action it would kill an agent whose run has already ended, and
-    Slurm would mark a finished job FAILED. Ignoring first also makes it the disposition the
-    block restores on the way out.
+    Outside it (before, and after it while the agent exits) a late preemption signal must not
+    take its default action: it would kill an agent whose run has already ended, and Slurm would
+    mark a finished job FAILED. The agent's process holds both signals from its first
+    instruction (``python -m hpcrun.runtime``): what came before the block sets ``flag`` when it
+    starts, and what comes after it is only held. An agent started otherwise ignores the
+    preemption signal outside the block.
     """
-    signal.signal(preempt_signal, signal.SIG_IGN)
+    if not holding(preempt_signal):
+        signal.signal(preempt_signal, signal.SIG_IGN)
     with stop_on([preempt_signal, signal.SIGTERM], flag):
+        early = take_held()
+        if early is not None:
+            flag.set(early)
         yield flag
 
 

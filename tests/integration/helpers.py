@@ -294,3 +294,17 @@ def run_figures_of(run: TestbedRun) -> Any:
                                                  0.0))
     assert fig is not None, f"no figures for {run.run_dir}"
     return fig
+
+
+def slurm_story(slurm: JobClient, run: TestbedRun, *, tail: int = 15) -> str:
+    """For a failure message: what Slurm says of the run's job (every record, with its state,
+    exit code and reason) and the last lines of each log the job and its agents wrote."""
+    out = slurm.run("sacct", "-j", str(run.job_id), "--duplicates", "-n", "-P",
+                    "-o", "JobID,State,ExitCode,Start,End,NodeList,Reason").stdout
+    pending = slurm.run("squeue", "-h", "-j", str(run.job_id), "-o", "%T %r").stdout
+    parts = [f"sacct:\n{out.strip()}", f"squeue: {pending.strip() or '-'}"]
+    for path in sorted((run.run_dir / "logs").rglob("*")):
+        if path.is_file():
+            lines = path.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"--- {path.relative_to(run.run_dir)}\n" + "\n".join(lines))
+    return "\n".join(parts)

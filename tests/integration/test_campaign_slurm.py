@@ -16,7 +16,13 @@ from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, row_for
 from hpcrun.testbed import JobClient, Testbed
 from hpcrun.vocab import TERMINAL
-from tests.integration.helpers import RunFactory, TestbedRun, first_after, slurm_spec
+from tests.integration.helpers import (
+    RunFactory,
+    TestbedRun,
+    first_after,
+    slurm_spec,
+    slurm_story,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -64,7 +70,7 @@ def test_a_long_run_under_a_one_minute_limit_finishes_in_segments(
     while str(run.record().state) not in TERMINAL and time.monotonic() < deadline:
         time.sleep(2)
     rec = run.record()
-    assert str(rec.state) == "SUCCEEDED", _timeline(run)
+    assert str(rec.state) == "SUCCEEDED", f"{_timeline(run)}\n{slurm_story(slurm, run)}"
     assert rec.step == 200 and rec.segments >= 1, _timeline(run)
     assert rec.job_ids == (run.job_id,)  # one job, requeued by itself each time
     # only stops without progress were faults; segments never counted against max_requeues

@@ -331,10 +331,11 @@ def test_corrupt_shards_of_the_newest_checkpoint_restore_the_previous_one(
         testbed: Testbed, runs: RunFactory) -> None:
     """The stop checkpoint's shards are damaged on both tiers (one truncated, one bit-flipped)
     between the requeue and the restore: it is never loaded, the previous one is."""
-    steps = 60
+    steps = 200  # ~20 s of steps left when the first shared checkpoint shows, even loaded
     run = runs.submit(_spec(testbed, steps=steps, ledger=True), inject=_pace(0.1))
     _wait_for_shared_checkpoint(run)
-    assert run.cli("signal", run.name).returncode == 0
+    sent = run.cli("signal", run.name)
+    assert sent.returncode == 0, sent.stderr
     run.wait_for("the requeue", lambda: any(
         e.payload.get("event") == "requeue_sent" for e in run.valid(EntryKind.NOTE)),
         timeout=120)

@@ -142,13 +142,17 @@ def _print_timeline(title: str, parts: dict[str, float]) -> None:
         print(f"  {name:<40} {seconds:6.2f} s")
 
 
-def _preemptible_spec(testbed: Testbed, steps: int) -> dict[str, object]:
-    return slurm_spec(testbed, steps=steps, every_steps=10, config={"ledger": True})
+def _preemptible_run(runs: RunFactory, testbed: Testbed, steps: int) -> TestbedRun:
+    """A run a preemption reaches mid-training: paced at 0.1 s a step, it is still ~20 s from
+    its end when the test signals it at step 20 (unpaced, a loaded machine delivered the
+    signal after the last step)."""
+    return runs.submit(slurm_spec(testbed, steps=steps, every_steps=10, config={"ledger": True}),
+                       inject="slow@step=1,rank=0,seconds=0.1,every=1")
 
 
 def test_signal_preemption_commits_requeues_once_and_resumes(
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
-    run = runs.submit(_preemptible_spec(testbed, 240))
+    run = _preemptible_run(runs, testbed, 240)
     run.wait_for("training past step 20", lambda: run.record().step >= 20, timeout=90)
     signalled_at = time.time()
     sent = run.cli("signal", run.name)
@@ -190,7 +194,7 @@ def _allocations_agree_with_sacct(run: TestbedRun, slurm: JobClient) -> None:
 @pytest.mark.slow
 def test_full_scancel_signal_reaches_agents_once_per_requeue(
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
-    run = runs.submit(_preemptible_spec(testbed, 240))
+    run = _preemptible_run(runs, testbed, 240)
     run.wait_for("training past step 20", lambda: run.record().step >= 20, timeout=90)
     sent = slurm.run("scancel", "--full", "-s", "USR1", run.job_id)
     assert sent.returncode == 0, sent.stderr
@@ -201,7 +205,7 @@ def test_full_scancel_signal_reaches_agents_once_per_requeue(
 @pytest.mark.slow
 def test_high_priority_job_preempts_and_slurm_requeues_exactly_once(
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
-    run = runs.submit(_preemptible_spec(testbed, 400))
+    run = _preemptible_run(runs, testbed, 400)
     run.wait_for("training past step 20", lambda: run.record().step >= 20, timeout=90)
     victim_nodes = ",".join(run.record().membership)
     high = slurm.submit("#!/bin/sh\nsleep 20\n", "-p", "high", "-N2", "-w", victim_nodes,

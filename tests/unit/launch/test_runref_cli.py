@@ -57,3 +57,13 @@ def test_cancel_of_a_local_run_by_prefix_fences_it_and_sends_no_scancel(
     assert out.output.strip().endswith("tiny-20261201-101500-ef56: CANCELLED")
     record = read_record(run)
     assert str(record.state) == "CANCELLED" and record.slurm_job_ids() == ()
+
+
+def test_signal_of_a_run_that_has_ended_says_so_and_sends_nothing(
+        tmp_path: Path, runner: CliRunner) -> None:
+    _run(tmp_path, "tiny-20261201-101500-gh78", job="local-999999", backend=Backend.LOCAL)
+    assert runner.invoke(cli, ["cancel", "tiny-20261201-101500-gh"]).exit_code == 0
+    out = runner.invoke(cli, ["signal", "tiny-20261201-101500-gh"])
+    assert out.exit_code != 0
+    assert "run tiny-20261201-101500-gh78 has ended (CANCELLED); there is nothing to signal" in \
+        str(out.exception)

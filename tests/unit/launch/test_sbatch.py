@@ -184,7 +184,7 @@ def test_batch_shell_forwards_the_signal_survives_sigterm_and_returns_srun_statu
     argv = (tmp_path / "argv").read_text().split()
     assert argv[:5] == ["-n", "2", "--ntasks-per-node=1", "--cpus-per-task=2",
                         "--kill-on-bad-exit=0"]
-    assert argv[5:] == ["/usr/bin/python3", "-m", "hpcrun.runtime.agent", "--run-dir",
+    assert argv[5:] == ["/usr/bin/python3", "-m", "hpcrun.runtime", "--run-dir",
                         str(tmp_path)]
     assert "got SIGTERM" in (shell.stderr.read() if shell.stderr else "")
 
@@ -302,7 +302,7 @@ def test_golden_pyxis_image_and_mounts_are_each_one_quoted_argument() -> None:
     text = rendered(spec, dataclasses.replace(site, container=container))
     assert_golden("sbatch_pyxis_quoted.sh", text)
     srun = " ".join(line.rstrip("\\ ") for line in text.splitlines()
-                    if line.startswith("srun ") or "hpcrun.runtime.agent" in line)
+                    if line.startswith("srun ") or "-m hpcrun.runtime " in line)
     words = shlex.split(srun.removesuffix("&"))
     assert "--container-image=/images/py torch;$(id).sqsh" in words
     assert "--container-mounts=/lustre/my data:/data:ro,/scratch/$USER:/scratch" in words
@@ -316,7 +316,7 @@ def test_golden_apptainer_site_keeps_the_agents_on_the_host() -> None:
     text = render_sbatch(spec, site, run_dir=RUN_DIR, op_id="tiny.submit.0")
     assert_golden("sbatch_preemptible_apptainer.sh", text.replace(spec.spec_id, "<spec-id>"))
     assert "apptainer" not in text.replace("module load apptainer", "")
-    assert "python3 -m hpcrun.runtime.agent" in text
+    assert "python3 -m hpcrun.runtime --run-dir" in text
 
 
 def test_unknown_or_modeled_sbatch_options_are_refused_with_one_clear_line() -> None:

@@ -168,7 +168,7 @@ def test_a_pyxis_image_or_mount_is_refused_in_one_line_or_reaches_srun_as_one_ar
         spec, site, run_dir=RUN_DIR, op_id="op")]
     argv = _srun_argv(script)
     assert f"--container-image={image}" in argv and f"--container-mounts={mount}" in argv
-    assert argv[-5:] == ["python3", "-m", "hpcrun.runtime.agent", "--run-dir", str(RUN_DIR)]
+    assert argv[-5:] == ["python3", "-m", "hpcrun.runtime", "--run-dir", str(RUN_DIR)]
 
 
 @SLOW

@@ -31,6 +31,7 @@ module load nccl/2.21 || { echo "hpcrun: module load failed:" nccl/2.21 >&2; exi
 export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
 export HPCRUN_SITE=generic-gpu
 export HPCRUN_OP_ID=tiny.submit.0
+export HPCRUN_PREEMPT_SIGNAL=USR1
 export NCCL_DEBUG=WARN
 export OMP_NUM_THREADS=8
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
@@ -65,7 +66,7 @@ trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
 srun -n 2 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --cpu-bind=none --container-image='nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts=/lustre:/lustre,/local/nvme:/local/nvme --container-writable --no-container-mount-home \
-    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
     wait "$srun_pid"

@@ -30,6 +30,7 @@ module load cuda/12.4 || { echo "hpcrun: module load failed:" cuda/12.4 >&2; exi
 export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
 export HPCRUN_SITE=preemptible
 export HPCRUN_OP_ID=tiny.submit.0
+export HPCRUN_PREEMPT_SIGNAL=USR2
 export OMP_NUM_THREADS=4
 
 # The job's exit status is the run's outcome once the run has ended (a node lost and repaired
@@ -61,7 +62,7 @@ trap forward_preempt USR2
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
 srun -n 4 --ntasks-per-node=1 --cpus-per-task=32 --kill-on-bad-exit=0 \
-    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
     wait "$srun_pid"

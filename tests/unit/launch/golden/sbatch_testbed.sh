@@ -22,6 +22,7 @@ set -uo pipefail
 export HPCRUN_RUN_DIR=/shared/runs/tiny-20250101-000000-abcd
 export HPCRUN_SITE=testbed
 export HPCRUN_OP_ID=tiny.submit.0
+export HPCRUN_PREEMPT_SIGNAL=USR1
 export GLOO_SOCKET_IFNAME=lo
 export OMP_NUM_THREADS=1
 
@@ -47,7 +48,7 @@ trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
 srun -n 2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 \
-    /opt/hpcrun/venv/bin/python -m hpcrun.runtime.agent --run-dir /shared/runs/tiny-20250101-000000-abcd &
+    /opt/hpcrun/venv/bin/python -m hpcrun.runtime --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
     wait "$srun_pid"
