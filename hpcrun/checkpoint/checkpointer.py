@@ -22,6 +22,7 @@ from hpcrun.checkpoint import commit as protocol
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
+from hpcrun.checkpoint.keys import RNG_FIELD
 from hpcrun.checkpoint.readplan import need_of
 from hpcrun.checkpoint.restore import as_state_values
 from hpcrun.checkpoint.restorer import Loaded, PeerSource, RestoreShell
@@ -30,7 +31,6 @@ from hpcrun.checkpoint.sharded import wrap_sharded
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
 from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
 from hpcrun.checkpoint.state import (
-    RNG_FIELD,
     Layout,
     RestoreResult,
     SaveResult,

@@ -42,10 +42,11 @@ from hpcrun.checkpoint.export_state import (
     optimizer_by_name,
     select_checkpoint,
 )
+from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.checkpoint.manifest import Manifest, safe_relpath
 from hpcrun.checkpoint.restore import assemble, plan_gather, read_assigned
 from hpcrun.checkpoint.stage import torch_dtype
-from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf, decode_tree
+from hpcrun.checkpoint.state import TensorLeaf, decode_tree
 from hpcrun.checkpoint.tiers import CKPT_DIR, fold_checkpoints, shared_root
 from hpcrun.control.log import RunLog
 from hpcrun.errors import CheckpointError

@@ -41,6 +41,7 @@ from hpcrun.checkpoint.commit import (
     read_committed_json,
     record_fault,
 )
+from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.checkpoint.manifest import (
     MANIFEST_SCHEMA_VERSION,
     ShardRecord,
@@ -51,7 +52,6 @@ from hpcrun.checkpoint.manifest import (
     shard_dict,
     submanifest_path,
 )
-from hpcrun.checkpoint.state import META_KEY, Placement
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier, manifest_relpath
 from hpcrun.control.entries import CursorPayload, ProgressPayload
 from hpcrun.control.log import RunLog

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from hpcrun.checkpoint.state import META_KEY, Placement
+from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.control.payload import canonical_json
 from hpcrun.errors import CorruptCheckpointError
 

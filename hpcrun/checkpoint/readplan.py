@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpcrun.checkpoint.chunks import Box, covered, intersect, volume
+from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import align_up
-from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
+from hpcrun.checkpoint.state import TensorLeaf
 
 Rows = tuple[int, int, tuple[int, ...]]
 """``(row_start, row_stop, global_shape)`` of a dim-0 sharded tensor on this rank."""

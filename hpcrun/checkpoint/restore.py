@@ -34,13 +34,14 @@ import torch
 
 from hpcrun.checkpoint.chunks import Box, intersect, relative, volume
 from hpcrun.checkpoint.device import HostLanding
+from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.checkpoint.manifest import DatasetRecord, Manifest, ShardRecord
 from hpcrun.checkpoint.rawio import align_up, aligned_buffer
 from hpcrun.checkpoint.readpipe import RestorePhases
 from hpcrun.checkpoint.readplan import Placed, RankPlan, Read, Target
 from hpcrun.checkpoint.shards import ShardSource, read_datasets
 from hpcrun.checkpoint.stage import torch_dtype
-from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
+from hpcrun.checkpoint.state import TensorLeaf
 from hpcrun.errors import CorruptCheckpointError, ReshardError
 from hpcrun.vocab import Tier
 

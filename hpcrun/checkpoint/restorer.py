@@ -33,6 +33,7 @@ from hpcrun.checkpoint import commit as protocol
 from hpcrun.checkpoint import hierarchy
 from hpcrun.checkpoint.collective import Collectives
 from hpcrun.checkpoint.identity import CheckpointIdentity, TierLayout
+from hpcrun.checkpoint.keys import Placement
 from hpcrun.checkpoint.manifest import ShardRecord, node_manifest_refs
 from hpcrun.checkpoint.rawio import aligned_buffer
 from hpcrun.checkpoint.readpipe import RestorePhases
@@ -55,7 +56,7 @@ from hpcrun.checkpoint.restore import (
 )
 from hpcrun.checkpoint.shards import ShardSource
 from hpcrun.checkpoint.stage import StagingBuffer
-from hpcrun.checkpoint.state import Layout, Placement, TensorLeaf
+from hpcrun.checkpoint.state import Layout, TensorLeaf
 from hpcrun.checkpoint.tiers import CommittedCheckpoint, Tier
 from hpcrun.control.entries import FaultPayload
 from hpcrun.control.log import RunLog

@@ -22,24 +22,21 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import h5py
 import numpy as np
 import xxhash
 
+from hpcrun.checkpoint.keys import Placement, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
 from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
-from hpcrun.checkpoint.stage import (
-    StagedPiece,
-    StagingBuffer,
-    storage_dtype,
-    torch_dtype,
-)
-from hpcrun.checkpoint.state import Placement
 from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
+
+if TYPE_CHECKING:
+    from hpcrun.checkpoint.stage import StagedPiece, StagingBuffer
 
 SHARD_FORMAT = "hpcrun-shard"
 SHARD_SCHEMA_VERSION = 2
@@ -128,7 +125,7 @@ def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
                         **{k: getattr(header, k) for k in header.__slots__}})  # type: ignore[attr-defined]
         for sp in staged:
             raw = buffer.view(sp.offset, sp.piece.nbytes)
-            data = raw.view(storage_dtype(torch_dtype(sp.piece.dtype))).reshape(sp.piece.shape)
+            data = raw.view(stored_as(sp.piece.dtype)).reshape(sp.piece.shape)
             offsets.append(_create_dataset(f, sp, data))
     return offsets
 
@@ -250,7 +247,7 @@ class LocalShard:
 def _check_dataset(f: h5py.File, d: DatasetRecord, dest: np.ndarray, path: str) -> None:
     ds = f.get(d.h5path)
     shape = d.shape
-    storage = storage_dtype(torch_dtype(d.dtype))
+    storage = stored_as(d.dtype)
     if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype != storage:
         raise _corrupt(path, f"dataset {d.h5path!r} is missing or not {storage}{list(shape)}")
     if ds.attrs.get("checksum") != d.checksum or ds.attrs.get("key") != d.key:

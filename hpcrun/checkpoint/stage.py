@@ -21,12 +21,11 @@ import numpy as np
 import torch
 
 from hpcrun.checkpoint.device import DeviceCopies, is_pinned, on_device, pinned_bytes
+from hpcrun.checkpoint.keys import META_KEY, NATIVE_DTYPES, Placement
 from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
-from hpcrun.checkpoint.state import META_KEY, FlatState, Placement, TensorLeaf
+from hpcrun.checkpoint.state import FlatState, TensorLeaf
 from hpcrun.errors import CheckpointError
 
-_NATIVE = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128}
 _UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 _BY_NAME = {str(d).removeprefix("torch."): d for d in vars(torch).values()
             if isinstance(d, torch.dtype)}
@@ -47,8 +46,8 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def storage_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype a tensor is stored as in HDF5 (bf16 and float8 as same-width uints)."""
-    if dtype in _NATIVE:
-        return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+    if dtype_name(dtype) in NATIVE_DTYPES:
+        return np.dtype(dtype_name(dtype))
     size = torch.empty(0, dtype=dtype).element_size()
     if size not in _UINT:
         raise CheckpointError(f"cannot store tensors of dtype {dtype}; cast it in state_dict()")

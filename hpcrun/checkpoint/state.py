@@ -27,29 +27,14 @@ import math
 import random
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import torch
 
+from hpcrun.checkpoint.keys import Placement
 from hpcrun.errors import CheckpointError
 from hpcrun.vocab import Tier
-
-META_KEY = "__meta__"
-"""Logical key of each rank's JSON meta tree inside its shard."""
-RNG_FIELD = "__rng__"
-"""Field of the meta tree that holds this rank's RNG streams."""
-
-
-class Placement(StrEnum):
-    """Who holds a tensor leaf."""
-
-    REPLICATED = "replicated"
-    ROW = "row"
-    LOCAL = "local"
-    CHUNK = "chunk"
-    """An N-D box of a DTensor (its offsets and lengths recorded per chunk)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)

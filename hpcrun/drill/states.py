@@ -125,7 +125,7 @@ def tensor_family(key: str) -> str:
 
 def meta_family(key: str) -> str:
     """The family of a top-level meta field (``__rng__`` → ``rng``; pure)."""
-    from hpcrun.checkpoint.state import RNG_FIELD  # torch is loaded once a state is
+    from hpcrun.checkpoint.keys import RNG_FIELD
 
     return RNG_FAMILY if key == RNG_FIELD else key
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -132,6 +133,10 @@ class DrainProcess:
 
 
 def _lowest_cpu_priority() -> None:
-    """In a child before exec: nice 19 (the drain lowers the rest of its priority itself)."""
+    """In a child before exec: nice 19 (the drain lowers the rest of its priority itself), and
+    the preemption signals ignored from its first instruction (ignoring survives exec): Slurm
+    may signal every process of the step, and the drain must live to make the stop durable."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, 19)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrun.checkpoint.chunks import covered, intersect, is_writer
+from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.checkpoint.manifest import (
     DatasetRecord,
     ShardRecord,
@@ -26,7 +27,7 @@ from hpcrun.checkpoint.manifest import (
 )
 from hpcrun.checkpoint.readplan import Need, plan_node
 from hpcrun.checkpoint.restore import build_tensors
-from hpcrun.checkpoint.state import META_KEY, Placement, TensorLeaf
+from hpcrun.checkpoint.state import TensorLeaf
 from hpcrun.control.payload import canonical_json
 from hpcrun.drill.restore import restore_drill
 from hpcrun.drill.states import find_committed, load_state
