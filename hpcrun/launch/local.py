@@ -41,6 +41,7 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.log import RunLog
 from hpcrun.exits import EXIT_PREEMPTED
+from hpcrun.launch.signals import ignored_from_exec
 from hpcrun.safedirs import ensure_private_dir
 from hpcrun.vocab import FaultClass
 
@@ -171,7 +172,8 @@ class LocalLauncher:
             return subprocess.Popen(
                 [self.plan.python, "-m", "hpcrun.runtime", "--run-dir",
                  str(self.plan.run_dir)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
+                cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
+                preexec_fn=ignored_from_exec([env.get("HPCRUN_PREEMPT_SIGNAL") or "USR1"]))
 
     def _notice_lost_nodes(self, lost: set[int]) -> None:
         """An agent SIGKILLed is a lost node: record it as the scheduler would (not after a

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -133,6 +133,19 @@ def hold_signals(signals: Iterable[int | str]) -> None:
     instructions of a process that a preemption notice can reach before its flag exists."""
     for num in dict.fromkeys(signal_number(s) for s in signals):
         signal.signal(num, _hold)
+
+
+def ignored_from_exec(signals: Iterable[int | str]) -> Callable[[], None]:
+    """A ``preexec_fn`` that ignores ``signals`` in a child before it execs: an ignored signal
+    stays ignored across exec, so the child's interpreter starts immune to it, and the child
+    holds it once it runs (:func:`hold_signals`)."""
+    numbers = [signal_number(s) for s in signals]
+
+    def ignore() -> None:
+        for num in numbers:
+            signal.signal(num, signal.SIG_IGN)
+
+    return ignore
 
 
 def holding(signum: int) -> bool:

@@ -191,6 +191,30 @@ def _allocations_agree_with_sacct(run: TestbedRun, slurm: JobClient) -> None:
     assert fig.queue_s >= rows[1][0] - rows[0][1] - 2.0 and fig.queue_s > 0.0
 
 
+def test_a_notice_as_the_agents_start_is_a_stop_and_a_requeue_not_a_failed_job(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
+    """Slurm sends a notice to the agents' step from the step's start (a short time limit's
+    warning can come that early). One a second after the step appears (each agent's
+    interpreter starts with it ignored, its first instructions hold it) and one a second later
+    (held while the agent imports and sets up, or on its flag): neither kills an agent; the
+    gang stops before its first steps, is requeued once, and the next allocation runs the
+    whole run. (Within the first milliseconds, before a task's shell has run, nothing in the
+    task can catch it.)"""
+    run = _preemptible_run(runs, testbed, 40)
+    wait_until("the agents' step", lambda: f"{run.job_id}.0" in slurm.run(
+        "squeue", "-h", "-s", "-j", run.job_id, "-o", "%i").stdout.split(),
+        timeout=120, poll_s=0.05)
+    for _ in range(2):
+        time.sleep(1.0)
+        sent = slurm.run("scancel", "--signal=USR1", run.job_id)
+        assert sent.returncode == 0, sent.stderr
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    assert rec.step == 40 and rec.requeues == 1 and rec.job_ids == (run.job_id,)
+    assert [f.fault for f in rec.faults] == ["preemption"]
+    history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
+    assert [r.state for r in history] == ["REQUEUED", "COMPLETED"]
+
+
 @pytest.mark.slow
 def test_full_scancel_signal_reaches_agents_once_per_requeue(
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from hpcrun.checkpoint.peer.ledger import ring_partner
 from hpcrun.control.log import RunLog
+from hpcrun.launch.signals import ignored_from_exec
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.node.drainer import DrainTarget, drain_target
 from hpcrun.runtime.node.info import NodeInfo
@@ -132,11 +133,13 @@ class DrainProcess:
             proc.wait()
 
 
+_IGNORE_PREEMPTION = ignored_from_exec([signal.SIGUSR1, signal.SIGUSR2])
+
+
 def _lowest_cpu_priority() -> None:
     """In a child before exec: nice 19 (the drain lowers the rest of its priority itself), and
     the preemption signals ignored from its first instruction (ignoring survives exec): Slurm
     may signal every process of the step, and the drain must live to make the stop durable."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, 19)
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
+    _IGNORE_PREEMPTION()

@@ -184,8 +184,10 @@ def test_batch_shell_forwards_the_signal_survives_sigterm_and_returns_srun_statu
     argv = (tmp_path / "argv").read_text().split()
     assert argv[:5] == ["-n", "2", "--ntasks-per-node=1", "--cpus-per-task=2",
                         "--kill-on-bad-exit=0"]
-    assert argv[5:] == ["/usr/bin/python3", "-m", "hpcrun.runtime", "--run-dir",
-                        str(tmp_path)]
+    # the agents start with the signal ignored until they hold it (argv joined, then split)
+    assert argv[5:10] == ["/bin/sh", "-c", "trap", '""', "USR1;"]
+    assert argv[-6:] == ["hpcrun-agent", "/usr/bin/python3", "-m", "hpcrun.runtime",
+                         "--run-dir", str(tmp_path)]
     assert "got SIGTERM" in (shell.stderr.read() if shell.stderr else "")
 
 

@@ -111,7 +111,7 @@ def _srun_argv(script: str) -> list[str]:
     ``srun`` that prints each argument)."""
     lines = script.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("srun "))
-    command = " ".join(ln.rstrip("\\") for ln in lines[start:start + 2]).rstrip(" &")
+    command = " ".join(ln.rstrip("\\") for ln in lines[start:start + 3]).rstrip(" &")
     out = subprocess.run(["bash", "-c", 'srun() { printf "%s\\0" "$@"; }\n' + command],
                          capture_output=True, check=True)
     return out.stdout.decode().split("\0")[:-1]

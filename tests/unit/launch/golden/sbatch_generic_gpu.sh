@@ -65,7 +65,11 @@ forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/
 trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
+# Each agent starts with SIGUSR1 ignored (an ignored signal stays ignored across exec)
+# until its first instructions hold it: a notice that reaches the step while the interpreter
+# starts must not kill the agent.
 srun -n 3 --ntasks-per-node=1 --cpus-per-task=96 --kill-on-bad-exit=0 --no-kill --cpu-bind=none --output=/shared/runs/tiny-20250101-000000-abcd/logs/agent-%j-%N.out --error=/shared/runs/tiny-20250101-000000-abcd/logs/agent-%j-%N.err --input=none --container-image='nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts=/lustre:/lustre,/local/nvme:/local/nvme --container-writable --no-container-mount-home \
+    /bin/sh -c 'trap "" USR1; exec "$@"' hpcrun-agent \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do

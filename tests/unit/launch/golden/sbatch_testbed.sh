@@ -47,7 +47,11 @@ forward_preempt() { if [ -n "$srun_pid" ]; then kill -s USR1 "$srun_pid" 2>/dev/
 trap forward_preempt USR1
 trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >&2' TERM
 
+# Each agent starts with SIGUSR1 ignored (an ignored signal stays ignored across exec)
+# until its first instructions hold it: a notice that reaches the step while the interpreter
+# starts must not kill the agent.
 srun -n 2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 \
+    /bin/sh -c 'trap "" USR1; exec "$@"' hpcrun-agent \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do

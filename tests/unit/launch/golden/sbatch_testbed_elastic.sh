@@ -49,7 +49,11 @@ trap 'echo "hpcrun: batch shell got SIGTERM; waiting for the agents to commit" >
 
 export SLURM_NTASKS="$SLURM_JOB_NUM_NODES"
 export SLURM_NPROCS="$SLURM_JOB_NUM_NODES"
+# Each agent starts with SIGUSR1 ignored (an ignored signal stays ignored across exec)
+# until its first instructions hold it: a notice that reaches the step while the interpreter
+# starts must not kill the agent.
 srun --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --no-kill --output=/shared/runs/tiny-20250101-000000-abcd/logs/agent-%j-%N.out --error=/shared/runs/tiny-20250101-000000-abcd/logs/agent-%j-%N.err --input=none \
+    /bin/sh -c 'trap "" USR1; exec "$@"' hpcrun-agent \
     /opt/hpcrun/venv/bin/python -m hpcrun.runtime --run-dir /shared/runs/tiny-20250101-000000-abcd &
 srun_pid=$!
 while true; do
