@@ -76,7 +76,7 @@ def _one(root: Path, env: dict[str, str], site: str, inject: str, name: str, *,
                            for s in splits]}
 
 
-MODES = (("warm", {}), ("cold", {"HPCRUN_WARM": "0"}))
+MODES = (("warm", {"HPCRUN_WARM": "1"}), ("cold", {"HPCRUN_WARM": "0"}))
 """Rank crash runs: warm rank processes (the default) and cold spawns."""
 CRASH = "crash@step=900,rank=1"
 """Late enough (several seconds of steps) for the warm pool, refilled once the gang has

@@ -11,11 +11,14 @@ import click
 
 from hpcrun.testbed import Testbed, TestbedConfig
 from hpcrun.testbed.config import (
+    LANE_ENV,
     MAX_LANES,
+    STATE_DIR_ENV,
     default_lane,
     default_state_dir,
     lane_config,
     render_env_exports,
+    state_dir_of_slurm_conf,
 )
 
 _STATE_DIR_HELP = "State directory [env HPCRUN_TESTBED_DIR; default /var/lib/hpcrun-testbed]."
@@ -30,7 +33,12 @@ def _config(state_dir: str | None, lane: int | None, **fields: object) -> Testbe
 
 
 def _existing(state_dir: str | None, lane: int | None) -> Testbed:
-    return Testbed.from_state_dir(_config(state_dir, lane).state_dir)
+    """The testbed named by ``--state-dir``/``--lane`` or their variables; without any, the one
+    this shell's ``SLURM_CONF`` points at (a lane's clients reach their own), else lane 0."""
+    named = state_dir is not None or lane is not None or any(
+        os.environ.get(k) for k in (STATE_DIR_ENV, LANE_ENV))
+    pointed = None if named else state_dir_of_slurm_conf(os.environ.get("SLURM_CONF", ""))
+    return Testbed.from_state_dir(pointed or _config(state_dir, lane).state_dir)
 
 
 def state_dir_option(fn: Callable[..., None]) -> Callable[..., None]:

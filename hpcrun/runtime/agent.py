@@ -337,11 +337,19 @@ class Agent:
         return script.script_exit(ex, stopping=self.stop.is_set)
 
     def _warm_pool(self) -> WarmPool | None:
-        """One warm process per local rank, unless ``HPCRUN_WARM=0``."""
-        from hpcrun.runtime.rank.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool
+        """One warm process per local rank where the cores allow it (:func:`warm_fits`;
+        ``HPCRUN_WARM=1`` always, ``0`` never)."""
+        from hpcrun.runtime.rank.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool, warm_fits
 
-        if self.environ.get(WARM_ENV, "1") == "0" or self.spec.script_mode:
+        setting = self.environ.get(WARM_ENV, "")
+        if setting == "0" or self.spec.script_mode:
             return None  # a script's imports are its own
+        # the local backend's emulated nodes all run on this machine's cores
+        sharing = len(self.node.nodes) if self.node.backend == Backend.LOCAL else 1
+        if setting != "1" and not warm_fits(
+                ranks=self.spec.resources.tasks_per_node * sharing,
+                cores=len(os.sched_getaffinity(0))):
+            return None
         env = {**self._base_env(), ENTRYPOINT_ENV: self.spec.entrypoint}
         return WarmPool(slots=self.spec.resources.tasks_per_node, env=env,
                         argv=self._rank_argv(["-m", "hpcrun.runtime.rank.warm"]),

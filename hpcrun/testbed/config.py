@@ -423,6 +423,18 @@ def default_lane(env: Mapping[str, str]) -> int:
     return int(raw)
 
 
+def state_dir_of_slurm_conf(slurm_conf: str) -> Path | None:
+    """The state directory of the testbed whose ``slurm.conf`` is ``slurm_conf`` (its
+    ``etc/slurm.conf`` beside a ``testbed.json``), None for any other file."""
+    if not slurm_conf:
+        return None
+    conf = Path(slurm_conf)
+    state_dir = conf.parent.parent
+    if conf.name != "slurm.conf" or conf.parent.name != "etc":
+        return None
+    return state_dir if (state_dir / "testbed.json").is_file() else None
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     """``$HPCRUN_TESTBED_DIR`` if set, else ``/var/lib/hpcrun-testbed``."""
     raw = env.get(STATE_DIR_ENV, "")

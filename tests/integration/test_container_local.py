@@ -60,7 +60,9 @@ def test_ranks_in_charliecloud_resume_and_restart_bitwise_like_the_host(tmp_path
     sites = _site(tmp_path)
     spec = local_spec(steps=STEPS, every_steps=5, data={"contract": "bitwise"})
     inside = {**spec, "site": "local-ch"}
-    env = {"HPCRUN_SITE_CONFIGS": str(sites), **ch_env()}
+    # HPCRUN_WARM=1: the restart takes a warm process started through ch-run (on a machine
+    # with fewer than 8 cores the agents would keep no pool for 2 x 2 ranks)
+    env = {"HPCRUN_SITE_CONFIGS": str(sites), "HPCRUN_WARM": "1", **ch_env()}
     with ThreadPoolExecutor(2) as pool:
         ref_f = pool.submit(submit, tmp_path / "host", spec)
         cut_f = pool.submit(submit, tmp_path / "inside", inside, inject=FAULTS, env=env)

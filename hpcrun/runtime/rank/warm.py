@@ -8,9 +8,11 @@ environment and its log file: values only, nothing pickled) and closes the pipe;
 points its stdout/stderr at the rank's log, replaces its environment and runs
 :func:`hpcrun.runtime.rank.worker.run` as a freshly spawned rank would. EOF without a line (the
 agent discarded it) exits 0. The pool refills itself after each hand-off, so the next incarnation
-finds its processes already warm; a hot spare's agent keeps its own. When the ranks run in an
-image (Charliecloud, Apptainer), the agent's ``argv`` starts each warm process through the
-runtime, so the image's interpreter is the one that pre-imports.
+finds its processes already warm; a hot spare's agent keeps its own. A refill imports torch beside
+ranks that are training, so an agent keeps a pool only where each rank and each warm process has
+a core of its own (:func:`warm_fits`; ``HPCRUN_WARM=1`` keeps one anyway, ``0`` never). When
+the ranks run in an image (Charliecloud, Apptainer), the agent's ``argv`` starts each warm
+process through the runtime, so the image's interpreter is the one that pre-imports.
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ if TYPE_CHECKING:
     from hpcrun.runtime.incarnation import Incarnation
 
 WARM_ENV = "HPCRUN_WARM"
-"""``0`` turns warm processes off (every rank is spawned cold)."""
+"""``0`` turns warm processes off (every rank is spawned cold), ``1`` on whatever the cores;
+unset: on where :func:`warm_fits`."""
 ENTRYPOINT_ENV = "HPCRUN_WARM_ENTRYPOINT"
 """The run's ``module:function`` (set by the agent): its module is imported while warm."""
 CODE_PATH_ENV = "HPCRUN_CODE_PATH"
 LET_GO_S = 1.0
 """How long :meth:`WarmPool.close` waits on EOF before it sends SIGTERM to a warm process."""
+
+
+def warm_fits(*, ranks: int, cores: int) -> bool:
+    """Whether ``cores`` (this agent's CPU affinity) leave one core for each of the ``ranks``
+    that share them and one more for each rank's warm process (pure)."""
+    return cores >= 2 * ranks
 
 
 class WarmPool:

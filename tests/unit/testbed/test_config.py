@@ -23,6 +23,7 @@ from hpcrun.testbed.config import (
     render_hosts,
     render_slurm_conf,
     render_slurmdbd_conf,
+    state_dir_of_slurm_conf,
 )
 
 STATE = Path("/srv/tb")
@@ -188,3 +189,15 @@ def test_lane_from_environment() -> None:
     assert default_lane({"HPCRUN_TESTBED_LANE": "2"}) == 2
     with pytest.raises(ConfigError, match="HPCRUN_TESTBED_LANE must be a lane number"):
         default_lane({"HPCRUN_TESTBED_LANE": "two"})
+
+
+def test_the_testbed_a_slurm_conf_belongs_to_is_found_only_beside_its_testbed_json(
+        tmp_path: Path) -> None:
+    config = lane_config(tmp_path / "tb", 1)
+    config.slurm_conf.parent.mkdir(parents=True)
+    config.slurm_conf.write_text("")
+    assert state_dir_of_slurm_conf(str(config.slurm_conf)) is None  # not (yet) a testbed
+    config.testbed_json.write_text(config_to_json(config))
+    assert state_dir_of_slurm_conf(str(config.slurm_conf)) == tmp_path / "tb-lane1"
+    assert state_dir_of_slurm_conf("/etc/slurm/slurm.conf") is None
+    assert state_dir_of_slurm_conf("") is None

@@ -109,3 +109,11 @@ def test_the_pool_refills_once_every_rank_s_own_beat_shows_a_step(tmp_path: Path
     write_rank_heartbeat(inc.heartbeat_dir(), rank=1, step=6, ts=started + 3, step_time_s=0.1,
                          pid=2)
     assert all_stepped(inc, [0, 1], started)
+
+
+def test_a_warm_pool_needs_a_core_for_each_rank_and_each_warm_process() -> None:
+    from hpcrun.runtime.rank.warm import warm_fits
+
+    assert warm_fits(ranks=2, cores=4) and warm_fits(ranks=8, cores=64)
+    assert not warm_fits(ranks=4, cores=2)  # 2 emulated nodes x 2 ranks on a 2-core machine
+    assert not warm_fits(ranks=8, cores=8)  # one core per rank: a refill would steal them
