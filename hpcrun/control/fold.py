@@ -49,7 +49,7 @@ from hpcrun.vocab import Backend, FaultClass, RunState, Tier
 __all__ = ["RECORD_SCHEMA_VERSION", "AllocationUse", "CheckpointRef", "FaultRecord", "RunRecord",
            "continue_fold", "fold_record", "latest_checkpoint"]
 
-RECORD_SCHEMA_VERSION = 3
+RECORD_SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,6 +91,9 @@ class AllocationUse:
     """Of those, hot spares (held, not in the gang the allocation started)."""
     queued_s: float = 0.0
     """Wait before it: from the submission or the previous allocation's end to its start."""
+    requeued: bool = False
+    """Given back for the run to go on in another allocation (a requeue, a preemption): its
+    time after the gang's last work is recovery."""
 
     def seconds(self, now: float) -> float:
         """Its length, up to ``now`` while it is held."""
@@ -334,7 +337,7 @@ def _close_allocation(acc: _Acc, end: float, *, queue_after: bool) -> None:
     acc.v["wall_s"] += max(0.0, end - acc.v["alloc_since"])
     allocs = acc.v["allocations"]
     if allocs and allocs[-1].end is None:
-        allocs[-1] = replace(allocs[-1], end=end)
+        allocs[-1] = replace(allocs[-1], end=end, requeued=queue_after)
     acc.v["alloc_since"] = acc.v["alloc_seen"] = None
     acc.v["queued_since"] = end if queue_after else None
 

@@ -117,7 +117,8 @@ def allocation_fact(raw: Any) -> AllocationFact:
                           end=_num(_get(raw, "end")),
                           nodes=int(_get(raw, "nodes", 1) or 1),
                           spares=int(_get(raw, "spares", 0) or 0),
-                          queued_s=_num(_get(raw, "queued_s"), 0.0) or 0.0)
+                          queued_s=_num(_get(raw, "queued_s"), 0.0) or 0.0,
+                          requeued=_get(raw, "requeued", False) is True)
 
 
 def _as_mapping(obj: Any) -> Mapping[str, Any]:

@@ -86,6 +86,9 @@ class Allocation:
     """Of those, hot spares."""
     queued_s: float = 0.0
     """Wait before it (queue, requeue backoff); outside ETTR."""
+    requeued: bool = False
+    """Given back for the run to go on in another allocation: the time after its last charged
+    interval (the stop, the decision, the requeue, the teardown) is recovery, not idle."""
 
     def __post_init__(self) -> None:
         if self.end < self.start or self.nodes < 1:
@@ -326,13 +329,19 @@ def charge(alloc: Allocation, intervals: Sequence[Interval]) -> dict[Bucket, flo
 def allocation_intervals(alloc: Allocation,
                          by_gen: Mapping[int, Sequence[Interval]]) -> list[Interval]:
     """What ``alloc`` is charged from: its generation's intervals, or, for an allocation of
-    the record, those of every generation inside it and the restart gaps between them."""
+    the record, those of every generation inside it and the restart gaps between them; and
+    for one given back to a requeue, its tail after the last of them as recovery."""
     if alloc.generation is not None:
-        return list(by_gen.get(alloc.generation, ()))
-    inside = {g: [iv for iv in ivs if iv.end > alloc.start and iv.start < alloc.end]
-              for g, ivs in by_gen.items()}
-    inside = {g: ivs for g, ivs in inside.items() if ivs}
-    return [iv for ivs in inside.values() for iv in ivs] + restart_gaps(inside)
+        out = list(by_gen.get(alloc.generation, ()))
+    else:
+        inside = {g: [iv for iv in ivs if iv.end > alloc.start and iv.start < alloc.end]
+                  for g, ivs in by_gen.items()}
+        inside = {g: ivs for g, ivs in inside.items() if ivs}
+        out = [iv for ivs in inside.values() for iv in ivs] + restart_gaps(inside)
+    last = max((iv.end for iv in out), default=None)
+    if alloc.requeued and last is not None and last < alloc.end:
+        out.append(Interval(start=last, end=alloc.end, bucket=Bucket.RECOVERY))
+    return out
 
 
 def restart_gaps(by_gen: Mapping[int, Sequence[Interval]]) -> list[Interval]:

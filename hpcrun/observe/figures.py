@@ -52,13 +52,15 @@ class AllocationFact:
     """Of those, hot spares."""
     queued_s: float = 0.0
     """Wait before it."""
+    requeued: bool = False
+    """Given back for the run to go on in another allocation."""
 
 
 def allocations_at(facts: Sequence[AllocationFact], now: float) -> list[Allocation]:
     """The record's allocations for ETTR, the one still held counted up to ``now``."""
     return [Allocation(start=a.start, end=max(a.start, now) if a.end is None else a.end,
                        nodes=max(1, a.nodes), spares=min(a.spares, max(0, a.nodes - 1)),
-                       queued_s=a.queued_s) for a in facts]
+                       queued_s=a.queued_s, requeued=a.requeued) for a in facts]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -151,6 +151,7 @@ def test_allocations_run_from_slurms_start_and_count_spares() -> None:
     assert first.queued_s == 90.0                      # submitted 900, granted 990
     assert (second.start, second.end, second.nodes, second.spares) == (1900.0, 2200.0, 2, 0)
     assert second.queued_s == 300.0                    # requeued 1600, granted 1900
+    assert first.requeued and not second.requeued     # the run went on after the first only
     assert rec.wall_s == 610.0 + 300.0 and rec.first_started == 990.0
     usage = usage_of(rec, nodes=3, now=9999.0)
     assert usage.node_hours == pytest.approx((610.0 * 3 + 300.0 * 2) / 3600.0)

@@ -127,6 +127,17 @@ def test_a_requeue_gap_is_queue_outside_ettr_and_each_allocation_starts_with_sta
     assert r.ettr == pytest.approx(200.0 / 240.0)
 
 
+def test_the_tail_of_an_allocation_given_back_to_a_requeue_is_recovery() -> None:
+    """The stop, the decision, the requeue and the teardown after the gang's last work: the
+    allocation that goes on to another is recovering; the last one's tail stays idle."""
+    a1 = Allocation(start=0.0, end=115.0, nodes=2, queued_s=30.0, requeued=True)
+    a2 = Allocation(start=395.0, end=520.0, nodes=2, queued_s=280.0)
+    r = compute_ettr(_restart_log(), allocations=[a1, a2])
+    assert r.seconds[Bucket.RECOVERY] == 5.0          # 110 (gen 1's last event) .. 115
+    assert r.seconds[Bucket.IDLE] == 10.0             # 510..520, after the run's last step
+    assert sum(r.seconds.values()) == pytest.approx(r.allocated_s)
+
+
 def test_spares_count_in_node_hours_and_are_shown_apart() -> None:
     alloc = Allocation(start=0.0, end=3600.0, nodes=3, spares=1)
     r = compute_ettr(_restart_log(), allocations=[alloc])
