@@ -92,6 +92,9 @@ OUTSIDE = {DrillFault.CANCEL: frozenset({Backend.LOCAL, Backend.SLURM}), DrillFa
            DrillFault.NODE_LOSS_SHRINK: frozenset({Backend.SLURM}),
            DrillFault.DATA_CHANGED: frozenset({Backend.LOCAL, Backend.SLURM})}
 """Faults the drill does from outside the run, per backend."""
+CANCEL_PACE_S = 0.5
+"""Seconds a step of rank 0 takes from the cancel row's fault step on: the drill polls the
+record and cancels, which on a loaded machine takes seconds; an unpaced tiny run ends first."""
 
 
 _WITH_SPARE = (DrillFault.NODE_LOSS_SPARE, DrillFault.NODE_LOSS_SUPERVISOR,
@@ -138,7 +141,10 @@ def plan_drill(raw_spec: Mapping[str, Any], row: MatrixRow, *, at: int | None,
                                  DrillFault.NODE_LOSS_SUPERVISOR) else nodes * tpn - 1)
     inject = injection(row, at=step, world_size=nodes * tpn, tasks_per_node=tpn)
     if backend in OUTSIDE.get(row.fault, frozenset()):
-        inject = ""  # done from outside (a real node crash on the testbed, a cancel)
+        # done from outside (a real node crash on the testbed, a cancel); the cancel must find
+        # the run still going, so from the fault step on rank 0 takes CANCEL_PACE_S a step
+        inject = (f"slow@step={step},rank=0,seconds={CANCEL_PACE_S},every=1"
+                  if row.fault == DrillFault.CANCEL else "")
     return DrillPlan(spec=spec, inject=inject, env=env, at=step, victim_rank=victim)
 
 

@@ -151,7 +151,9 @@ def test_overlapping_watch_passes_with_a_slow_sbatch_submit_one_job(
             slurm.run("scancel", *jobs)
         assert all(p.returncode == 0 for p in passes), said
         assert len(jobs) == 1 and new == jobs, (round_no, jobs, rec.job_ids, said)
-        assert len(rec.faults) == 1 and rec.state == "REQUEUED", (rec.faults, rec.state)
+        # REQUEUED, or already started again by the new job when the passes ended late
+        assert len(rec.faults) == 1 and rec.state in ("REQUEUED", "STARTING", "RUNNING"), (
+            rec.faults, rec.state)
         print(f"\nround {round_no}: one job {jobs[0]}; passes said: "
               + " | ".join(s.strip().split(", ", 1)[-1] for s in said))
 

@@ -46,6 +46,9 @@ def test_outside_faults_and_backend_applicability() -> None:
     assert plan_drill(SPEC, row_for("node-loss"), at=5, backend="local").inject
     assert drillable(row_for("preempt-timelimit"), "local").startswith("needs slurm")
     assert drillable(row_for("cancel-during-checkpoint"), "local") == ""
+    # the cancel comes from outside; the run slows from the fault step on so it finds it going
+    assert plan_drill(SPEC, row_for("cancel-during-checkpoint"), at=5).inject == \
+        "slow@step=5,rank=0,seconds=0.5,every=1"
     assert drillable(row_for("rank-kill"), "local") == ""
 
 
