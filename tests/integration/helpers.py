@@ -308,3 +308,17 @@ def slurm_story(slurm: JobClient, run: TestbedRun, *, tail: int = 15) -> str:
             lines = path.read_text(errors="replace").splitlines()[-tail:]
             parts.append(f"--- {path.relative_to(run.run_dir)}\n" + "\n".join(lines))
     return "\n".join(parts)
+
+
+def crash_noted(testbed: Testbed, run: TestbedRun, node: str, fault: str, *,
+                step: int | None = None) -> None:
+    """Power off ``node`` and note the injected fault in the run's log, at ``step`` (default:
+    the run's step now), for the drill's evidence and contracts."""
+    from hpcrun.control.entries import FaultInjectedNote
+    from hpcrun.control.fencing import UNFENCED
+    from hpcrun.control.log import RunLog
+
+    testbed.crash(node)
+    RunLog(run.run_dir).append_entry(FaultInjectedNote(
+        fault=fault, node=node, step=run.record().step if step is None else step),
+        generation=UNFENCED, holder="")

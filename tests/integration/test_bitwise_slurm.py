@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrun.control.entries import FaultInjectedNote
-from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import RunLog
 from hpcrun.drill.states import diff_states, find_committed, load_state
 from hpcrun.testbed import Testbed
-from tests.integration.helpers import RunFactory, TestbedRun, paced, slurm_spec
+from tests.integration.helpers import RunFactory, TestbedRun, crash_noted, paced, slurm_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -57,10 +54,7 @@ def test_every_resume_path_at_2x2_ranks_ends_with_the_uninterrupted_runs_bits(
         timeout=600)
     victim = cut.record().membership[-1]  # never the batch host
     try:
-        testbed.crash(victim)
-        RunLog(cut.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-spare", node=victim, step=cut.record().step), generation=UNFENCED,
-            holder="")
+        crash_noted(testbed, cut, victim, "node-loss-spare")
         rec = cut.wait({"SUCCEEDED"}, timeout=300)
     finally:
         testbed.boot(victim)

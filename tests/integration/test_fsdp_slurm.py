@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrun.control.entries import FaultInjectedNote
-from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.control.log import EntryKind
 from hpcrun.drill.contracts import check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.states import diff_states, find_committed, load_state
 from hpcrun.testbed import Testbed
-from tests.integration.helpers import RunFactory, paced, slurm_spec
+from tests.integration.helpers import RunFactory, crash_noted, paced, slurm_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -57,10 +55,7 @@ def test_an_elastic_fsdp_run_shrinks_onto_the_surviving_nodes_and_reshards(
     assert len(gang) == 3, "--nodes=2-3 on an idle testbed grants 3 nodes"
     victim = gang[1]
     try:
-        testbed.crash(victim)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-shrink", node=victim, step=run.record().step),
-            generation=UNFENCED, holder="")
+        crash_noted(testbed, run, victim, "node-loss-shrink")
         rec = run.wait({"SUCCEEDED"}, timeout=400)
     finally:
         testbed.boot(victim)

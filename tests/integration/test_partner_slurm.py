@@ -12,9 +12,6 @@ import pytest
 
 from hpcrun.checkpoint.peer.ledger import fold_partner_copies
 from hpcrun.checkpoint.tiers import fold_checkpoints
-from hpcrun.control.entries import FaultInjectedNote
-from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import RunLog
 from hpcrun.drill.contracts import check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
@@ -22,7 +19,14 @@ from hpcrun.drill.partner import hide_tier1, partner_ready
 from hpcrun.drill.rto import rto_splits
 from hpcrun.testbed import Testbed
 from hpcrun.vocab import Tier
-from tests.integration.helpers import RunFactory, TestbedRun, first_after, paced, slurm_spec
+from tests.integration.helpers import (
+    RunFactory,
+    TestbedRun,
+    crash_noted,
+    first_after,
+    paced,
+    slurm_spec,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -55,10 +59,7 @@ def _crash_after_a_partner_copy(testbed: Testbed, runs: RunFactory, tmp_path: Pa
             assert not (run.run_dir / "ckpt" / held / victim).exists()
         try:
             generation = run.record().generation
-            testbed.crash(victim)
-            RunLog(run.run_dir).append_entry(FaultInjectedNote(
-                fault="node-loss-partner" if hide else "node-loss-spare", node=victim,
-                step=run.record().step), generation=UNFENCED, holder="")
+            crash_noted(testbed, run, victim, "node-loss-partner" if hide else "node-loss-spare")
             run.wait_for("the new gang's restore", lambda: len(
                 [e for e in run.rank_events("restored") if e["generation"] > generation]) == 4,
                 timeout=120)

@@ -9,15 +9,19 @@ import pytest
 
 from hpcrun.checkpoint.peer.ledger import fold_partner_copies
 from hpcrun.checkpoint.tiers import fold_checkpoints
-from hpcrun.control.entries import FaultInjectedNote
-from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import RunLog
 from hpcrun.drill.contracts import check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
 from hpcrun.drill.rto import rto_splits
 from hpcrun.testbed import JobClient, Testbed
-from tests.integration.helpers import RunFactory, first_after, paced, slurm_spec, wait_until
+from tests.integration.helpers import (
+    RunFactory,
+    crash_noted,
+    first_after,
+    paced,
+    slurm_spec,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -41,10 +45,7 @@ def test_node_crash_without_a_spare_shrinks_the_elastic_gang_within_the_same_job
     assert len(gang) == 3, "--nodes=2-3 on an idle testbed grants 3 nodes"
     victim = gang[1]  # never the batch host (the supervising node); the last one moves up
     try:
-        testbed.crash(victim)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-shrink", node=victim, step=first.step), generation=UNFENCED,
-            holder="")
+        crash_noted(testbed, run, victim, "node-loss-shrink", step=first.step)
         rec = run.wait({"SUCCEEDED"}, timeout=300)
     finally:
         testbed.boot(victim)
@@ -109,19 +110,13 @@ def test_an_elastic_gang_at_min_nodes_requeues_asking_for_a_range_and_runs_on_wh
     first, second = gang[1], gang[2]
     survivors = (gang[0], second)
     try:
-        testbed.crash(first)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-shrink", node=first, step=run.record().step), generation=UNFENCED,
-            holder="")
+        crash_noted(testbed, run, first, "node-loss-shrink")
         run.wait_for("the shrunk gang past a new shared checkpoint", lambda: (
             (rec := run.record()).membership == survivors and rec.state == "RUNNING"
             and any(c.tier == "shared" and c.generation == rec.generation
                     for c in rec.checkpoints)), timeout=180)
         # at min_nodes now: the next loss requeues, asking Slurm for 2-3 nodes
-        testbed.crash(second)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss", node=second, step=run.record().step), generation=UNFENCED,
-            holder="")
+        crash_noted(testbed, run, second, "node-loss")
         rec = run.wait({"SUCCEEDED"}, timeout=300)
     finally:
         testbed.boot(first)

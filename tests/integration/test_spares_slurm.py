@@ -8,9 +8,6 @@ import time
 
 import pytest
 
-from hpcrun.control.entries import FaultInjectedNote
-from hpcrun.control.fencing import UNFENCED
-from hpcrun.control.log import RunLog
 from hpcrun.drill.contracts import check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import row_for
@@ -20,6 +17,7 @@ from tests.integration.helpers import (
     TEARDOWN_S,
     RunFactory,
     TestbedRun,
+    crash_noted,
     first_after,
     paced,
     run_figures_of,
@@ -50,10 +48,7 @@ def test_node_crash_with_a_spare_swaps_it_in_within_the_same_job(
     spare = next(n for n in allocation if n not in gang)
     victim = gang[-1]  # never the batch host (the supervising node)
     try:
-        testbed.crash(victim)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-spare", node=victim, step=first.step), generation=UNFENCED,
-            holder="")
+        crash_noted(testbed, run, victim, "node-loss-spare", step=first.step)
         rec = run.wait({"SUCCEEDED"}, timeout=300)
     finally:
         testbed.boot(victim)
@@ -107,10 +102,7 @@ def test_losing_the_supervising_node_hands_supervision_to_a_survivor_in_the_same
     spare = next(n for n in allocation if n not in gang)
     victim, survivor = gang[0], gang[1]  # node rank 0: the supervising agent, the batch host
     try:
-        testbed.crash(victim)
-        RunLog(run.run_dir).append_entry(FaultInjectedNote(
-            fault="node-loss-supervisor", node=victim, step=first.step), generation=UNFENCED,
-            holder="")
+        crash_noted(testbed, run, victim, "node-loss-supervisor", step=first.step)
         rec = run.wait({"SUCCEEDED"}, timeout=300)
         job_end = _job_end(slurm, int(run.job_id), timeout=90)
         history = [r.state for r in slurm.history(int(run.job_id))]
