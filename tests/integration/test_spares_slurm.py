@@ -175,8 +175,9 @@ def _allocation_agrees_with_slurms_clock(run: TestbedRun, slurm: JobClient) -> N
     (alloc,) = rec.allocations
     assert abs(alloc.start - rows[0][0]) <= 1.0, "the allocation starts at Slurm's Start"
     # the record's end is the terminal state; Slurm's End follows the agents' exit (3.5 s
-    # measured on a loaded machine: teardown the record does not charge yet)
-    assert 0.0 <= hand_s - fig.allocated_s <= TEARDOWN_S
+    # measured on a loaded machine: teardown the record does not charge yet; under a second
+    # on a quiet one, where sacct's whole seconds can put its End before the record's)
+    assert -1.0 <= hand_s - fig.allocated_s <= TEARDOWN_S
     assert alloc.nodes == 3 and alloc.spares == 1
     assert fig.spare_node_hours == pytest.approx(fig.allocated_s / 3600.0)
     # one node-hours figure: what the budgets count is what status and the report show
