@@ -21,7 +21,7 @@ mkdir -p "$log_dir"
 local_pid=$!
 lanes=${TESTBED_LANES:-2}
 hpcrun="$(dirname "$py")/hpcrun"
-started=()  # lanes this script brought up, newest first: lane 0 (it started munged) goes last
+started=()  # lanes this script brought up, newest first (the last one down stops munged)
 if [ "$(id -u)" = 0 ]; then  # without root the testbed tests skip themselves
   for ((k = 0; k < lanes; k++)); do
     if ! out=$("$hpcrun" testbed up --lane "$k" 2>&1); then

@@ -390,7 +390,7 @@ def lane_config(state_dir: Path, lane: int = 0, **fields: Any) -> TestbedConfig:
     Lane 0 is the plain testbed in ``state_dir``. Lane K > 0 is a cluster of its own: state
     directory ``<state_dir>-laneK``, every port ``K * 100`` above lane 0's, cluster name
     ``hpcrunK`` and job ids from ``K * 1,000,000 + 1``. All lanes share the machine's munged
-    (the first lane up starts it; bring lane 0 up first and down last). ``fields`` sets the
+    (the first lane up starts it, the last one down stops it). ``fields`` sets the
     other fields (nodes, accounting, grace time).
     """
     if not 0 <= lane < MAX_LANES:
@@ -406,6 +406,17 @@ def lane_config(state_dir: Path, lane: int = 0, **fields: Any) -> TestbedConfig:
         slurmdbd_port=base.slurmdbd_port + shift, slurmd_base_port=base.slurmd_base_port + shift,
         mariadb_port=base.mariadb_port + shift, first_job_id=lane * LANE_JOB_ID_STRIDE + 1,
         **fields)
+
+
+def sibling_lane_dirs(state_dir: Path) -> list[Path]:
+    """The state directories of the other lanes of ``state_dir``'s testbed (lane 0's is the
+    base, lane K's ``<base>-laneK``), whether or not they exist."""
+    base, _, lane = state_dir.name.rpartition("-lane")
+    if not (base and lane.isdigit() and 0 < int(lane) < MAX_LANES):
+        base = state_dir.name
+    dirs = [state_dir.with_name(base)] + [state_dir.with_name(f"{base}-lane{k}")
+                                          for k in range(1, MAX_LANES)]
+    return [d for d in dirs if d != state_dir]
 
 
 def default_lane(env: Mapping[str, str]) -> int:

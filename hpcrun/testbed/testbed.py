@@ -27,6 +27,7 @@ from hpcrun.testbed.config import (
     render_hosts,
     render_slurm_conf,
     render_slurmdbd_conf,
+    sibling_lane_dirs,
 )
 from hpcrun.testbed.plan import (
     MUNGE_KEY,
@@ -344,19 +345,41 @@ class Testbed:
     def down(self) -> list[str]:
         """Stop what ``up`` started (by pid file, node namespaces swept) and wipe job state.
 
-        Returns the names of the daemons that were running. Idempotent.
+        Returns the names of the daemons it stopped. While another lane of this testbed runs,
+        munged (the machine's, which the lanes share) stays up and its pid file, if this lane
+        started it, moves to that lane: the last lane down stops it. Idempotent.
         """
         self._require_root("down")
-        stopped = [s.name for s in self._daemon_states(with_external=False) if s.running]
+        lanes_up = self._other_lanes_up()
+        stopped = [s.name for s in self._daemon_states(with_external=False) if s.running
+                   and not (lanes_up and s.name == Daemon.MUNGED.value)]
         for pid_file in sorted(self.config.pid_dir.glob("slurmd-*.pid")):
             self._kill_node(pid_file.name.removeprefix("slurmd-").removesuffix(".pid"))
+        if lanes_up:  # they share this machine's munged: the last lane down stops it
+            self._hand_munge_to(lanes_up[0])
         for daemon in (Daemon.SLURMCTLD, Daemon.SLURMDBD, Daemon.MARIADBD, Daemon.MUNGED):
+            if daemon is Daemon.MUNGED and lanes_up:
+                continue
             pid = d.read_pid(self._pid_path(daemon, None))
             if d.is_alive(pid, daemon.value, self._proc):
                 assert pid is not None
                 d.stop_pids([pid], clock=self._clock, grace=10, proc=self._proc)
         self._wipe(include_logs=False)
         return stopped
+
+    def _other_lanes_up(self) -> list[Path]:
+        """State directories of this testbed's other lanes whose slurmctld runs."""
+        return [lane for lane in sibling_lane_dirs(self.config.state_dir)
+                if d.is_alive(d.read_pid(lane / self.config.pid_dir.name /
+                                         pid_file_name(Daemon.SLURMCTLD, None)),
+                              Daemon.SLURMCTLD.value, self._proc)]
+
+    def _hand_munge_to(self, lane: Path) -> None:
+        """Give the munged this lane started to ``lane``: its pid file moves there, so that
+        lane's ``down`` (or the last one's after it) stops it."""
+        pid_file = self._pid_path(Daemon.MUNGED, None)
+        if d.is_alive(d.read_pid(pid_file), Daemon.MUNGED.value, self._proc):
+            (lane / self.config.pid_dir.name / pid_file.name).write_text(pid_file.read_text())
 
     def crash(self, node: str) -> list[int]:
         """Power loss of ``node``: SIGKILL its slurmd and every process in its namespace.

@@ -8,7 +8,8 @@ as root a failed bring-up FAILS them. ``HPCRUN_TESTBED_DIR`` picks the state dir
 Lanes: under pytest-xdist, worker ``gwK`` uses testbed lane K (``hpcrun testbed up --lane K``:
 a cluster of its own with its own state dir, ports and job ids), so the testbed tests run in as
 many clusters side by side as there are workers (``tests/suite.sh`` brings the lanes up first,
-lane 0 first because it starts munged, and down at the end). ``HPCRUN_TESTBED_LANE`` overrides.
+and down at the end; the lanes share munged, which the last lane down stops).
+``HPCRUN_TESTBED_LANE`` overrides.
 
 Cluster: 4 nodes ``node1..node4`` (4 CPUs each, all on 127.0.0.1), partitions ``batch``
 (default, preemptible, PriorityTier=1, GraceTime=15 s) and ``high`` (PriorityTier=2, never

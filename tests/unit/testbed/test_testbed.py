@@ -104,3 +104,34 @@ def test_cli_env_and_status_json(tmp_path: Path) -> None:
 def test_cli_refuses_bad_node_count() -> None:
     out = CliRunner().invoke(cli, ["testbed", "up", "--nodes", "0"])
     assert out.exit_code == 2 and "--nodes" in out.output
+
+
+def _alive(proc: Path, pid: int, name: str) -> None:
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "stat").write_text(f"{pid} ({name}) S 1 1\n")
+    (proc / str(pid) / "comm").write_text(f"{name}\n")
+
+
+def test_a_lane_down_while_another_lane_runs_leaves_munged_to_it(tmp_path: Path) -> None:
+    """Lanes share the machine's munged: the first lane up started it; a lane going down
+    while another lane's controller runs hands the munged pid file to that lane, whose down
+    (or the last lane's) stops it, instead of pulling authentication from under its jobs."""
+    from hpcrun.testbed.config import lane_config
+    from hpcrun.testbed.plan import Daemon, pid_file_name
+
+    proc = tmp_path / "proc"
+    first = lane_config(tmp_path / "tb", 0)
+    second = lane_config(tmp_path / "tb", 1)
+    munged_pid, ctld_pid = 999_999_990, 999_999_991  # above pid_max: never a real process
+    for config in (first, second):
+        config.pid_dir.mkdir(parents=True)
+        config.testbed_json.write_text(config_to_json(config))
+    (first.pid_dir / pid_file_name(Daemon.MUNGED, None)).write_text(f"{munged_pid}\n")
+    (second.pid_dir / pid_file_name(Daemon.SLURMCTLD, None)).write_text(f"{ctld_pid}\n")
+    _alive(proc, munged_pid, "munged")
+    _alive(proc, ctld_pid, "slurmctld")
+    tb = Testbed(first, runner=FakeRunner(), clock=FakeClock(), proc=proc, euid=lambda: 0)
+    assert tb.down() == []  # munged runs on, for the other lane
+    handed = second.pid_dir / pid_file_name(Daemon.MUNGED, None)
+    assert handed.read_text().strip() == str(munged_pid)
+    assert not first.pid_dir.exists()
