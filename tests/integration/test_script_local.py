@@ -91,7 +91,7 @@ def test_plain_script_survives_a_preemption_and_resumes_through_its_own_file(
         tmp_path: Path) -> None:
     ckpt = tmp_path / "ddp.pt"
     spec = example_spec("run.yaml", ["--steps", str(STEPS), "--ckpt", str(ckpt),
-                                     "--step-time", "0.15", "--save-every", "1000"])
+                                     "--step-time", "0.3", "--save-every", "1000"])
     run = submit(tmp_path, spec, wait=False)
     wait_for_log(run, 0, r"step 10 loss")
     out = cli(tmp_path, "signal", run.name)
@@ -229,9 +229,11 @@ def test_steps_without_restore_are_warned_in_the_rank_log_and_status(tmp_path: P
     spec = {"name": "no-restore", "command": [sys.executable, "-c", code], "site": "local",
             "resources": {"nodes": 2, "tasks_per_node": 1, "time_limit_min": 5}}
     run = submit(tmp_path, spec)
-    assert str(read_record(run).state) == "SUCCEEDED"
-    for rank in (0, 1):
-        assert rank_log(run, rank).count("no checkpoint will be committed") == 1
+    record = read_record(run)
+    assert str(record.state) == "SUCCEEDED"
+    for rank in (0, 1):  # once per start of the rank (gloo's teardown can abort a rank once)
+        assert rank_log(run, rank).count("no checkpoint will be committed") == \
+            1 + record.restarts
     text = status_text(tmp_path, run)
     assert "warning     no checkpoint will be committed; a preemption will lose all progress" \
         in text
