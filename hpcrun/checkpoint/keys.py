@@ -27,7 +27,8 @@ class Placement(StrEnum):
 NATIVE_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64",
                            "uint8", "bool", "complex64", "complex128"})
 """Tensor dtypes numpy has: stored as themselves."""
-_UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+UINT_OF_WIDTH = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+"""The unsigned int a tensor dtype numpy lacks is stored as, by its width in bytes."""
 _WIDTH = {"bfloat16": 2, "complex32": 4, "uint16": 2, "uint32": 4, "uint64": 8,
           "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1,
           "float8_e8m0fnu": 1}
@@ -43,7 +44,7 @@ def stored_as(name: str) -> np.dtype:
     if name in NATIVE_DTYPES:
         return np.dtype(name)
     if name in _WIDTH:
-        return np.dtype(_UINT[_WIDTH[name]])
+        return np.dtype(UINT_OF_WIDTH[_WIDTH[name]])
     from hpcrun.checkpoint.stage import storage_dtype, torch_dtype  # a dtype only torch knows
 
     return storage_dtype(torch_dtype(name))

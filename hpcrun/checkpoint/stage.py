@@ -21,12 +21,11 @@ import numpy as np
 import torch
 
 from hpcrun.checkpoint.device import DeviceCopies, is_pinned, on_device, pinned_bytes
-from hpcrun.checkpoint.keys import META_KEY, NATIVE_DTYPES, Placement
+from hpcrun.checkpoint.keys import META_KEY, NATIVE_DTYPES, UINT_OF_WIDTH, Placement
 from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
 from hpcrun.checkpoint.state import FlatState, TensorLeaf
 from hpcrun.errors import CheckpointError
 
-_UINT = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 _BY_NAME = {str(d).removeprefix("torch."): d for d in vars(torch).values()
             if isinstance(d, torch.dtype)}
 
@@ -49,9 +48,9 @@ def storage_dtype(dtype: torch.dtype) -> np.dtype:
     if dtype_name(dtype) in NATIVE_DTYPES:
         return np.dtype(dtype_name(dtype))
     size = torch.empty(0, dtype=dtype).element_size()
-    if size not in _UINT:
+    if size not in UINT_OF_WIDTH:
         raise CheckpointError(f"cannot store tensors of dtype {dtype}; cast it in state_dict()")
-    return np.dtype(_UINT[size])
+    return np.dtype(UINT_OF_WIDTH[size])
 
 
 def rows_of(shape: Sequence[int]) -> int:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
@@ -35,7 +33,7 @@ from hpcrun.control.log import EntryKind, RunLog, new_holder, write_log_copy
 from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import HpcrunError, StaleGenerationError
-from hpcrun.launch.signals import StopFlag, signal_number
+from hpcrun.launch.signals import StopFlag, ignored_from_exec, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.incarnation import (
     EXIT_OK,
@@ -355,8 +353,7 @@ class Agent:
                         argv=self._rank_argv(["-m", "hpcrun.runtime.rank.warm"]),
                         log_dir=self.run_dir / "logs" / self.node.node,
                         cwd=self.environ.get("HPCRUN_CODE_PATH") or None,
-                        preexec=functools.partial(signal.signal, self.preempt_signal,
-                                                  signal.SIG_IGN))
+                        preexec=ignored_from_exec([self.preempt_signal]))
 
     def _base_env(self) -> dict[str, str]:
         """What every rank's environment starts from (the incarnation's variables come next)."""

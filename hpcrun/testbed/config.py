@@ -414,8 +414,7 @@ def sibling_lane_dirs(state_dir: Path) -> list[Path]:
     base, _, lane = state_dir.name.rpartition("-lane")
     if not (base and lane.isdigit() and 0 < int(lane) < MAX_LANES):
         base = state_dir.name
-    dirs = [state_dir.with_name(base)] + [state_dir.with_name(f"{base}-lane{k}")
-                                          for k in range(1, MAX_LANES)]
+    dirs = [lane_config(state_dir.with_name(base), k).state_dir for k in range(MAX_LANES)]
     return [d for d in dirs if d != state_dir]
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from hpcrun.launch.signals import ignored_from_exec
 from hpcrun.runtime.incarnation import Ending, RankExit
 from hpcrun.runtime.rank.startup import HANDED_AT_ENV
 
@@ -78,13 +79,10 @@ class Gang:
         return subprocess.Popen(
             self._argv, env=env, stdout=out,
             stderr=subprocess.STDOUT, cwd=self._cwd, start_new_session=True,
-            preexec_fn=self._ignore_preempt)
-
-    def _ignore_preempt(self) -> None:
-        # In the child before exec: a rank ignores the preemption signal until its handler is
-        # installed (the disposition survives exec), so a relay during interpreter start-up
-        # cannot kill it. The agent relays again until the ranks have stopped.
-        signal.signal(self._preempt_signal, signal.SIG_IGN)
+            # a rank ignores the preemption signal until its handler is installed, so a relay
+            # during interpreter start-up cannot kill it; the agent relays again until the
+            # ranks have stopped
+            preexec_fn=ignored_from_exec([self._preempt_signal]))
 
     def poll(self) -> list[RankExit]:
         """Ranks that ended since the last poll."""
