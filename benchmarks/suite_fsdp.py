@@ -19,7 +19,8 @@ repeat, the same state goes through:
   durable at ``future.result()``;
 
 then, after a page-cache drop, *hpcrun restore* (``Checkpointer.restore`` by a new reader into
-the model and optimizer in place) and *DCP load* (``dcp.load`` + ``set_state_dict``). Every figure
+the model and optimizer in place; its phase split, each phase the slowest rank's, is printed)
+and *DCP load* (``dcp.load`` + ``set_state_dict``). Every figure
 is the slowest rank's, between barriers; the restored state is checked bitwise against the
 saved one once per repeat (an xxh3 digest of each rank's local shards).
 
@@ -257,6 +258,8 @@ def _hpcrun_restore(r: _Rank, saved: str, s: Samples) -> None:
     assert res is not None and res.step == r.step, res
     assert r.digest() == saved, "hpcrun restore is not bitwise the saved state"
     s.add("hpcrun.read_s", took)
+    for phase, v in res.phases.items():  # the slowest rank's split of its restore
+        s.add(f"hpcrun.phase.{phase}", _slowest(float(v)))
 
 
 def worker(rank: int, world: int, port: int, layers: int, repeats: int, scratch: Path,
@@ -354,9 +357,21 @@ def render(r: dict[str, Any]) -> list[str]:
             f"hpcrun async {r['async_write_vs_dcp_async']:.2f})",
             f"- restore: DCP / hpcrun ≥ {RESTORE_TARGET}: {r['restore_vs_dcp']:.2f}, "
             f"{verdict(r['restore_vs_dcp'], RESTORE_TARGET, at_least=True)}",
+            _split(med),
             f"- pause: hpcrun async {med['hpcrun async.pause_s']:.3f} s vs DCP async_save "
             f"{med['dcp async.pause_s']:.3f} s (≤ 1: {r['pause_vs_dcp_async']:.2f}, "
             f"{verdict(r['pause_vs_dcp_async'], 1.0, at_least=False)})", ""]
+
+
+def _split(med: dict[str, float]) -> str:
+    """The restore's phases (each the slowest rank's median): where its time went."""
+    ph = {k.removeprefix("hpcrun.phase."): v for k, v in med.items()
+          if k.startswith("hpcrun.phase.")}
+    secs = ", ".join(f"{k.removesuffix('_s')} {v:.3f} s" for k, v in ph.items()
+                     if k.endswith("_s"))
+    return (f"- hpcrun restore split (slowest rank per phase): {secs}; "
+            f"{ph.get('direct_bytes', 0) / 2**20:.0f} MiB O_DIRECT, "
+            f"{ph.get('buffered_bytes', 0) / 2**20:.0f} MiB buffered")
 
 
 def main(argv: list[str] | None = None) -> None:

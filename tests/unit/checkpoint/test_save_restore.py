@@ -268,3 +268,28 @@ def test_a_hung_shared_tier_abandons_the_checkpoint_and_the_next_commits(
     res = ck.save(2, _state(2), blocking=True)
     assert res is not None and res.committed
     assert [c.step for c in fold_checkpoints(log.read())] == [2]
+
+
+def test_a_restore_trusts_the_checksummed_bytes_and_verification_checks_hdf5s_account(
+        run_dir, log, incarnation) -> None:
+    """A restore proves a dataset by its bytes' checksum (it does not open each dataset's
+    HDF5 header, a random read apiece on a cold file); ``verify`` also checks HDF5's account,
+    so a file whose attributes were altered is refused there, never restored wrong."""
+    from hpcrun.checkpoint import verify_checkpoint
+
+    saved = {**_state(1), "big": {"w": torch.randn(512, 512)}}  # stored contiguous, not inline
+    res = incarnation().save(1, saved, blocking=True)
+    [path] = _shard_files(run_dir, res.ckpt_id)
+    with h5py.File(path, "r") as f:
+        assert f["big/w"].id.get_offset() is not None
+        digest = f["big/w"].attrs["checksum"].encode()
+    data = path.read_bytes()
+    assert data.count(digest) == 1  # the attribute, altered in place (HDF5 would grow the file)
+    path.write_bytes(data.replace(digest, digest[:-1] + (b"0" if digest[-1:] != b"0" else b"1")))
+    restored = {**_state(9), "big": {"w": torch.zeros(512, 512)}}
+    result = incarnation().restore(restored)
+    assert result is not None and result.step == 1 and result.skipped == ()
+    assert torch.equal(restored["big"]["w"], saved["big"]["w"])
+    [ckpt] = fold_checkpoints(log.read())
+    problems = verify_checkpoint(run_dir, ckpt).problems
+    assert len(problems) == 1 and "attributes disagree with the manifest" in problems[0]
