@@ -22,9 +22,10 @@ from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.control.payload import canonical_json
 from hpcrun.errors import CorruptCheckpointError
 
-MANIFEST_SCHEMA_VERSION = 2
-"""2: chunk datasets (DTensor boxes) record ``offsets``, ``lengths`` and ``placements``."""
-READABLE_SCHEMA_VERSIONS = (1, 2)
+MANIFEST_SCHEMA_VERSION = 3
+"""2: chunk datasets (DTensor boxes) record ``offsets``, ``lengths`` and ``placements``;
+3: large chunk datasets also record per-row-block digests (``block_rows``, ``blocks``)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 """Manifest versions this hpcrun reads (version 1: DDP, RowShard and RankLocal only)."""
 SUBMANIFEST_THRESHOLD = 20_000
 """Datasets above which per-node sub-manifests are written."""
@@ -73,6 +74,10 @@ class DatasetRecord:
     """chunk: the box's extent in every dimension (the stored shape)."""
     placements: tuple[str, ...] = ()
     """chunk: the DTensor's placements on its mesh, as text."""
+    block_rows: int = 0
+    """chunk: rows per checksummed row block (0: the dataset has only its whole checksum)."""
+    blocks: tuple[str, ...] = ()
+    """chunk: ``<algorithm>:<hex>`` of each row block, in order (:mod:`.blocks`)."""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -154,6 +159,8 @@ def _dataset_dict(d: DatasetRecord) -> dict[str, Any]:
            "offset": d.offset, "nbytes": d.nbytes, "checksum": d.checksum}
     if d.placement == Placement.CHUNK:
         out.update(offsets=d.offsets, lengths=d.lengths, placements=d.placements)
+        if d.blocks:
+            out.update(block_rows=d.block_rows, blocks=d.blocks)
     return out
 
 
@@ -235,7 +242,19 @@ def _chunk_fields(rec: DatasetRecord, raw: Mapping[str, Any]) -> DatasetRecord:
         raise CorruptCheckpointError(
             f"manifest chunk {rec.key!r} at {list(offsets)} of {list(lengths)} does not fit "
             f"its tensor {list(rec.global_shape)}; the manifest is corrupt")
-    return replace(rec, offsets=offsets, lengths=lengths, placements=tuple(placements))
+    rec = replace(rec, offsets=offsets, lengths=lengths, placements=tuple(placements))
+    return _block_fields(rec, raw) if "blocks" in raw else rec
+
+
+def _block_fields(rec: DatasetRecord, raw: Mapping[str, Any]) -> DatasetRecord:
+    per, blocks = _req(raw, "block_rows", int), _req(raw, "blocks", list)
+    rows = rec.lengths[0] if rec.lengths else 0
+    if per < 1 or not rows or rec.nbytes % rows or len(blocks) != -(-rows // per) or not all(
+            isinstance(b, str) for b in blocks):
+        raise CorruptCheckpointError(
+            f"manifest chunk {rec.key!r} lists {len(blocks)} row-block digests of {per} rows "
+            f"for {rows} rows; the manifest is corrupt")
+    return replace(rec, block_rows=per, blocks=tuple(blocks))
 
 
 def _shard(raw: Any) -> ShardRecord:

@@ -12,8 +12,9 @@ more are needed) and plans its node (:func:`plan_node`), then sends every rank i
 - replicated tensors: each piece is read by one rank of the node (balanced by bytes) and shared
   over the node group, so a node reads them once;
 - DTensor chunks (N-D boxes): the old boxes that intersect the box its state holds now (any
-  mesh and world size onto any other, same global shape); each box read is verified whole
-  against its checksum, so a box is read in full even when only part of it is needed.
+  mesh and world size onto any other, same global shape); of a large old box only the row
+  blocks that hold the rows it needs (:func:`~.blocks.narrow`, each block verified against its
+  own digest); a box without blocks, or cut along another dimension, is read whole.
 
 Each rank's buffer is laid out as ``[replicated pieces it reads for the node | its own reads]``;
 the first part is what the node exchanges.
@@ -22,8 +23,9 @@ the first part is what the node exchanges.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from hpcrun.checkpoint.blocks import narrow
 from hpcrun.checkpoint.chunks import Box, covered, intersect, volume
 from hpcrun.checkpoint.keys import META_KEY, Placement
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
@@ -238,6 +240,8 @@ class _Builder:
         self.own: list[list[Read]] = [[] for _ in range(positions)]
         self.own_size = [0] * positions
         self.placed: dict[tuple[int, int], Placed] = {}
+        self.cut: list[dict[tuple[int, int], DatasetRecord]] = [{} for _ in range(positions)]
+        """Own reads of only part of a dataset (its row blocks), by ``(shard, index)``."""
 
     def share(self, shard: int, index: int, d: DatasetRecord) -> Placed:
         if (shard, index) not in self.placed:
@@ -248,7 +252,10 @@ class _Builder:
         return self.placed[(shard, index)]
 
     def mine(self, pos: int, shard: int, index: int, d: DatasetRecord) -> Placed:
-        """An own read; its offset is relative to the end of the shared region (see _own)."""
+        """An own read (``d``: the dataset or the part of it read); its offset is relative to
+        the end of the shared region (see _own)."""
+        if d.checksum == "":
+            self.cut[pos][(shard, index)] = d
         base = self.own_size[pos]
         self.own[pos].append(Read(shard=shard, index=index, offset=base))
         self.own_size[pos] = align_up(base + d.nbytes)
@@ -349,13 +356,31 @@ def _chunk_target(key: str, parts: Sequence[tuple[int, int, DatasetRecord]], nee
     box = (tuple(offs), tuple(lens))
     # copies of a box (written by each copy of a submesh without dim names) are read once
     unique = {(p[2].offsets, p[2].lengths): p for p in reversed(parts)}
-    picked = [p for b, p in unique.items() if intersect(box, b) is not None]
+    picked = [(j, i, _rows_needed(d, x)) for b, (j, i, d) in unique.items()
+              if (x := intersect(box, b)) is not None]
     if covered(box, [(p[2].offsets, p[2].lengths) for p in picked]) < volume(lens):
         return None, [], (f"tensor {key!r}: the checkpoint's chunks do not cover this rank's "
                           f"box at {list(offs)} of {list(lens)}; the checkpoint is incomplete")
     start = offs[0] if offs else 0
     return Target(key=key, dtype=d0.dtype, global_shape=d0.global_shape, start=start,
                   stop=start + (lens[0] if lens else 1), box=box), picked, ""
+
+
+def _rows_needed(d: DatasetRecord, x: Box) -> DatasetRecord:
+    """``d``, or only its row blocks that hold the rows of the intersection ``x``."""
+    if not x[0]:
+        return d
+    first = x[0][0] - d.offsets[0]
+    return narrow(d, first, first + x[1][0])
+
+
+def _with_cuts(shard: int, rec: ShardRecord,
+               cuts: Mapping[tuple[int, int], DatasetRecord]) -> ShardRecord:
+    """``rec`` with the datasets this rank reads only part of replaced by those parts."""
+    mine = {i: d for (j, i), d in cuts.items() if j == shard}
+    if not mine:
+        return rec
+    return replace(rec, datasets=tuple(mine.get(i, d) for i, d in enumerate(rec.datasets)))
 
 
 def plan_node(records: Mapping[int, ShardRecord], needs: Sequence[Need], *, ckpt_id: str,
@@ -379,7 +404,7 @@ def plan_node(records: Mapping[int, ShardRecord], needs: Sequence[Need], *, ckpt
         reads = tuple(sorted([*b.reads[pos], *own], key=lambda r: (r.shard, r.offset)))
         plans.append(RankPlan(
             ckpt_id=ckpt_id, checksum=checksum, reads=reads,
-            files={r.shard: records[r.shard] for r in reads},
+            files={r.shard: _with_cuts(r.shard, records[r.shard], b.cut[pos]) for r in reads},
             shared=tuple(b.shared), size=base + b.own_size[pos], meta=_shift(meta, base),
             targets=tuple((t, tuple(_own(p, base) for p in ps)) for t, ps in targets),
             error=error))

@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 import xxhash
 
+from hpcrun.checkpoint.blocks import block_ranges, digest_spans, rows_per_block
 from hpcrun.checkpoint.keys import Placement, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
@@ -168,26 +169,46 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
                        bytes=storage.size(path), datasets=records)
 
 
-def _digests(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list[str]:
-    return [checksum(algorithm, buffer.view(sp.offset, sp.piece.nbytes)) for sp in staged]
+_Digests = tuple[str, int, tuple[str, ...]]
+"""A piece's checksum, rows per row block (0: none) and each block's checksum."""
 
 
-def _seal(tmp: Path, staged: Sequence[StagedPiece], digests: Sequence[str]) -> None:
+def _digests(algorithm: str, buffer: StagingBuffer,
+             staged: Sequence[StagedPiece]) -> list[_Digests]:
+    return [_digest(algorithm, buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
+            for sp in staged]
+
+
+def _digest(algorithm: str, raw: np.ndarray, p: Any) -> _Digests:
+    """The whole piece's checksum and, for a large DTensor box, its row blocks'
+    (:mod:`~hpcrun.checkpoint.blocks`: what a resharding restore reads and verifies)."""
+    whole = checksum(algorithm, raw)
+    per = rows_per_block(p.lengths, p.nbytes) if p.placement is Placement.CHUNK else 0
+    if not per:
+        return whole, 0, ()
+    row = p.nbytes // p.lengths[0]
+    return whole, per, tuple(checksum(algorithm, raw[a * row:b * row])
+                             for a, b in block_ranges(p.lengths[0], per))
+
+
+def _seal(tmp: Path, staged: Sequence[StagedPiece], digests: Sequence[_Digests]) -> None:
     """Set each dataset's checksum attribute (the bytes are written; fsync follows)."""
     try:
         with h5py.File(tmp, "r+", locking=False) as f:
-            for sp, digest in zip(staged, digests, strict=True):
+            for sp, (digest, _, _) in zip(staged, digests, strict=True):
                 f[_h5path(sp.piece.key)].attrs["checksum"] = digest
     except OSError as exc:
         raise StorageError(f"finishing shard {tmp} failed: {exc}; check the tier") from exc
 
 
-def _record(sp: StagedPiece, offset: int, digest: str) -> DatasetRecord:
+def _record(sp: StagedPiece, offset: int, digests: _Digests) -> DatasetRecord:
     p = sp.piece
+    digest, per, blocks = digests
     return DatasetRecord(key=p.key, h5path=_h5path(p.key), placement=p.placement,
                          dtype=p.dtype, global_shape=p.global_shape, row_start=p.row_start,
                          row_stop=p.row_stop, offset=offset, nbytes=p.nbytes, checksum=digest,
-                         offsets=p.offsets, lengths=p.lengths, placements=p.placements)
+                         offsets=p.offsets, lengths=p.lengths, placements=p.placements,
+                         block_rows=per, blocks=blocks)
 
 
 def _corrupt(path: Path | str, what: str) -> CorruptCheckpointError:
@@ -309,7 +330,7 @@ def read_datasets(path: Path | ShardSource, rec: ShardRecord,
         raise _corrupt(src.name, f"HDF5 could not read it ({exc})") from exc
     t1 = time.perf_counter()
     for d, buf in pairs:
-        if checksum(algorithm, buf) != d.checksum:
+        if any(checksum(algorithm, buf[a:a + n]) != digest for a, n, digest in digest_spans(d)):
             raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum")
     hashed = time.perf_counter() - t1
     return RestorePhases(read_s=t1 - t0, checksum_s=hashed, hash_s=hashed,
@@ -347,10 +368,15 @@ def _check_header(src: ShardSource, rec: ShardRecord,
 
 def _read_pipelined(src: LocalShard, pairs: Sequence[tuple[DatasetRecord, np.ndarray]],
                     algorithm: str, cold: bool) -> RestorePhases:
-    items = [Wanted(offset=d.offset, dest=buf, digest=d.checksum) for d, buf in pairs]
+    # one item per digest: a row-blocked box is verified block by block
+    spans = [(k, Wanted(offset=d.offset + a if d.offset >= 0 else -1, dest=buf[a:a + n],
+                        digest=digest))
+             for k, (d, buf) in enumerate(pairs) for a, n, digest in digest_spans(d)]
     if algorithm not in CHECKSUMS:
         raise CheckpointError(f"unknown checksum {algorithm!r}; expected one of {CHECKSUMS}")
-    bad, phases = read_verified(src.path, items, algorithm=algorithm, cold=cold)
+    bad_items, phases = read_verified(src.path, [w for _, w in spans], algorithm=algorithm,
+                                      cold=cold)
+    bad = sorted({spans[i][0] for i in bad_items})
     if bad:
         d = pairs[bad[0]][0]
         raise _corrupt(src.name, f"dataset {d.key!r} fails its {algorithm} checksum"

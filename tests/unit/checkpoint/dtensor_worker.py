@@ -3,7 +3,9 @@
 Usage: python -m tests.unit.checkpoint.dtensor_worker MODE LAYOUT RANK WORLD PORT RUN_DIR OUT
 
 LAYOUT: ``fsdp`` (FSDP2 over all ranks), ``tp`` (a (dp, 2) mesh: tensor parallel over ``tp``,
-FSDP2 over ``dp``) or ``hsdp`` (a (2, dp) mesh: replicate over dim 0, shard over dim 1).
+FSDP2 over ``dp``), ``hsdp`` (a (2, dp) mesh: replicate over dim 0, shard over dim 1) or
+``wide`` (FSDP2 over all ranks of one 4 MiB layer: boxes large enough to be checksummed in
+row blocks, so a rank that needs part of an old box reads only those blocks).
 MODE ``save``: seeded model, two AdamW steps, a blocking checkpoint at step 2; writes the
 global tensors (``full_tensor()``) of the model and optimizer state to OUT/saved.npz.
 MODE ``restore``: a differently seeded model on LAYOUT restores the newest checkpoint and
@@ -47,8 +49,21 @@ class Mlp(torch.nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
+class Wide(torch.nn.Module):
+    """One 4096 x 256 fp32 layer (4 MiB): on 2 ranks each box is 2 MiB, two row blocks."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.up = torch.nn.Linear(7, 256, bias=False)
+        self.wide = torch.nn.Linear(256, 4096, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.wide(self.up(x))
+
+
 def build(layout: str, world: int, seed: int) -> torch.nn.Module:
-    model = Mlp(seed)
+    model: torch.nn.Module = Wide(seed) if layout == "wide" else Mlp(seed)
     if layout == "tp":
         mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(),
