@@ -4,9 +4,10 @@ Within about 8 minutes on one GPU it measures and writes down (``<out>/gpu-<date
 ``.md``, each target marked met or not):
 
 1. **NCCL init** with ``device_id`` (eager communicator creation) and one all-reduce;
-2. **the tiny example on the GPU** (local backend, one rank on ``cuda:0``, deterministic
-   algorithms on) for ``--steps`` steps, once uninterrupted and once preempted and resumed:
-   the final parameters must be bitwise-identical;
+2. **the tiny example and the FSDP2 example on the GPU** (``examples/tiny_lm``,
+   ``examples/fsdp_lm``: local backend, one rank on ``cuda:0``, deterministic algorithms on)
+   for ``--steps`` steps each, once uninterrupted and once preempted and resumed: the final
+   parameters (for FSDP2, the DTensor model and optimizer state) must be bitwise-identical;
 3. **staging**: a ``--ckpt-gib`` checkpoint of CUDA bf16 tensors staged by hpcrun
    (:func:`hpcrun.checkpoint.stage.stage`: pinned reused buffer, side stream, one event) against
    a plain pinned device-to-host copy of the same bytes (target: exposed pause <= 1.2x);
@@ -86,13 +87,14 @@ def figures_markdown(results: Mapping[str, Any]) -> str:
     lines += [f"- NCCL init with device_id: {harness.fmt(init.get('init_s'))} s, all-reduce "
               f"{'correct' if init.get('allreduce_ok') else 'NOT correct'}"
               + (f" ({init['error']})" if "error" in init else "")]
-    tiny = results.get("tiny_example", {})
-    same = tiny.get("bitwise_identical")
-    lines += [f"- tiny example on the GPU, {tiny.get('steps', '-')} steps, preempted at step "
-              f"{tiny.get('preempt_at', '-')} and resumed: final state "
-              + ("bitwise-identical (met)" if same else
-                 f"differs (NOT met): {tiny.get('differences', tiny.get('error', '-'))}"
-                 if same is False or "error" in tiny else "not measured (n/a)")]
+    for example in EXAMPLES:
+        run = results.get(example.replace("_lm", "_example"), {})
+        same = run.get("bitwise_identical")
+        lines += [f"- {example} on the GPU, {run.get('steps', '-')} steps, preempted at step "
+                  f"{run.get('preempt_at', '-')} and resumed: final state "
+                  + ("bitwise-identical (met)" if same else
+                     f"differs (NOT met): {run.get('differences', run.get('error', '-'))}"
+                     if same is False or "error" in run else "not measured (n/a)")]
     st, rs = results.get("staging", {}), results.get("restore", {})
     lines += ["", *harness.table(["figure", "hpcrun", "baseline", "ratio", "target", "verdict"], [
         ["exposed pause (s)", st.get("hpcrun_s"), st.get("pinned_copy_s"), st.get("ratio"),
@@ -238,12 +240,20 @@ def measure_nccl_init() -> dict[str, Any]:
 
 # -- the tiny example, twice --------------------------------------------------------------------
 
-def _tiny_spec(manifest: Path, steps: int) -> dict[str, Any]:
+EXAMPLES = ("tiny_lm", "fsdp_lm")
+"""The examples run on the GPU: the DDP-style tiny GPT, and the same under FSDP2 (DTensor
+state saved, restored and compared through ``ctx`` with NCCL)."""
+
+
+def _tiny_spec(manifest: Path, steps: int, example: str = "tiny_lm") -> dict[str, Any]:
     from hpcrun.testing.runs import tiny_spec
 
     spec = tiny_spec(manifest=manifest, site="gpu-check", nodes=1, tasks_per_node=1,
                      steps=steps, every_steps=25, data={"contract": "bitwise"},
                      config={"deterministic": True})
+    spec["entrypoint"] = f"examples.{example}.train:main"
+    if example == "fsdp_lm":
+        spec["config"] = {**spec["config"], "parallel": "fsdp"}
     spec["resources"] = {**spec["resources"], "gpus_per_node": 1}
     spec["dist"] = {"backend": "nccl"}
     return spec
@@ -260,8 +270,9 @@ def _site_dir(root: Path) -> Path:
     return sites
 
 
-def measure_tiny_example(steps: int, preempt_at: int, root: Path) -> dict[str, Any]:
-    """Uninterrupted vs preempted-and-resumed GPU runs of the tiny example: same final state?"""
+def measure_tiny_example(steps: int, preempt_at: int, root: Path,
+                         example: str = "tiny_lm") -> dict[str, Any]:
+    """Uninterrupted vs preempted-and-resumed GPU runs of an example: same final state?"""
     from hpcrun.control.record import read_record
     from hpcrun.drill.states import diff_states, find_committed, load_state
     from hpcrun.testing.runs import hpcrun, run_dir_of, write_spec
@@ -271,7 +282,7 @@ def measure_tiny_example(steps: int, preempt_at: int, root: Path) -> dict[str, A
                    check=True, capture_output=True, timeout=300)
     env = {"HPCRUN_SITE_CONFIGS": str(_site_dir(root)), "PYTHONPATH": str(REPO),
            "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "HOME": str(root / "home")}
-    spec = write_spec(root / "run.yaml", _tiny_spec(data / "manifest.json", steps))
+    spec = write_spec(root / "run.yaml", _tiny_spec(data / "manifest.json", steps, example))
     runs = {}
     for name, inject in (("reference", None), ("interrupted", f"preempt@step={preempt_at}")):
         t0 = time.perf_counter()
@@ -304,9 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "machine": harness.machine(), "args": _plain(vars(args))}
     with harness.section(results, "nccl_init") as out:
         out.update(measure_nccl_init())
-    with tempfile.TemporaryDirectory(prefix="hpcrun-gpu-check-") as tmp, \
-            harness.section(results, "tiny_example") as out:
-        out.update(measure_tiny_example(args.steps, args.preempt_at, Path(tmp)))
+    for example in EXAMPLES:
+        with tempfile.TemporaryDirectory(prefix="hpcrun-gpu-check-") as tmp, \
+                harness.section(results, example.replace("_lm", "_example")) as out:
+            out.update(measure_tiny_example(args.steps, args.preempt_at, Path(tmp), example))
     shapes = plan_tensors(int(args.ckpt_gib * GIB), int(args.tensor_mib * MIB))
     state = make_state(shapes, torch.device("cuda", 0))
     with harness.section(results, "staging") as out:

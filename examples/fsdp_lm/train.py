@@ -10,10 +10,8 @@ world size on restore, and compares SDC fingerprints only among replicas of the 
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -25,7 +23,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from examples.tiny_lm.model import GPTConfig, TinyGPT
-from examples.tiny_lm.train import SampleLedger
+from examples.tiny_lm.train import SampleLedger, seed_all
 from hpcrun.data.pipeline import DataPipeline
 
 TP = 2
@@ -54,10 +52,7 @@ def shard(model: TinyGPT, ctx: Any) -> tuple[int, int]:
 
 def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipeline]:
     cfg = ctx.config
-    seed = int(cfg.get("seed", 0))  # identical initial weights everywhere, before sharding
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_all(cfg)  # identical initial weights everywhere, before sharding
     model = TinyGPT(GPTConfig(vocab=cfg["vocab"], seq_len=cfg["seq_len"],
                               d_model=cfg["d_model"], n_layers=cfg["n_layers"],
                               n_heads=cfg["n_heads"])).to(ctx.device)

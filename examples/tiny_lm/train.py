@@ -23,11 +23,11 @@ from hpcrun.data.pipeline import DataPipeline
 from hpcrun.integrations.ddp import ddp
 
 
-def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipeline]:
-    cfg = ctx.config
-    # Every RNG stream starts from the config's seed: identical initial weights on every rank,
-    # and a run that is the same bit for bit as its interrupted twin (the checkpoint carries
-    # the streams from there on; an unseeded stream would differ between the two from the start).
+def seed_all(cfg: Any) -> None:
+    """Every RNG stream starts from the config's seed: identical initial weights on every rank,
+    and a run that is the same bit for bit as its interrupted twin (the checkpoint carries the
+    streams from there on; an unseeded stream would differ between the two from the start).
+    ``deterministic`` asks torch for deterministic kernels."""
     seed = int(cfg.get("seed", 0))
     random.seed(seed)
     np.random.seed(seed)
@@ -36,6 +36,11 @@ def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipelin
         # warn_only: an op without a deterministic kernel warns (and a bitwise check then
         # shows the difference) instead of ending the run.
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def build(ctx: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer, DataPipeline]:
+    cfg = ctx.config
+    seed_all(cfg)
     model = TinyGPT(GPTConfig(vocab=cfg["vocab"], seq_len=cfg["seq_len"],
                               d_model=cfg["d_model"], n_layers=cfg["n_layers"],
                               n_heads=cfg["n_heads"])).to(ctx.device)

@@ -1,6 +1,8 @@
-"""examples/fsdp_lm on the local backend: an FSDP2 run and an FSDP2 + TP run, preempted and
-rank-crashed, end with checkpoints bitwise identical to the same run uninterrupted, with the
-SDC checks on by default (the replica check knows the mesh and never fails them)."""
+"""examples/fsdp_lm on the local backend: an FSDP2 run (2 nodes x 1 rank) and an FSDP2 + TP run
+(2 nodes x 2 ranks, TP inside each node), preempted, rank-crashed and node-crashed (node 1's
+agent and ranks SIGKILLed at once), end with checkpoints bitwise identical to the same run
+uninterrupted, with the SDC checks on by default (the replica check knows the mesh and never
+fails them)."""
 
 from __future__ import annotations
 
@@ -13,24 +15,26 @@ from hpcrun.control.record import read_record
 from hpcrun.drill.states import diff_states, find_committed, load_state
 from tests.integration.local_helpers import cli, local_spec, submit, valid_entries
 
-STEPS = 16
-FAULTS = "preempt@step=5;crash@step=11,rank=1,restart=1"
+STEPS = 20
+FAULTS = "preempt@step=5;nodecrash@step=11,rank={last},restart=1;crash@step=15,rank=1,restart=2"
 
 
 def _spec(parallel: str, ranks: int) -> dict:
-    return local_spec(entrypoint="examples.fsdp_lm.train:main", nodes=1,
-                      tasks_per_node=ranks, steps=STEPS, every_steps=4,
+    return local_spec(entrypoint="examples.fsdp_lm.train:main", nodes=2,
+                      tasks_per_node=ranks // 2, steps=STEPS, every_steps=4,
                       data={"contract": "bitwise"}, sdc={"every_steps": 4},
                       config={"parallel": parallel})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("parallel", "ranks"), [("fsdp", 2), ("tp", 4)])
 def test_interrupted_sharded_run_matches_the_uninterrupted_one(tmp_path: Path, parallel: str,
                                                                ranks: int) -> None:
     spec = _spec(parallel, ranks)
     with ThreadPoolExecutor(2) as pool:
         ref_f = pool.submit(submit, tmp_path / "reference", spec)
-        cut_f = pool.submit(submit, tmp_path / "interrupted", spec, inject=FAULTS)
+        cut_f = pool.submit(submit, tmp_path / "interrupted", spec,
+                            inject=FAULTS.format(last=ranks - 1))
         ref, cut = ref_f.result(), cut_f.result()
     for run in (ref, cut):
         rec = read_record(run)
@@ -44,7 +48,9 @@ def test_interrupted_sharded_run_matches_the_uninterrupted_one(tmp_path: Path, p
         trained = sorted({e.generation for e in valid_entries(run, "state")
                           if e.payload.get("state") == "RUNNING"})
         assert noted and noted == trained, (noted, trained)
-    assert read_record(cut).generation >= 3  # the preemption and the crash each requeued
+    cut_faults = [e.payload.get("fault") for e in valid_entries(cut, "fault")]
+    assert "node_failure" in cut_faults, cut_faults
+    assert read_record(cut).generation >= 4  # the preemption, the crash and the node loss
     a, b = load_state(ref, find_committed(ref)), load_state(cut, find_committed(cut))
     assert a.step == b.step == STEPS and any("model/" in k for k in a.ranks[0].tensors)
     assert diff_states(a, b) == []

@@ -1,5 +1,6 @@
-"""examples/fsdp_lm on the real Slurm testbed: an FSDP2 run over 2 nodes x 1 rank, preempted,
-rank-crashed and node-crashed, ends bitwise identical to the same run uninterrupted, with the
+"""examples/fsdp_lm on the real Slurm testbed: an FSDP2 run over 2 nodes x 1 rank and an
+FSDP2 + TP run over 2 nodes x 2 ranks (TP inside each node, FSDP2 across), preempted,
+rank-crashed and node-crashed, end bitwise identical to the same run uninterrupted, with the
 SDC checks on (the replica check finds no replicas and notes it; it never faults)."""
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ from tests.integration.helpers import RunFactory, crash_noted, paced, slurm_spec
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS = 30
-FAULTS = "preempt@step=6;crash@step=14,rank=1,restart=1;nodecrash@step=22,rank=1,restart=2"
+FAULTS = "preempt@step=6;crash@step=14,rank=1,restart=1;nodecrash@step=22,rank={last},restart=2"
 
 
-def test_interrupted_fsdp_run_is_bitwise_identical_on_the_testbed(
-        testbed: Testbed, runs: RunFactory) -> None:
-    spec = slurm_spec(testbed, nodes=2, tasks_per_node=1, steps=STEPS, every_steps=5,
+@pytest.mark.parametrize(("parallel", "per_node"), [("fsdp", 1), ("tp", 2)])
+def test_interrupted_sharded_run_is_bitwise_identical_on_the_testbed(
+        testbed: Testbed, runs: RunFactory, parallel: str, per_node: int) -> None:
+    spec = slurm_spec(testbed, nodes=2, tasks_per_node=per_node, steps=STEPS, every_steps=5,
                       entrypoint="examples.fsdp_lm.train:main", data={"contract": "bitwise"},
-                      sdc={"every_steps": 5}, config={"parallel": "fsdp"})
+                      sdc={"every_steps": 5}, config={"parallel": parallel})
     ref = runs.submit(spec)
-    run = runs.submit(spec, inject=FAULTS)
+    run = runs.submit(spec, inject=FAULTS.format(last=2 * per_node - 1))
     assert run.wait({"SUCCEEDED"}, timeout=600).step == STEPS
     assert ref.wait({"SUCCEEDED"}, timeout=300).step == STEPS
     faults = [str(e.payload.get("fault")) for e in run.valid(EntryKind.FAULT)]

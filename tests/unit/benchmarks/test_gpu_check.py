@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from benchmarks.gpu.check import (
+    EXAMPLES,
     GIB,
     MIB,
     _site_dir,
@@ -53,7 +54,10 @@ def test_figures_mark_each_target() -> None:
         "restore": {"hpcrun_gbs": 20.0, "pinned_h2d_gbs": 25.0, "peak_extra_bytes": 300 * MIB,
                     "largest_tensor_bytes": 256 * MIB, "peak_ratio": 300 / 256}})
     assert "# GPU device check (NVIDIA H200)" in md
-    assert "bitwise-identical (met)" in md
+    assert "- tiny_lm on the GPU, 200 steps, preempted at step 80 and resumed: final state " \
+        "bitwise-identical (met)" in md
+    assert "- fsdp_lm on the GPU, - steps, preempted at step - and resumed: final state not " \
+        "measured (n/a)" in md
     assert "| exposed pause (s) | 0.33 | 0.3 | 1.1 | <= 1.2x | met |" in md
     assert "| peak extra GPU memory (MiB) | 300 | 256 | 1.17 | <= largest tensor + 1% | NOT met |" \
         in md
@@ -71,8 +75,10 @@ def test_measurements_run_on_cpu_tensors() -> None:
     assert restored["peak_ratio"] is None  # no device memory to measure on the CPU
 
 
-def test_the_gpu_runs_spec_and_site_are_valid(tmp_path: Path) -> None:
-    spec = RunSpec.from_dict(_tiny_spec(tmp_path / "manifest.json", 200))
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_the_gpu_runs_spec_and_site_are_valid(tmp_path: Path, example: str) -> None:
+    spec = RunSpec.from_dict(_tiny_spec(tmp_path / "manifest.json", 200, example))
+    assert spec.entrypoint == f"examples.{example}.train:main"
     site = load_site(str(_site_dir(tmp_path) / "gpu-check.yaml"))
     assert backend_problem(spec, site) is None and needed_gpus(spec, site) == 1
     env = rank_environ(spec, site, diagnostics_dir=tmp_path)
