@@ -5,7 +5,9 @@ node of the target allocation): a process group forms and an all-reduce complete
 between the spec's nodes carry an all-reduce at even bandwidth (:mod:`hpcrun.drill.linkcheck`,
 the one check that starts ranks on those nodes: one per node, every pair measured, the slowest
 pair named against the median), both storage tiers are writable (measured bandwidth, cold
-reads), a checkpoint commits and restores bit for bit, telemetry is written; first, the same
+reads), a checkpoint commits and restores bit for bit, telemetry is written, and the spec's own
+entrypoint registers its state (every rank runs ``main(ctx)`` up to the end of ``ctx.restore``
+on the local backend: a leaf hpcrun cannot save is refused there, before any step); first, the same
 admission checks as ``hpcrun submit``
 (:mod:`hpcrun.launch.admit`: spec, site, entrypoint importable, data manifest with every object
 hashed, Slurm partition/account/QoS), one row per finding. On a GPU site, the node's GPUs are
@@ -218,10 +220,74 @@ def preflight(spec_path: Path, *, backend: Backend = Backend.LOCAL) -> list[Chec
             _guard("checkpoint round trip", lambda: checkpoint_check(scratch,
                                                                      spec_id=spec.spec_id)),
             _guard("telemetry", lambda: telemetry_check(scratch)),
+            _guard(REGISTRATION_ROW, lambda: registration_check(spec_path, spec, site,
+                                                                admitted=rows)),
         ]
     if site.gpus_per_node > 0:
         rows += gpu_checks()
     return rows
+
+
+REGISTRATION_ROW = "state registration"
+PROBE_MAX_RANKS = 16
+"""Most ranks the registration probe starts on this machine."""
+
+
+def registration_check(spec_path: Path, spec: Any, site: Any, *, admitted: list[Check],
+                       timeout_s: float = 300.0) -> Check:
+    """The spec's own entrypoint on every rank (local backend, this machine) up to the end of
+    ``ctx.restore``: the state it registers can be checkpointed (a leaf type hpcrun cannot
+    save is refused there, naming its path), an ``init_from`` loads, the SDC check starts;
+    then each rank ends (``HPCRUN_PROBE``) before its first step. Not started when an
+    ``admitted`` row failed (the run could not start)."""
+    import torch
+
+    world = spec.resources.nodes * spec.resources.tasks_per_node
+    if any(c.ok is False for c in admitted):
+        return Check(name=REGISTRATION_ROW, ok=None,
+                     detail="not run: fix the failed rows above first")
+    if spec.script_mode:
+        return Check(name=REGISTRATION_ROW, ok=None,
+                     detail="a script run registers no state with ctx.restore")
+    if site.gpus_per_node > 0 and not torch.cuda.is_available():
+        return Check(name=REGISTRATION_ROW, ok=None, detail=(
+            "the ranks need GPUs this machine lacks; `hpcrun canary --backend slurm` runs the "
+            "registration on the allocation"))
+    if world > PROBE_MAX_RANKS:
+        return Check(name=REGISTRATION_ROW, ok=None, detail=(
+            f"{world} ranks are more than this machine starts at once ({PROBE_MAX_RANKS}); "
+            "`hpcrun canary --backend slurm` runs the registration on the allocation"))
+    return _probe(spec_path, world, timeout_s)
+
+
+def _probe(spec_path: Path, world: int, timeout_s: float) -> Check:
+    import yaml
+
+    from hpcrun.drill.evidence import collect
+    from hpcrun.drill.runner import load_raw_spec, submit, wait_terminal
+    from hpcrun.observe.events import EventKind
+    from hpcrun.runtime.incarnation import PROBE_ENV, PROBE_REGISTRATION
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hpcrun-probe-") as tmp:
+        path, runs = Path(tmp) / "probe.yaml", Path(tmp) / "runs"
+        path.write_text(yaml.safe_dump(load_raw_spec(spec_path), sort_keys=False))
+        run_dir = runs / submit(path, backend=Backend.LOCAL, inject="", cwd=Path.cwd(),
+                                env={PROBE_ENV: PROBE_REGISTRATION, "HPCRUN_RUNS": str(runs)})
+        wait_terminal(run_dir, timeout_s=timeout_s)
+        ev = collect(run_dir)
+    took = time.monotonic() - t0
+    done = [e for e in ev.events if e.kind == EventKind.REGISTERED]
+    if ev.state == "SUCCEEDED" and len({e.rank for e in done}) == world:
+        families = ", ".join(done[0].data.get("families", []))
+        return Check(name=REGISTRATION_ROW, ok=True, detail=(
+            f"ctx.restore accepted {families or 'no state'} on all {world} ranks "
+            f"({took:.0f} s, local backend)"))
+    faults = [str(e.payload.get("detail", "")) for e in ev.entries
+              if e.kind == "fault" and e.payload.get("detail")]
+    why = (faults[-1] if faults else ev.reason or ev.state).strip().splitlines()[-1]
+    return Check(name=REGISTRATION_ROW, ok=False, detail=(
+        f"{ev.state} before ctx.restore returned on every rank: {why[:300]}"))
 
 
 def links_check(spec: Any, site: Any, *, backend: Backend, admitted: list[Check]) -> Check:

@@ -65,6 +65,7 @@ class EventKind(StrEnum):
     STATE = "state"              # data: state, nodes (STARTING marks an allocation's start)
     RANK_START = "rank_start"    # data: backend, device, cpus (binding), collective timeouts,
     #                              image_root, image_root_id (in an image: what / is)
+    REGISTERED = "registered"    # data: families (preflight's probe: ctx.restore accepted them)
 
 
 SPAN_KINDS = frozenset({

@@ -26,6 +26,17 @@ Ending = NodeStatus
 """How a rank or a node's ranks ended: the ``node_exit`` notes' status, defined once in
 :mod:`hpcrun.control.notes`."""
 
+PROBE_ENV = "HPCRUN_PROBE"
+"""Set to :data:`PROBE_REGISTRATION` by ``hpcrun preflight``: each rank runs the entrypoint
+until ``ctx.restore`` has registered its state, then ends cleanly."""
+PROBE_REGISTRATION = "registration"
+
+
+class RegistrationProbed(BaseException):
+    """The registration probe is done: ``ctx.restore`` accepted the state (every leaf can be
+    saved, an ``init_from`` loaded, the SDC check started); the rank ends cleanly. A
+    BaseException, so a ``main`` that catches Exception does not swallow it."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AgentExit:

@@ -48,6 +48,8 @@ def test_preflight_checks_everything_on_the_local_machine(tmp_path: Path) -> Non
     for check in ("spec", "site", "entrypoint", "data", "process group", "shared tier",
                   "node-local tier", "checkpoint round trip", "telemetry"):
         assert re.search(rf"^{check}\s+ok\s", out.stdout, re.M), (check, out.stdout)
+    assert re.search(r"^state registration\s+ok\s+ctx.restore accepted data, model, optim on "
+                     r"all 3 ranks", out.stdout, re.M), out.stdout
     assert re.search(r"write \d+ MB/s", out.stdout)
     # three emulated nodes, every pair measured, the slowest named against the median; they
     # share one loopback, so only a loaded machine stretches a pair, and the verdict says so
@@ -59,6 +61,20 @@ def test_preflight_checks_everything_on_the_local_machine(tmp_path: Path) -> Non
     if abs(times - 2.0) > 0.05:  # the printed ratio is rounded
         assert links.group(1) == ("FAIL" if times > 2.0 else "ok"), out.stdout
     assert out.returncode == (1 if links.group(1) == "FAIL" else 0), out.stdout + out.stderr
+
+
+def test_preflight_refuses_state_the_checkpointer_cannot_save_before_any_step(
+        tmp_path: Path) -> None:
+    """The spec's own main(ctx) registers a tensor subclass hpcrun cannot save: preflight's
+    registration row fails naming the state path and the way out; no training step ran."""
+    spec = write_spec(tmp_path / "run.yaml", local_spec(
+        entrypoint="tests.integration.unsaveable:main", steps=30,
+        nodes=1, tasks_per_node=2))
+    out = cli(tmp_path, "preflight", str(spec))
+    row = re.search(r"^state registration\s+FAIL\s+(.*)$", out.stdout, re.M)
+    assert row and out.returncode == 1, out.stdout + out.stderr
+    assert "FAILED before ctx.restore returned on every rank" in row.group(1)
+    assert "'extra/odd'" in row.group(1), row.group(1)
 
 
 def test_drill_list_names_every_fault_and_where_it_runs(tmp_path: Path) -> None:

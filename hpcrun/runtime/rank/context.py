@@ -29,8 +29,9 @@ from hpcrun.control.log import RunLog
 from hpcrun.control.notes import DdpRebuildsNote, NoRestoreNote
 from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
+from hpcrun.observe.events import EventKind
 from hpcrun.runtime import faults, preemption
-from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.runtime.incarnation import Incarnation, RegistrationProbed
 from hpcrun.runtime.rank.sdc_guard import SdcGuard
 from hpcrun.vocab import ResumeContract, Tier
 
@@ -86,9 +87,12 @@ class Context:
                  events: EventWriter, stop: StopFlag, heartbeat: Heartbeat,
                  device: torch.device, group: ProcessGroup | None = None,
                  preempt_signal: int = 10, injections: tuple[faults.Injection, ...] = (),
-                 clock: Clock = SYSTEM_CLOCK, announce_running: bool = True) -> None:
+                 clock: Clock = SYSTEM_CLOCK, announce_running: bool = True,
+                 probe: bool = False) -> None:
         """``announce_running=False``: the agent already logged RUNNING (a script run's ranks
-        started), so the first step does not log it again."""
+        started), so the first step does not log it again. ``probe``: ``hpcrun preflight``'s
+        registration probe; :meth:`restore` ends the rank cleanly once the state is registered
+        (:class:`RegistrationProbed`)."""
         self.rank: int = env.rank
         self.local_rank: int = env.local_rank
         self.node_rank: int = env.node_rank
@@ -108,6 +112,7 @@ class Context:
         self._preempt_signal = preempt_signal
         self._injections = injections
         self._clock = clock
+        self._probe = probe
         self._state: dict[str, Any] = {}
         self._restored = False
         self._p = _Progress(validated=not announce_running)
@@ -173,6 +178,9 @@ class Context:
         self._cadence = self._new_cadence(self._p.step)
         self._sdc.start(self._state)
         self._note_rebuilding_ddp()
+        if self._probe:
+            self._events.emit(EventKind.REGISTERED, self._p.step, families=sorted(self._state))
+            raise RegistrationProbed(sorted(self._state))
         return self._p.step
 
     def _note_rebuilding_ddp(self) -> None:

@@ -27,7 +27,16 @@ from hpcrun.errors import (
     StaleGenerationError,
     StorageError,
 )
-from hpcrun.runtime.incarnation import EXIT_STALE, EXIT_USER_ERROR, Ending, Incarnation
+from hpcrun.runtime.incarnation import (
+    EXIT_OK,
+    EXIT_STALE,
+    EXIT_USER_ERROR,
+    PROBE_ENV,
+    PROBE_REGISTRATION,
+    Ending,
+    Incarnation,
+    RegistrationProbed,
+)
 from hpcrun.runtime.rank.startup import StartMarks
 
 if TYPE_CHECKING:
@@ -212,6 +221,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
         device=groups.device, group=groups.host_group, preempt_signal=preempt,
         injections=injections, announce_running=not is_script_rank(environ),
+        probe=environ.get(PROBE_ENV) == PROBE_REGISTRATION,
     )
     if marks is not None:
         marks.mark("context")
@@ -325,6 +335,12 @@ def run(environ: Mapping[str, str]) -> int:
         status, ending = preemption.rank_ending(ctx.stopped)
         write_exit_report(report_path, {"rank": rank, "status": ending, "step": ctx.step})
         return status
+    except RegistrationProbed:  # preflight: the state registered; nothing else to run
+        assert ctx is not None
+        ctx.close()
+        write_exit_report(report_path, {"rank": rank, "status": Ending.SUCCEEDED,
+                                        "step": ctx.step})
+        return EXIT_OK
     except BaseException as exc:  # every way out leaves a report for the agent
         fault = classify(exc)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
