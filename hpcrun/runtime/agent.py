@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2
 FENCE_WAIT_S = 300.0
+CANCEL_WAIT_S = 30.0
+"""How long the supervising agent of a cancelled run waits for the scancel that follows the
+cancel's fence before it cancels its job itself (:meth:`Agent._end_job_as_cancelled`)."""
 
 
 class Agent:
@@ -126,7 +129,24 @@ class Agent:
                 self.supervisor.watch_nodes()
             if self._serves_peers:
                 stack.enter_context(self._partner_server())
-            return self._run_incarnations()
+            status = self._run_incarnations()
+            self._end_job_as_cancelled()
+            return status
+
+    def _end_job_as_cancelled(self) -> None:
+        """A cancelled run's job ends CANCELLED, as the run did. ``hpcrun cancel`` fences,
+        records CANCELLED, then scancels; agents that see the fence first would all exit 0
+        and Slurm would say COMPLETED. The supervising agent keeps its task (so the job) alive
+        until the scancel lands, and cancels the job itself when none comes within
+        :data:`CANCEL_WAIT_S` (a run an agent cancelled: its upstream can never succeed)."""
+        if self.node.backend != Backend.SLURM or not self.supervisor.supervising:
+            return
+        self.view.refresh()
+        if self.view.terminal() != RunState.CANCELLED:
+            return
+        if not self.supervisor.requeuer.outlive(timeout_s=CANCEL_WAIT_S, poll_s=0.5):
+            print(f"hpcrun agent {self.node.node}: {self.supervisor.requeuer.release()}",
+                  file=sys.stderr)
 
     @property
     def _serves_peers(self) -> bool:

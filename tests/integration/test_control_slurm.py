@@ -51,10 +51,8 @@ def test_job_cancelled_behind_hpcruns_back_is_marked_cancelled(
     run.wait({"RUNNING"}, timeout=90)
     gone = slurm.run("scancel", run.job_id)
     assert gone.returncode == 0, gone.stderr
-    # CANCELLED by the scancel; COMPLETED when the agents saw the cancel's fence and left
-    # before it landed (the fence comes first, so nothing is published after it)
-    wait_until("the job to end", lambda: slurm.state(int(run.job_id)) in (
-        "CANCELLED", "COMPLETED"), timeout=60)
+    wait_until("the job to end", lambda: slurm.state(int(run.job_id)) == "CANCELLED",
+               timeout=60)
     before = run.record()
     assert str(before.state) in ("RUNNING", "PREEMPTED")  # the agents did not requeue it
     _reconcile(run)
@@ -209,10 +207,11 @@ def test_cancel_fences_a_training_worker(testbed: Testbed, runs: RunFactory,
     at_cancel = run.record()
     fence = next(e for e in run.entries() if e.kind == EntryKind.FENCE
                  and e.holder.startswith("cancel-"))
-    # CANCELLED by the scancel; COMPLETED when the agents saw the cancel's fence and left
-    # before it landed (the fence comes first, so nothing is published after it)
-    wait_until("the job to end", lambda: slurm.state(int(run.job_id)) in (
-        "CANCELLED", "COMPLETED"), timeout=60)
+    # the job ends CANCELLED, as the run did: the supervising agent, which sees the cancel's
+    # fence before the scancel lands, keeps the job alive until it does
+    wait_until("the job to end", lambda: slurm.state(int(run.job_id)) not in (
+        "RUNNING", "PENDING", "COMPLETING"), timeout=60)
+    assert slurm.state(int(run.job_id)) == "CANCELLED"
     time.sleep(2)  # let anything the old incarnation still had in flight land
     rec = run.record()
     assert str(rec.state) == "CANCELLED" and rec.generation == fence.generation
