@@ -14,8 +14,8 @@ as :data:`~hpcrun.storage.META_COST` prices each seam call), on a real run direc
 2. **a checkpoint**: save metadata ops per rank and per node, from the scale benchmark's real
    Checkpointer (:func:`benchmarks.scale.__main__.run_one`), with a handful of tensors;
 3. **a restart**: what each rank's start reads of the log (one ``RunLog`` per rank, read three
-   times: cadence, restore, partner copies) on a log of :data:`LOG_ENTRIES` entries, plus its
-   restore's shard and manifest opens (the same run_one);
+   times: cadence and restore up to its fence, partner copies whole) on a log of
+   :data:`LOG_ENTRIES` entries, plus its restore's shard and manifest opens (the same run_one);
 4. **a spare swap**: the supervisor's decision and new fence (real ``RunLog.claim`` and
    ``publish``) plus the restart of every rank.
 
@@ -124,10 +124,12 @@ def _one_beat(run_dir: Path, st: CountingStorage) -> None:
 
 
 def log_reads(root: Path, *, reads: int = 3) -> dict[str, int]:
-    """One rank's start: its ``RunLog`` read ``reads`` times (cadence, restore, partners),
-    from nothing and seeded from the node-local copy its agent leaves (``write_log_copy``)."""
+    """One rank's start reads the log three times: its cadence history and its restore read
+    what precedes its incarnation's fence (``RunLog.read_before``), the partner-copy lookup
+    the whole log (``read``). Counted from nothing (every read lists the log and opens what it
+    has not read) and seeded from the node-local copy its agent leaves (``write_log_copy``)."""
     run_dir = root / "restart"
-    build_log(run_dir)
+    fence = build_log(run_dir).claim("job1.r0.a1")  # the restart's fence
     copy = root / "node-local" / "logcopy.json"
     write_log_copy(copy, RunLog(run_dir).read())  # the agent's view, already read
     out = {"reads": reads}
@@ -137,7 +139,10 @@ def log_reads(root: Path, *, reads: int = 3) -> dict[str, int]:
         if seeded:
             log.seed(read_log_copy(copy))
         for i in range(reads):
-            log.read()
+            if i < reads - 1:
+                log.read_before(fence.slot)  # cadence, restore
+            else:
+                log.read()  # partner copies
             if i == 0:
                 out[f"{name}_first"] = st.total_meta_ops()
         out[f"{name}_total"] = st.total_meta_ops()

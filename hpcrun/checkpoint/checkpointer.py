@@ -345,9 +345,7 @@ class Checkpointer:
         self._check_open()
         if self._inflight is not None:
             self._finalize()  # the staging buffer is restore's read buffer
-        entries = self._log.read()
-        if self.fence_slot >= 0:
-            entries = [e for e in entries if e.slot < self.fence_slot]
+        entries = self._log.read_before(self.fence_slot)  # -1: every entry
         state = wrap_sharded(state)  # FSDP2/TP modules and optimizers: DTensor state dicts
         leaves = flatten_state(state).leaves  # refuses what cannot be saved, before any step
         candidates = restorable(entries)  # after an sdc fault: known-good only

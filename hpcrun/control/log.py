@@ -199,6 +199,16 @@ class RunLog:
                 out.append(entry)
         return out
 
+    def read_before(self, slot: int) -> list[LogEntry]:
+        """Every well-formed entry below ``slot``, in slot order: from what :meth:`seed` gave
+        alone when it holds every slot below ``slot`` (no listing, nothing opened: what a
+        rank's start needs of the log sits in its agent's node-local copy), else as
+        :meth:`read` gives it."""
+        given = {s: e for (s, _), e in self._read_cache.items() if s < slot}
+        if slot >= 0 and len(given) == slot:
+            return [given[s] for s in range(slot)]
+        return [e for e in self.read() if slot < 0 or e.slot < slot]
+
     def seed(self, entries: Iterable[LogEntry]) -> None:
         """Take ``entries`` (read from this log by another process of the node) as read: a
         later :meth:`read` lists the log and opens only the slots it was not given."""

@@ -108,6 +108,37 @@ def test_a_rank_seeded_with_its_agents_log_copy_opens_only_newer_slots(tmp_path:
     assert read_log_copy(tmp_path / "missing.json") == []
 
 
+def test_what_precedes_a_ranks_fence_comes_from_its_agents_copy_without_a_listing(
+        tmp_path: Path) -> None:
+    """A rank's start (its cadence history and its restore) needs only the entries below its
+    incarnation's fence, all in the copy its agent left: no listing, nothing opened. A copy
+    with a gap (a slot the agent could not read) falls back to the shared log."""
+    from hpcrun.control.log import read_log_copy, write_log_copy
+
+    (tmp_path / "log").mkdir()
+    log = RunLog(tmp_path)
+    old = log.claim("h1")
+    for i in range(5):
+        log.append(EntryKind.PROGRESS, generation=old.generation, holder="h1",
+                   payload={"step": i})
+    fence = log.claim("h2")
+    write_log_copy(tmp_path / "copy.json", RunLog(tmp_path).read())
+    log.append(EntryKind.NOTE, generation=fence.generation, holder="h2", payload={"x": 1})
+    whole = RunLog(tmp_path).read()
+    st = CountingStorage(LocalStorage())
+    rank = RunLog(tmp_path, storage=st)
+    rank.seed(read_log_copy(tmp_path / "copy.json"))
+    got = rank.read_before(fence.slot)
+    assert [e.to_bytes() for e in got] == [e.to_bytes() for e in whole if e.slot < fence.slot]
+    assert st.total_meta_ops() == 0
+    gap = RunLog(tmp_path, storage=st)
+    gap.seed([e for e in read_log_copy(tmp_path / "copy.json") if e.slot != 2])
+    assert [e.slot for e in gap.read_before(fence.slot)] == list(range(fence.slot))
+    # one listing; the missing slot and the entry newer than the copy opened
+    assert st.counts["listdir"] == 1 and st.counts["read_bytes"] == 2
+    assert [e.slot for e in RunLog(tmp_path).read_before(-1)] == [e.slot for e in whole]
+
+
 def test_metadata_costs_match_the_calls_local_storage_makes(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch,
                                                              ) -> None:

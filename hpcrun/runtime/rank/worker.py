@@ -113,7 +113,8 @@ def write_exit_report(path: Path, report: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def cadence_factory(run_dir: Path, policy: Any, log: Any) -> Callable[[int], Any]:
+def cadence_factory(run_dir: Path, policy: Any, log: Any, *,
+                    fence_slot: int = -1) -> Callable[[int], Any]:
     """The cadence timer of this incarnation, built at restore time (the step it starts from).
 
     M starts from the site's ``mtbf_prior_h`` combined with the interruptions and allocated
@@ -133,7 +134,8 @@ def cadence_factory(run_dir: Path, policy: Any, log: Any) -> Callable[[int], Any
 
     def build(start: int) -> Any:
         if not seen:
-            seen.append(interruption_history(fold_fences(log.read())[1]))
+            # the incarnations before this one's fence: the agent's copy holds them all
+            seen.append(interruption_history(fold_fences(log.read_before(fence_slot))[1]))
         return CadenceTimer(prior, start_step=start, interruptions=seen[0].interruptions,
                             exposure_s=seen[0].exposure_s)
 
@@ -217,7 +219,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     beat = heartbeat.beat
     ctx = Context(
         env=env, incarnation=inc, spec=spec, log=log, checkpointer=ckpt,
-        cadence=cadence_factory(inc.run_dir, policy, log), events=events, stop=stop,
+        cadence=cadence_factory(inc.run_dir, policy, log, fence_slot=inc.fence_slot),
+        events=events, stop=stop,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
         device=groups.device, group=groups.host_group, preempt_signal=preempt,
         injections=injections, announce_running=not is_script_rank(environ),
