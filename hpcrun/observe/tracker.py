@@ -187,6 +187,19 @@ class MlflowSink:
         return None  # every log_batch is already in the store
 
 
+def mlflow_environ(run_dir: Path, run_id: str, *, project: str,
+                   environ: Mapping[str, str]) -> dict[str, str]:
+    """What a script's own ``mlflow.start_run()`` on rank 0 needs to log into the hpcrun run's
+    one MLflow run (found by its ``hpcrun.run_id`` tag, else created): MLflow resumes the run
+    ``MLFLOW_RUN_ID`` names in the store ``MLFLOW_TRACKING_URI`` names."""
+    sink = MlflowSink(run_dir, run_id, project=project, known_ref="", environ=environ)
+    out = {"MLFLOW_TRACKING_URI": sink.location, "MLFLOW_RUN_ID": sink.run_ref,
+           "MLFLOW_EXPERIMENT_NAME": project}
+    if sink.location.startswith("file:"):
+        out["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow's opt-in for its file store
+    return out
+
+
 # -- Weights & Biases --------------------------------------------------------------------------
 
 class WandbSink:

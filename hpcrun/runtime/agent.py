@@ -404,7 +404,9 @@ class Agent:
         env["HPCRUN_PREEMPT_SIGNAL"] = self.site.preempt_signal
         if self.spec.script_mode:
             env.update(script.rank_environ(dist, self.spec, run_id=inc.run_id))
-            for key, value in script.tracker_environ(rank, run_id=inc.run_id).items():
+            for key, value in script.tracker_environ(rank, run_id=inc.run_id, spec=self.spec,
+                                                     run_dir=self.run_dir,
+                                                     environ=self.environ).items():
                 env.setdefault(key, value)  # the user's own WANDB_RUN_ID wins
         env.update(self.gpus.rank_environ(rank % k, diagnostics_dir=diagnostics_dir(inc)))
         return env

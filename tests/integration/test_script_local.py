@@ -137,6 +137,38 @@ def test_rank_0_of_a_script_gets_the_runs_one_wandb_run(tmp_path: Path) -> None:
     assert "wandb 1 None None" in rank_log(run, 1)
 
 
+_MLFLOW_SCRIPT = """
+import os, signal, mlflow
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+with mlflow.start_run() as run:
+    mlflow.log_metric("loss", 1.0 / (attempt + 1), step=attempt)
+    print("mlflow", run.info.run_id, flush=True)
+if attempt == 0:
+    os.kill(os.getpid(), signal.SIGKILL)  # restarted in the allocation
+"""
+
+
+def test_a_scripts_own_mlflow_run_is_one_run_across_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``observe.tracker: mlflow`` rank 0 gets ``MLFLOW_RUN_ID`` and the run's store: the
+    script's own ``mlflow.start_run()`` logs into one MLflow run, killed and restarted."""
+    from mlflow.tracking import MlflowClient
+
+    spec = {"name": "mlflow-script", "command": [sys.executable, "-c", _MLFLOW_SCRIPT],
+            "site": "local", "observe": {"tracker": "mlflow", "project": "scripts"},
+            "resources": {"nodes": 1, "tasks_per_node": 1, "time_limit_min": 5}}
+    run = submit(tmp_path, spec)
+    record = read_record(run)
+    assert (str(record.state), record.restarts) == ("SUCCEEDED", 1), record
+    ids = re.findall(r"^mlflow (\w+)$", rank_log(run, 0), re.M)
+    assert len(ids) == 2 and ids[0] == ids[1], ids
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's opt-in, as the run's
+    client = MlflowClient(tracking_uri=(run / "tracker" / "mlruns").resolve().as_uri())
+    history = client.get_metric_history(ids[0], "loss")
+    assert sorted((m.step, m.value) for m in history) == [(0, 1.0), (1, 0.5)]
+    assert client.get_run(ids[0]).data.tags["hpcrun.run_id"] == tracker_run_id(run.name)
+
+
 def test_a_killed_script_rank_is_restarted_in_the_allocation(tmp_path: Path) -> None:
     ckpt = tmp_path / "ddp.pt"
     spec = example_spec("run.yaml", ["--steps", str(STEPS), "--ckpt", str(ckpt),

@@ -11,7 +11,8 @@ user's script unchanged on every rank, as torchrun would (docs/scripts.md):
    :mod:`hpcrun.lite` reads. hpcrun forms no process group: the script's own
    ``init_process_group(backend)`` with ``env://`` forms the default one. No warm process is
    used: the script's imports are its own. Rank 0 also gets ``WANDB_RUN_ID`` and
-   ``WANDB_RESUME=allow`` (:func:`tracker_environ`), so a script's own wandb run is one run
+   ``WANDB_RESUME=allow`` (and, with ``observe.tracker: mlflow``, ``MLFLOW_RUN_ID`` and its
+   store: :func:`tracker_environ`), so a script's own wandb or MLflow run is one run
    across requeues.
 2. **Preemption.** The agent relays a preemption to every rank as the spec's ``preempt_signal``
    (:func:`rank_signal`, SIGTERM by default: what torchrun forwards to its workers, so what
@@ -31,14 +32,17 @@ user's script unchanged on every rank, as torchrun would (docs/scripts.md):
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.control.entries import StatePayload
 from hpcrun.control.states import RunState
 from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, Ending, RankExit
-from hpcrun.vocab import FaultClass
+from hpcrun.vocab import FaultClass, Tracker
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -75,15 +79,28 @@ def rank_environ(dist: DistEnv, spec: RunSpec, *, run_id: str) -> dict[str, str]
             RANK_SIGNAL_ENV: spec.preempt_signal}
 
 
-def tracker_environ(rank: int, *, run_id: str) -> dict[str, str]:
-    """Rank 0's wandb run, one per hpcrun run across requeues and restarts, as a ``main(ctx)``
-    run's tracker has it (:func:`hpcrun.observe.tracker.tracker_run_id`): the script's own
-    ``wandb.init()`` resumes it. The agent keeps what the user's environment already sets."""
+def tracker_environ(rank: int, *, run_id: str, spec: RunSpec | None = None,
+                    run_dir: Path | None = None,
+                    environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Rank 0's tracker run, one per hpcrun run across requeues and restarts, as a
+    ``main(ctx)`` run's tracker has it (:mod:`hpcrun.observe.tracker`): ``WANDB_RUN_ID`` (the
+    script's own ``wandb.init()`` resumes it) and, with ``observe.tracker: mlflow``,
+    ``MLFLOW_RUN_ID`` and its store (``mlflow.start_run()`` resumes it). The agent keeps what
+    the user's environment already sets. An MLflow store that cannot be reached is reported
+    and left out: telemetry never stops a run."""
     if rank != 0:
         return {}
-    from hpcrun.observe.tracker import tracker_run_id
+    from hpcrun.observe.tracker import mlflow_environ, tracker_run_id
 
-    return {"WANDB_RUN_ID": tracker_run_id(run_id), "WANDB_RESUME": "allow"}
+    out = {"WANDB_RUN_ID": tracker_run_id(run_id), "WANDB_RESUME": "allow"}
+    if spec is not None and run_dir is not None and spec.observe.tracker == Tracker.MLFLOW:
+        try:
+            out.update(mlflow_environ(run_dir, run_id, project=spec.observe.project,
+                                      environ=environ if environ is not None else os.environ))
+        except Exception as exc:  # telemetry never ends training
+            print(f"hpcrun: no MLflow run for the script: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+    return out
 
 
 def grace_s(site: SiteConfig) -> float:
