@@ -357,12 +357,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header(SIZE_HEADER, str(size))
         self.end_headers()
         self.wfile.flush()
-        sent = 0
-        while sent < length:  # zero-copy, file to socket
-            n = os.sendfile(self.connection.fileno(), fd, off + sent, length - sent)
-            if n == 0:
-                break
-            sent += n
+        # zero-copy, file to socket; socket.sendfile waits while the send buffer is full (the
+        # socket has a timeout, so it is non-blocking underneath: a bare os.sendfile there
+        # fails with EAGAIN as soon as a slow reader lets the buffer fill)
+        with os.fdopen(os.dup(fd), "rb") as src:
+            self.connection.sendfile(src, off, length)
 
 
 def contained(base: Path, path: Path) -> Path:
