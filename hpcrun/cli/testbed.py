@@ -9,11 +9,13 @@ from pathlib import Path
 
 import click
 
+from hpcrun.errors import TestbedError
 from hpcrun.testbed import Testbed, TestbedConfig
 from hpcrun.testbed.config import (
     LANE_ENV,
     MAX_LANES,
     STATE_DIR_ENV,
+    TESTBED_FILE,
     default_lane,
     default_state_dir,
     lane_config,
@@ -32,13 +34,26 @@ def _config(state_dir: str | None, lane: int | None, **fields: object) -> Testbe
                        **fields)  # type: ignore[arg-type]
 
 
-def _existing(state_dir: str | None, lane: int | None) -> Testbed:
+def _existing(state_dir: str | None, lane: int | None, *, must_exist: bool = False) -> Testbed:
     """The testbed named by ``--state-dir``/``--lane`` or their variables; without any, the one
-    this shell's ``SLURM_CONF`` points at (a lane's clients reach their own), else lane 0."""
+    this shell's ``SLURM_CONF`` points at (a lane's clients reach their own), else lane 0.
+
+    A ``--state-dir`` that holds a testbed already (a lane's own directory, as ``hpcrun testbed
+    up`` printed it) is that testbed, whatever ``$HPCRUN_TESTBED_LANE`` says. ``must_exist``
+    (crash, boot): a testbed that was never brought up is refused, so a crash never silently
+    acts on nothing."""
+    if state_dir is not None and lane is None and \
+            (Path(state_dir) / TESTBED_FILE).is_file():
+        return Testbed.from_state_dir(Path(os.path.abspath(state_dir)))
     named = state_dir is not None or lane is not None or any(
         os.environ.get(k) for k in (STATE_DIR_ENV, LANE_ENV))
     pointed = None if named else state_dir_of_slurm_conf(os.environ.get("SLURM_CONF", ""))
-    return Testbed.from_state_dir(pointed or _config(state_dir, lane).state_dir)
+    where = pointed or _config(state_dir, lane).state_dir
+    if must_exist and not (where / TESTBED_FILE).is_file():
+        raise TestbedError(f"no testbed at {where} (no {TESTBED_FILE}); bring it up with "
+                           "`hpcrun testbed up` (with the same --state-dir/--lane), or name the "
+                           "one that is up with --state-dir")
+    return Testbed.from_state_dir(where)
 
 
 def state_dir_option(fn: Callable[..., None]) -> Callable[..., None]:
@@ -120,7 +135,7 @@ def crash(node: str, state_dir: str | None, lane: int | None) -> None:
 
     Slurm marks the node DOWN after SlurmdTimeout (10 s); --requeue jobs are requeued.
     """
-    killed = _existing(state_dir, lane).crash(node)
+    killed = _existing(state_dir, lane, must_exist=True).crash(node)
     click.echo(f"{node}: killed {len(killed)} processes" + (f" ({killed})" if killed else ""))
 
 
@@ -129,7 +144,7 @@ def crash(node: str, state_dir: str | None, lane: int | None) -> None:
 @state_dir_option
 def boot(node: str, state_dir: str | None, lane: int | None) -> None:
     """Start NODE's slurmd in a fresh namespace and return it to service."""
-    _existing(state_dir, lane).boot(node)
+    _existing(state_dir, lane, must_exist=True).boot(node)
     click.echo(f"{node}: up and resumed")
 
 

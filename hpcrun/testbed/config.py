@@ -30,6 +30,8 @@ DB_PASSWORD = "hpcrun-testbed"  # loopback-only database of a throwaway testbed
 _MAX_NODES = 64
 _MAX_FIRST_JOB_ID = 0x03FF0000  # Slurm's default MaxJobId is 0x03FF0000 (67043328)
 
+TESTBED_FILE = "testbed.json"
+"""What a testbed's state directory records of it (written by ``hpcrun testbed up``)."""
 LANE_ENV = "HPCRUN_TESTBED_LANE"
 MAX_LANES = 4
 """Testbeds that may run side by side on one machine (``hpcrun testbed up --lane K``)."""
@@ -154,7 +156,7 @@ class TestbedConfig:
 
     @property
     def testbed_json(self) -> Path:
-        return self.state_dir / "testbed.json"
+        return self.state_dir / TESTBED_FILE
 
 
 def node_index(config: TestbedConfig, node: str) -> int:
@@ -363,7 +365,7 @@ _FIELD_TYPES: Mapping[str, type] = {
 }
 
 
-def config_from_json(text: str, *, source: str = "testbed.json") -> TestbedConfig:
+def config_from_json(text: str, *, source: str = TESTBED_FILE) -> TestbedConfig:
     """Parse a persisted config; raise ConfigError naming the problem for anything malformed."""
     try:
         body = json.loads(text)
@@ -442,7 +444,7 @@ def state_dir_of_slurm_conf(slurm_conf: str) -> Path | None:
     state_dir = conf.parent.parent
     if conf.name != "slurm.conf" or conf.parent.name != "etc":
         return None
-    return state_dir if (state_dir / "testbed.json").is_file() else None
+    return state_dir if (state_dir / TESTBED_FILE).is_file() else None
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:

@@ -17,6 +17,7 @@ from hpcrun.runner import CommandResult, CommandRunner, SubprocessRunner
 from hpcrun.scheduler.slurm import parse_sinfo_nodes
 from hpcrun.testbed import daemons as d
 from hpcrun.testbed.config import (
+    TESTBED_FILE,
     TestbedConfig,
     accounting_setup_argvs,
     client_env,
@@ -53,7 +54,7 @@ from hpcrun.testbed.plan import (
     slurmdbd_argv,
 )
 
-_STATE_ENTRIES = ("etc", "run", "pids", "spool", "mariadb", "nodes", "shared", "testbed.json")
+_STATE_ENTRIES = ("etc", "run", "pids", "spool", "mariadb", "nodes", "shared", TESTBED_FILE)
 """What ``down`` wipes inside the state dir (by name: never a recursive delete of the dir)."""
 _START_TIMEOUT = 60.0
 _NODES_TIMEOUT = 60.0
@@ -96,7 +97,7 @@ class Testbed:
     @classmethod
     def from_state_dir(cls, state_dir: Path, **kwargs: object) -> Testbed:
         """The testbed recorded in ``state_dir/testbed.json`` (default config when absent)."""
-        path = state_dir / "testbed.json"
+        path = state_dir / TESTBED_FILE
         if path.exists():
             config = config_from_json(path.read_text(), source=str(path))
         else:

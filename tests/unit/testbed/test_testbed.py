@@ -135,3 +135,20 @@ def test_a_lane_down_while_another_lane_runs_leaves_munged_to_it(tmp_path: Path)
     handed = second.pid_dir / pid_file_name(Daemon.MUNGED, None)
     assert handed.read_text().strip() == str(munged_pid)
     assert not first.pid_dir.exists()
+
+
+def test_a_lanes_own_state_dir_names_that_lane_whatever_the_lane_variable_says(
+        tmp_path: Path) -> None:
+    """``--state-dir`` of a testbed that is up (a lane's own directory) is that testbed even
+    with ``$HPCRUN_TESTBED_LANE`` set, which would otherwise add its suffix a second time and
+    crash nothing; a crash of a testbed never brought up is refused, naming the directory."""
+    lane2 = tmp_path / "tb-lane2"
+    lane2.mkdir()
+    (lane2 / "testbed.json").write_text(config_to_json(TestbedConfig(state_dir=lane2, nodes=2)))
+    runner = CliRunner(env={"HPCRUN_TESTBED_LANE": "2"})
+    out = runner.invoke(cli, ["testbed", "env", "--state-dir", str(lane2)])
+    assert out.exit_code == 0 and f"export SLURM_CONF={lane2}/etc/slurm.conf\n" in out.output
+    missing = tmp_path / "never-up"
+    crash = runner.invoke(cli, ["testbed", "crash", "node1", "--state-dir", str(missing)])
+    assert crash.exit_code != 0 and not missing.exists()
+    assert f"no testbed at {missing}-lane2" in str(crash.output) + str(crash.exception)
