@@ -74,6 +74,7 @@ from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.node.membership import (
     ALIVE_EVERY_S,
+    FILE_EVERY_S,
     NODE_STALE_ECHO_S,
     NODE_STALE_S,
     LivenessWatch,
@@ -107,6 +108,7 @@ from hpcrun.vocab import Backend, Tier
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.runtime.incarnation import Incarnation
+    from hpcrun.runtime.node.netbeat import BeatBoard
     from hpcrun.runtime.node.requeue import Requeuer
 
 NODE_EXIT_WAIT_S = 60.0
@@ -153,17 +155,27 @@ class Supervisor:
         self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
         self.survives_node_loss = survives_node_loss(spec)
         self.liveness: LivenessWatch | None = None
+        self._board: BeatBoard | None = None
         self._liveness_read = float("-inf")
         self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
 
     # -- node liveness (runs with hot spares) --------------------------------------------------
-    def watch_nodes(self) -> None:
+    def watch_nodes(self, board: BeatBoard | None = None,
+                    watched: Sequence[str] | None = None) -> None:
         """Watch the other agents' liveness (runs that survive a node loss: hot spares or an
         elastic gang), once per allocation: agents beat from their start, whatever their
-        incarnation does."""
+        incarnation does.
+
+        Args:
+            board: the beats this agent's receiver hears (None: the liveness files alone).
+            watched: the nodes this agent watches (:func:`~hpcrun.runtime.node.netbeat.
+                beat_peers`); default every other node.
+        """
         if self.survives_node_loss and self.liveness is None:
-            others = [n for n in self.node.nodes if n != self.node.node]
+            others = [n for n in (watched if watched is not None else self.node.nodes)
+                      if n != self.node.node]
             self.liveness = LivenessWatch(others, clock=self.clock)
+            self._board = board
 
     def vanished(self, inc: Incarnation) -> tuple[str, ...]:
         """Gang nodes whose agent stopped beating (empty without hot spares)."""
@@ -208,14 +220,18 @@ class Supervisor:
         return bool(lost)
 
     def _stale(self, bound: float | None = None) -> tuple[str, ...]:
-        """Nodes whose agent stopped beating for ``bound`` s (default ``NODE_STALE_S``; empty
-        without hot spares)."""
+        """Watched nodes neither heard nor seen changing their liveness file for ``bound`` s
+        (default ``NODE_STALE_S``; empty without hot spares)."""
         if self.liveness is None:
             return ()
         now = self.clock.monotonic()
-        if now - self._liveness_read >= ALIVE_EVERY_S:  # one read of N files per beat
-            self.liveness.observe(read_liveness(self.run_dir, self.node.nodes))
-            self._liveness_read = now
+        if now - self._liveness_read >= FILE_EVERY_S:  # the fallback: one read per file beat
+            self.liveness.observe(read_liveness(self.run_dir, self.liveness.nodes))
+            self._liveness_read = self.clock.monotonic()
+        if self._board is not None:
+            # after the file read, which may have blocked on a slow shared tier: the board
+            # kept hearing meanwhile, on its own clock
+            self.liveness.observe_net(self._board.heard())
         return self.liveness.stale(bound)
 
     # -- who supervises (runs with hot spares: any surviving agent can take over) ---------------
@@ -391,7 +407,7 @@ class Supervisor:
         """
         if self.node.backend != Backend.SLURM or self.node.is_supervisor or self.liveness is None:
             return
-        others = set(self.node.nodes) - {self.node.node}
+        others = set(self.liveness.nodes)
         deadline = self.clock.monotonic() + RELEASE_WAIT_S
         while not others <= set(self._stale()) and self.clock.monotonic() < deadline:
             self.clock.sleep(POLL_S)

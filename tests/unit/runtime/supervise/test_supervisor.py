@@ -20,6 +20,7 @@ from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incar
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView
 from hpcrun.runtime.node.membership import NODE_STALE_ECHO_S, NODE_STALE_S, alive_path
+from hpcrun.runtime.node.netbeat import Beat, BeatBoard
 from hpcrun.runtime.supervise.decisions import Fail
 from hpcrun.runtime.supervise.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, POLL_S, Supervisor
 from hpcrun.testing import FakeClock
@@ -205,19 +206,27 @@ SPARE_SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:mai
 
 
 class BeatingClock(FakeClock):
-    """A fake clock whose sleeps let the live agents beat (their liveness files change)."""
+    """A fake clock whose sleeps let the live agents beat: a network beat heard on the board
+    the supervisor watches, and every tenth sleep their liveness file too (the fallback)."""
 
-    def __init__(self, run_dir: Path, live: Sequence[str]) -> None:
+    def __init__(self, run_dir: Path, live: Sequence[str],
+                 nodes: Sequence[str] = ("n0", "n1", "n2")) -> None:
         super().__init__()
         self.run_dir, self.live, self.beat = run_dir, list(live), 0
+        self.board = BeatBoard(clock=self)
+        for node in nodes:  # every agent beat once at its start; the dead ones stopped since
+            self.board.record(Beat(run_id="r1", job_start="job7.r0.", node=node, counter=0))
 
     def sleep(self, seconds: float) -> None:
         super().sleep(seconds)
         self.beat += 1
         for node in self.live:
-            path = alive_path(self.run_dir, node)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"node": node, "beat": self.beat}))
+            self.board.record(Beat(run_id="r1", job_start="job7.r0.", node=node,
+                                   counter=self.beat))
+            if self.beat % 10 == 0:
+                path = alive_path(self.run_dir, node)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"node": node, "beat": self.beat}))
 
 
 def _spare_setup(tmp_path: Path, live: Sequence[str]) -> tuple[Supervisor, Incarnation,
@@ -234,7 +243,7 @@ def _spare_setup(tmp_path: Path, live: Sequence[str]) -> tuple[Supervisor, Incar
     sup = Supervisor(run_dir=run_dir, node=node, spec=SPARE_SPEC, log=log, view=LogView(log),
                      requeuer=requeuer, stop=StopFlag(), preempt_signal=int(signal.SIGUSR1),
                      clock=clock)
-    sup.watch_nodes()
+    sup.watch_nodes(sup.clock.board)  # type: ignore[attr-defined]
     return sup, inc, requeuer, log
 
 
@@ -331,7 +340,7 @@ def _elastic_setup(tmp_path: Path, live: Sequence[str], gang: tuple[str, ...] = 
     sup = Supervisor(run_dir=run_dir, node=node, spec=ELASTIC_SPEC, log=log,
                      view=LogView(log), requeuer=requeuer, stop=StopFlag(),
                      preempt_signal=int(signal.SIGUSR1), clock=BeatingClock(run_dir, live))
-    sup.watch_nodes()
+    sup.watch_nodes(sup.clock.board)  # type: ignore[attr-defined]
     return sup, inc, requeuer, log
 
 
