@@ -35,6 +35,7 @@ A rank crashes, or a node of a fixed gang dies, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import sys
@@ -49,6 +50,7 @@ from hpcrun.control.entries import (
     ActionKind,
     CommitPayload,
     EntryPayload,
+    FaultPayload,
     OpPayload,
     PeerLostNote,
     QuarantinePayload,
@@ -102,8 +104,8 @@ from hpcrun.runtime.supervise.decisions import (
     SwapSpare,
 )
 from hpcrun.runtime.supervise.takeover import claim_due, supervisor_of
-from hpcrun.storage import LOCAL_STORAGE
-from hpcrun.vocab import Backend, Tier
+from hpcrun.storage import LOCAL_STORAGE, SHARED_TIER_SLOW
+from hpcrun.vocab import Backend, FaultClass, Tier
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -117,6 +119,9 @@ TIER1_WAIT_S = 120.0
 FOLLOW_WAIT_S = 900.0
 RELEASE_WAIT_S = 30.0
 POLL_S = 0.2
+STALL_REPORT_GAP_S = 30.0
+"""At most one stall report per this long (one stall blocks many operations)."""
+STALL_SIGNATURE = "storage:stall"
 
 
 def rejoin(view: LogView, node: NodeInfo, inc: Incarnation) -> AgentExit:
@@ -156,6 +161,7 @@ class Supervisor:
         self.survives_node_loss = survives_node_loss(spec)
         self.liveness: LivenessWatch | None = None
         self._board: BeatBoard | None = None
+        self._stall_reported = float("-inf")
         self._liveness_read = float("-inf")
         self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
 
@@ -191,6 +197,7 @@ class Supervisor:
         ends then: a newer fence, a terminal state, another node's fault (``peer_faulted``) or a
         vanished gang node (the rank watch's step 7, :mod:`hpcrun.runtime.node.rankwatch`)."""
         self.view.follow()  # backs off while the log is quiet: one listing per 3.2 s at most
+        self._report_stall(inc)
         if self.view.fence.generation != inc.generation:
             return rejoin(self.view, self.node, inc)
         if self.view.terminal():
@@ -206,6 +213,26 @@ class Supervisor:
         if self._record_vanished(inc):
             return Watched.PEER_FAILED
         return None
+
+    def _report_stall(self, inc: Incarnation) -> None:
+        """Report a shared-filesystem stall this agent's process saw (an operation at the
+        storage seam slower than :data:`~hpcrun.storage.SLOW_OP_S`) as a background
+        ``storage_timeout`` fault, once per :data:`STALL_REPORT_GAP_S`, when it supervises:
+        the run goes on; liveness went over the network meanwhile."""
+        slow = SHARED_TIER_SLOW.take()
+        now = self.clock.monotonic()
+        if slow is None or not self.supervising or now - self._stall_reported < STALL_REPORT_GAP_S:
+            return
+        self._stall_reported = now
+        op, path, took = slow
+        detail = (f"shared filesystem stalled: {op} {path!r} on {self.node.node} took "
+                  f"{took:.1f} s; node liveness went on over the network, no node was declared "
+                  "lost for it; check the metadata server (`lfs check servers`)")
+        with contextlib.suppress(HpcrunError):  # the report is best effort
+            self._append(inc, FaultPayload(fault=FaultClass.STORAGE_TIMEOUT, node=self.node.node,
+                                           signature=STALL_SIGNATURE, detail=detail[:2000],
+                                           background=True))
+        print(f"hpcrun agent {self.node.node}: {detail}", file=sys.stderr)
 
     def _record_vanished(self, inc: Incarnation) -> bool:
         """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
