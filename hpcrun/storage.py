@@ -101,7 +101,7 @@ class StallGate:
         if root is None:
             return 0.0
         left = self._until - self._clock.monotonic()
-        if left <= 0 or not os.path.abspath(os.fspath(path)).startswith(root):
+        if left <= 0 or not os.path.join(os.path.abspath(os.fspath(path)), "").startswith(root):
             return 0.0
         return left
 
