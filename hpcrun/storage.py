@@ -4,6 +4,11 @@ Parallel filesystems (Lustre, GPFS) are slow at metadata, not at bytes, so the o
 matter at scale (create, stat, rename, fsync, list) go through one :class:`Storage` object that a
 benchmark can wrap with :class:`CountingStorage`. Bulk shard bytes may bypass it (h5py, O_DIRECT)
 but their files are still created, renamed and fsynced through it.
+
+Every operation of :class:`LocalStorage` also passes a :class:`StallGate` (the drill's
+``shared-fs-stall``: a process's operations under the run directory block for a while) and is
+timed into :class:`SlowOps` (an operation of 3 s or more: a stall, real or injected, that the
+supervisor reports).
 """
 
 from __future__ import annotations

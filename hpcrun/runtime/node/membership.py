@@ -10,11 +10,14 @@ Whether a run survives a node loss at all is :func:`survives_node_loss` (spares 
 
 Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`, kept in
 :mod:`hpcrun.control.elastic` and re-exported here) and the liveness
-bookkeeping the supervisor keeps (:class:`LivenessWatch`, skew-free: a node is stale when its
-liveness file has not *changed* for ``stale_s`` of the supervisor's own clock). The agent's
-liveness writer (:class:`LivenessBeat`) is the one effectful part: a daemon thread that rewrites
-``<run_dir>/alive/<node>.json`` every :data:`ALIVE_EVERY_S` for as long as the agent lives, so a
-vanished agent is told apart from one that is busy killing or draining its ranks.
+bookkeeping a watcher keeps (:class:`LivenessWatch`, skew-free: a node is stale when neither its
+network beat was heard nor its liveness file *changed* for ``stale_s`` of the watcher's own
+clock). The agent's liveness (:class:`LivenessBeat`, wired by :func:`node_liveness`) is the
+effectful part: a thread that sends a UDP beat to its peers every :data:`ALIVE_EVERY_S` without
+touching the filesystem (:mod:`hpcrun.runtime.node.netbeat`: who hears whom, the wire format, the
+receiver), and one that replaces ``<run_dir>/alive/<node>.json`` every :data:`FILE_EVERY_S` as
+the fallback, for as long as the agent lives, so a vanished agent is told apart from one that is
+busy killing or draining its ranks, and a stalled shared filesystem silences no one.
 
 A gang node dies in a run with hot spares (or an elastic gang), in this order:
 
@@ -22,10 +25,12 @@ A gang node dies in a run with hot spares (or an elastic gang), in this order:
    agent outside it is a spare: it follows the log, keeps beating and keeps its warm processes.
    Each gang node's drainer pushes its newest tier-0 shards to its ring partner
    (``checkpoint/peer/push.py``).
-2. **Beats stop.** The dead node's liveness file stops changing; the supervisor's
-   :class:`LivenessWatch` calls it lost after ``NODE_STALE_S`` (``NODE_STALE_ECHO_S`` once the
-   ranks logged ``peer_lost``), and the supervisor ends the incarnation (``supervise/
-   supervisor.py``), logging a ``node_failure``.
+2. **Beats stop.** The dead node's datagrams stop arriving (and its liveness file stops
+   changing); the supervisor's receiver thread keeps when it last heard each node, and its
+   :class:`LivenessWatch` calls the node lost after ``NODE_STALE_S`` (``NODE_STALE_ECHO_S`` once
+   the ranks logged ``peer_lost``), and the supervisor ends the incarnation (``supervise/
+   supervisor.py``), logging a ``node_failure``. A shared filesystem that stalls meanwhile
+   freezes every liveness file but no beat: nobody is declared lost for it.
 3. **Decide.** With a live spare for each lost node and the in-allocation budget left:
    ``SwapSpare`` (:func:`swap_in`: the spare in the lost node's position, every rank keeps its
    id). The node is quarantined, RECOVERING names the new gang, a new fence and STARTING follow,

@@ -22,8 +22,8 @@ A rank crashes, or a node of a fixed gang dies, in this order:
    the rank watch's step 7), stops its ranks and notes its own ``node_exit``.
 4. **Gather.** :meth:`Supervisor.gather` waits for every gang node's note, or after the first
    fault :data:`FAULT_SETTLE_S` more; a node silent for :data:`NODE_EXIT_WAIT_S` is lost (a
-   ``node_failure``). Runs that survive a node loss see a dead agent sooner, from its stale
-   liveness file (``node/membership.py``).
+   ``node_failure``). Runs that survive a node loss see a dead agent sooner, from its silence
+   on the network (``node/membership.py``, ``node/netbeat.py``).
 5. **Decide.** :func:`~hpcrun.runtime.supervise.decide.decide` picks the root cause (echoes
    never count) and sends it through the retry rules: restart in the allocation (a new fence,
    attempt+1: the ranks restore the newest commit), requeue with backoff, excluding a lost or
