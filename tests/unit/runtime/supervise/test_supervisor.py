@@ -368,3 +368,45 @@ def test_an_elastic_gang_at_min_nodes_requeues_on_a_node_loss(tmp_path: Path) ->
     sup, inc, requeuer, _ = _elastic_setup(tmp_path, live=(), gang=("n0", "n2"))
     sup.conclude(inc)
     assert read_record(inc.run_dir).state == "REQUEUED" and len(requeuer.calls) == 1
+
+
+def test_a_supervisor_blocked_on_a_stalled_filesystem_loses_no_node_it_heard_meanwhile(
+        tmp_path: Path) -> None:
+    """The liveness files froze for 10 s and the supervisor's loop was blocked as long; the
+    receiver heard every live agent meanwhile, on its own clock: nobody is lost."""
+    sup, inc, _, _ = _spare_setup(tmp_path, live=("n1", "n2"))
+    board: BeatBoard = sup.clock.board  # type: ignore[attr-defined]
+    sup.clock.live = []  # type: ignore[attr-defined]  # nothing written or heard during...
+    FakeClock.advance(sup.clock, 9.5)
+    for node in ("n1", "n2"):  # ...except the beats the receiver heard just before looking
+        board.record(Beat(run_id="r1", job_start="job7.r0.", node=node, counter=10_000))
+    FakeClock.advance(sup.clock, 0.5)
+    assert sup.vanished(inc) == () and sup.live_spares(inc) == ("n2",)
+
+
+def test_a_slow_shared_tier_operation_is_reported_once_as_a_background_stall(
+        tmp_path: Path) -> None:
+    from hpcrun.storage import SHARED_TIER_SLOW
+
+    sup, inc, _, log = _spare_setup(tmp_path, live=("n1", "n2"))
+    SHARED_TIER_SLOW.take()
+    SHARED_TIER_SLOW.note("listdir", tmp_path / "log", 9.8)
+    assert sup.moved_on(inc, peer_faulted=lambda _: False) is None, "the run goes on"
+    SHARED_TIER_SLOW.note("read_bytes", tmp_path / "x", 5.0)  # the same stall, seen later
+    assert sup.moved_on(inc, peer_faulted=lambda _: False) is None
+    stalls = [e.payload for e in log.read() if e.kind == EntryKind.FAULT]
+    assert len(stalls) == 1 and stalls[0]["signature"] == "storage:stall"
+    assert stalls[0]["background"] is True and "listdir" in stalls[0]["detail"]
+    assert "9.8 s" in stalls[0]["detail"] and read_record(inc.run_dir).quarantined == ()
+
+
+def test_an_agent_watches_its_beat_peers_only(tmp_path: Path) -> None:
+    from hpcrun.runtime.node.netbeat import beat_peers
+
+    sup, *_ = _spare_setup(tmp_path, live=())  # n0, a watcher: it hears every node
+    sup.liveness = None
+    sup.watch_nodes(BeatBoard(), beat_peers("n0", ("n0", "n1", "n2", "n3", "n4")))
+    assert sup.liveness is not None and sup.liveness.nodes == ("n1", "n2", "n3", "n4")
+    sup.liveness = None  # as if n0 were the fifth node: it would watch the three watchers
+    sup.watch_nodes(BeatBoard(), beat_peers("n0", ("n5", "n6", "n7", "n8", "n0")))
+    assert sup.liveness is not None and sup.liveness.nodes == ("n5", "n6", "n7")
