@@ -4,12 +4,18 @@ Parallel filesystems (Lustre, GPFS) are slow at metadata, not at bytes, so the o
 matter at scale (create, stat, rename, fsync, list) go through one :class:`Storage` object that a
 benchmark can wrap with :class:`CountingStorage`. Bulk shard bytes may bypass it (h5py, O_DIRECT)
 but their files are still created, renamed and fsynced through it.
+
+Every operation of :class:`LocalStorage` also passes a :class:`StallGate` (the drill's
+``shared-fs-stall``: a process's operations under the run directory block for a while) and is
+timed into :class:`SlowOps` (an operation of 3 s or more: a stall, real or injected, that the
+supervisor reports).
 """
 
 from __future__ import annotations
 
 import collections
 import errno
+import functools
 import os
 import shutil
 import threading
@@ -17,8 +23,9 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
+from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ConfigError, StorageError, StorageTimeoutError
 from hpcrun.vocab import MetaOp
 
@@ -75,9 +82,108 @@ def _wrap(op: str, path: PathLike, exc: OSError) -> StorageError:
                         "check that the tier is mounted, writable and not full")
 
 
+class StallGate:
+    """A shared-tier stall in this process (the ``shared-fs-stall`` drill, ``fsstall@``): once
+    armed, every operation on a path under its root blocks until the stall ends, as every
+    metadata call does while a Lustre metadata server stops answering. Paths elsewhere (the
+    node-local tier) go on. Thread-safe; unarmed it costs one attribute read per operation."""
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._root: str | None = None
+        self._until = float("-inf")
+        self._lock = threading.Lock()
+
+    def arm(self, root: PathLike, seconds: float) -> None:
+        """Stall every operation under ``root`` for ``seconds`` from now."""
+        with self._lock:
+            self._root = os.path.join(os.path.abspath(os.fspath(root)), "")
+            self._until = self._clock.monotonic() + seconds
+
+    def remaining(self, path: PathLike) -> float:
+        """How long an operation on ``path`` must wait now (0 when it need not)."""
+        root = self._root
+        if root is None:
+            return 0.0
+        left = self._until - self._clock.monotonic()
+        if left <= 0 or not os.path.join(os.path.abspath(os.fspath(path)), "").startswith(root):
+            return 0.0
+        return left
+
+    def wait_out(self, path: PathLike) -> None:
+        """Block while a stall covers ``path``."""
+        left = self.remaining(path)
+        while left > 0:
+            self._clock.sleep(left)
+            left = self.remaining(path)
+
+
+SHARED_TIER_STALL = StallGate()
+"""This process's shared-tier stall gate (armed only by the ``fsstall@`` drill fault)."""
+
+SLOW_OP_S = 3.0
+"""An operation at the seam this slow is worth reporting: the liveness bound
+(``NODE_STALE_S``), past which liveness read from files alone would lose every node."""
+
+
+class SlowOps:
+    """The slowest operation at the seam since it was last taken, among those of at least
+    ``threshold_s`` (a shared-filesystem stall seen from this process); thread-safe."""
+
+    def __init__(self, *, threshold_s: float = SLOW_OP_S) -> None:
+        self._threshold_s = threshold_s
+        self._slowest: tuple[str, str, float] | None = None
+        self._lock = threading.Lock()
+
+    def note(self, op: str, path: PathLike, seconds: float) -> None:
+        """Record one operation's duration."""
+        if seconds < self._threshold_s:
+            return
+        with self._lock:
+            if self._slowest is None or seconds > self._slowest[2]:
+                self._slowest = (op, os.fspath(path), seconds)
+
+    def take(self) -> tuple[str, str, float] | None:
+        """The slowest slow operation since the last take (op, path, seconds), or None."""
+        with self._lock:
+            out, self._slowest = self._slowest, None
+        return out
+
+
+SHARED_TIER_SLOW = SlowOps()
+"""This process's slow shared-tier operations (what :data:`LOCAL_STORAGE` saw)."""
+
+P = ParamSpec("P")
+_LS = TypeVar("_LS", bound="LocalStorage")
+
+
+def _at_seam(fn: Callable[Concatenate[_LS, PathLike, P], T]
+             ) -> Callable[Concatenate[_LS, PathLike, P], T]:
+    """One operation of :class:`LocalStorage`: wait out a drill's stall, then run it; either
+    way, a slow one is recorded."""
+
+    @functools.wraps(fn)
+    def op(self: _LS, path: PathLike, *args: P.args, **kwargs: P.kwargs) -> T:
+        start = time.monotonic()
+        self._gate.wait_out(path)
+        try:
+            return fn(self, path, *args, **kwargs)
+        finally:
+            self._slow.note(fn.__name__.strip("_"), path, time.monotonic() - start)
+
+    return op
+
+
 class LocalStorage:
     """POSIX implementation, correct on local disks, Lustre, GPFS and NFSv3+."""
 
+    def __init__(self, gate: StallGate | None = None, slow: SlowOps | None = None) -> None:
+        """``gate`` stalls operations (the drill's ``fsstall``); ``slow`` records the slowest
+        operation (a stall, injected or real, for the supervisor to report)."""
+        self._gate = gate if gate is not None else StallGate()
+        self._slow = slow if slow is not None else SlowOps()
+
+    @_at_seam
     def create_exclusive(self, path: PathLike, data: bytes) -> bool:
         # Write the bytes under a private name, then link(2) them into place: link is atomic
         # and fails with EEXIST when the name is taken (POSIX, Lustre, GPFS, NFSv3+), so a
@@ -108,6 +214,7 @@ class LocalStorage:
     def replace_bytes(self, path: PathLike, data: bytes) -> None:
         self._replace(path, data, durable=False)
 
+    @_at_seam
     def _replace(self, path: PathLike, data: bytes, *, durable: bool) -> None:
         """Write under a private name, then rename into place; ``durable`` fsyncs the file and
         its directory (a crash never loses it), else a reader sees old or new bytes, never part."""
@@ -127,21 +234,25 @@ class LocalStorage:
         except OSError as exc:
             raise _wrap("write", path, exc) from exc
 
+    @_at_seam
     def read_bytes(self, path: PathLike) -> bytes:
         try:
             return Path(path).read_bytes()
         except OSError as exc:
             raise _wrap("read", path, exc) from exc
 
+    @_at_seam
     def exists(self, path: PathLike) -> bool:
         return os.path.exists(path)
 
+    @_at_seam
     def size(self, path: PathLike) -> int:
         try:
             return os.stat(path).st_size
         except OSError as exc:
             raise _wrap("stat", path, exc) from exc
 
+    @_at_seam
     def listdir(self, path: PathLike) -> list[str]:
         try:
             return sorted(os.listdir(path))
@@ -150,18 +261,21 @@ class LocalStorage:
         except OSError as exc:
             raise _wrap("list", path, exc) from exc
 
+    @_at_seam
     def makedirs(self, path: PathLike, mode: int = 0o750) -> None:
         try:
             os.makedirs(path, mode=mode, exist_ok=True)
         except OSError as exc:
             raise _wrap("mkdir", path, exc) from exc
 
+    @_at_seam
     def rename(self, src: PathLike, dst: PathLike) -> None:
         try:
             os.replace(src, dst)
         except OSError as exc:
             raise _wrap("rename", src, exc) from exc
 
+    @_at_seam
     def fsync_path(self, path: PathLike) -> None:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -175,6 +289,7 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    @_at_seam
     def remove(self, path: PathLike) -> None:
         try:
             os.remove(path)
@@ -183,6 +298,7 @@ class LocalStorage:
         except OSError as exc:
             raise _wrap("remove", path, exc) from exc
 
+    @_at_seam
     def rmtree(self, path: PathLike) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -255,7 +371,7 @@ class CountingStorage:
             self.counts.clear()
 
 
-LOCAL_STORAGE = LocalStorage()
+LOCAL_STORAGE = LocalStorage(SHARED_TIER_STALL, SHARED_TIER_SLOW)
 
 STORAGE_OPS: tuple[str, ...] = CountingStorage._OPS
 """The names of every :class:`Storage` operation."""

@@ -9,8 +9,10 @@ as :data:`~hpcrun.storage.META_COST` prices each seam call), on a real run direc
 1. **steady training**, per node per second, over :data:`WINDOW_S` of a fake clock: the agent's
    follower of the run log at its watch tick (``LogView.follow``; beside it the listing every
    tick it replaced), the node heartbeat file (``HeartbeatAggregator``), and, in a run with
-   hot spares, the liveness beat (``LivenessBeat``) and node 0's read of every node's liveness
-   file (``read_liveness``) and the run summary it replaces every 5 s;
+   hot spares, the liveness file each agent replaces every ``FILE_EVERY_S`` (the fallback of
+   the network beat, ``LivenessBeat``) and the watchers' read of the files they watch
+   (``read_liveness``: a watcher every node's, every other agent the watchers'), and node 0's
+   run summary every 5 s;
 2. **a checkpoint**: save metadata ops per rank and per node, from the scale benchmark's real
    Checkpointer (:func:`benchmarks.scale.__main__.run_one`), with a handful of tensors;
 3. **a restart**: what each rank's start reads of the log (one ``RunLog`` per rank, read three
@@ -33,7 +35,8 @@ from typing import Any
 from hpcrun.control.log import EntryKind, RunLog, read_log_copy, write_log_copy
 from hpcrun.observe.heartbeat import HeartbeatAggregator
 from hpcrun.runtime.node.logview import LogView
-from hpcrun.runtime.node.membership import ALIVE_EVERY_S, LivenessBeat, read_liveness
+from hpcrun.runtime.node.membership import FILE_EVERY_S, LivenessBeat, read_liveness
+from hpcrun.runtime.node.netbeat import WATCHERS
 from hpcrun.runtime.node.observations import SUMMARY_INTERVAL_S
 from hpcrun.storage import LOCAL_STORAGE, CountingStorage
 from hpcrun.testing.fakes import FakeClock
@@ -104,22 +107,23 @@ def steady(root: Path, nodes: int) -> dict[str, float]:
 
     beat = _ops(lambda st: _one_beat(run_dir, st)) - _ops(
         lambda st: st.makedirs(run_dir / "alive"))  # the directory is made once, at start
-    for n in range(nodes):  # every node's liveness file, for node 0's read
-        with LivenessBeat(run_dir, f"n{n:05d}", every_s=3600):
+    for n in range(nodes):  # every node's liveness file, for the watchers' read
+        with LivenessBeat(run_dir, f"n{n:05d}", file_every_s=3600):
             pass
     names = [f"n{n:05d}" for n in range(nodes)]
-    liveness_read = _ops(lambda st: read_liveness(run_dir, names, storage=st))
+    liveness_read = _ops(lambda st: read_liveness(run_dir, names[1:], storage=st))
+    watchers_read = _ops(lambda st: read_liveness(run_dir, names[:WATCHERS], storage=st))
     summary = _ops(lambda st: st.write_atomic(run_dir / "run-summary.json", b"{}"))
     return {"log_follow": _rate(lambda st, c: follower(st, c, backoff=True)),
             "log_list_every_tick": _rate(lambda st, c: follower(st, c, backoff=False)),
             "heartbeat": _rate(heartbeat),
-            "liveness_beat": beat / ALIVE_EVERY_S,
-            "node0_liveness_read": liveness_read / ALIVE_EVERY_S,
+            "liveness_beat": (beat + watchers_read) / FILE_EVERY_S,
+            "node0_liveness_read": liveness_read / FILE_EVERY_S,
             "node0_summary": summary / SUMMARY_INTERVAL_S}
 
 
 def _one_beat(run_dir: Path, st: CountingStorage) -> None:
-    with LivenessBeat(run_dir, "beat-probe", every_s=3600, storage=st):
+    with LivenessBeat(run_dir, "beat-probe", file_every_s=3600, storage=st):
         pass
 
 
@@ -180,7 +184,9 @@ def project(ranks: int, *, per_node: int, rates: dict[str, float], reads: dict[s
     node = rates["log_follow"] + rates["heartbeat"]
     spare_node = node + rates["liveness_beat"]
     node0 = rates["node0_summary"]
-    node0_spare = node0 + rates["node0_liveness_read"] * nodes / max(1, _probe_nodes(rates))
+    # each of the WATCHERS reads every other node's file (node 0 among them)
+    node0_spare = node0 + WATCHERS * rates["node0_liveness_read"] * nodes / max(
+        1, _probe_nodes(rates))
     log_restart = reads["seeded_total"]
     restore = ckpt["restore_metadata_ops_per_rank"] - ckpt["log_ops"]
     restart_rank = log_restart + restore
@@ -246,9 +252,10 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join([*lines, "",
         f"- per node per second: log follower {r['log_follow']:.2f} (listing every "
         f"{TICK_S:g} s tick: {r['log_list_every_tick']:.2f}), heartbeat file "
-        f"{r['heartbeat']:.2f}, liveness beat {r['liveness_beat']:.1f} (spares only); node 0: "
-        f"run summary {r['node0_summary']:.1f}, liveness read of {int(r['probe_nodes']):,} "
-        f"files {r['node0_liveness_read']:,.0f} (spares only)",
+        f"{r['heartbeat']:.2f}, liveness file and the watchers' files "
+        f"{r['liveness_beat']:.2f} (spares only); node 0: run summary "
+        f"{r['node0_summary']:.1f}; each of the {WATCHERS} watchers: liveness read of "
+        f"{int(r['probe_nodes']) - 1:,} files {r['node0_liveness_read']:,.0f} (spares only)",
         f"- a rank's start reads a {result['log_entries']}-entry log {reads['reads']} times: "
         f"{reads['cold_total']} ops from nothing ({reads['cold_first']} the first read; "
         f"{reads['cold_first'] * reads['reads']} before reads reused entries), "

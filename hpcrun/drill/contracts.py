@@ -18,7 +18,7 @@ from hpcrun.drill.rto import RtoSplit, rto_splits
 from hpcrun.vocab import FaultClass
 
 CONTRACTS = ("exit", "cause", "recovery", "state", "rpo", "rto", "samples", "cursor", "fencing",
-             "checkpoints", "straggler")
+             "checkpoints", "straggler", "stall")
 """Contract names, in table order."""
 
 
@@ -84,6 +84,8 @@ def applicable(row: MatrixRow) -> frozenset[str]:
         skip |= {"samples", "cursor"}
     if row.fault != DrillFault.STRAGGLER:
         skip.add("straggler")
+    if row.fault != DrillFault.SHARED_FS_STALL:
+        skip.add("stall")
     return frozenset(CONTRACTS) - skip
 
 
@@ -122,7 +124,7 @@ def check_contracts(ev: Evidence, row: MatrixRow, *, rto_budget_s: float | None 
         _exit(ev, row), _cause(ev, row), _recovery(valid, row, splits),
         _state(valid, splits, row), _rpo(splits, row), _rto(splits, row, rto_budget_s),
         *_data(ev, row, splits), _fencing(ev, valid), _checkpoints(ev, row),
-        _straggler(ev, row),
+        _straggler(ev, row), _stall(valid, row),
     ]
 
 
@@ -292,3 +294,29 @@ def _straggler(ev: Evidence, row: MatrixRow) -> ContractResult:
     ok = ev.victim_rank in ranks
     return ContractResult(name="straggler", ok=ok, detail=f"reported ranks {ranks} "
                           f"(slowed rank {ev.victim_rank})")
+
+
+def _stall(valid: Sequence[Any], row: MatrixRow) -> ContractResult:
+    """A whole-tier stall: no node lost or quarantined, no restart, a commit after the stall
+    (training went on), and the stall reported (a background ``storage:stall`` fault)."""
+    if row.fault != DrillFault.SHARED_FS_STALL:
+        return ContractResult(name="stall", ok=None, detail=f"n/a: {row.fault} stalls no tier")
+    at = [int(_payload(e).get("step", -1)) for e in valid if _kind(e) == "note"
+          and _payload(e).get("event") == NoteEvent.FAULT_INJECTED
+          and _payload(e).get("fault") == row.fault]
+    if not at:
+        return ContractResult(name="stall", ok=False, detail="no evidence: no fault_injected "
+                              "note: the stall never started")
+    lost = sorted({str(_payload(e).get("node")) for e in valid if _kind(e) == "quarantine"}
+                  | {str(_payload(e).get("node")) for e in valid if _kind(e) == "fault"
+                     and _payload(e).get("fault") == FaultClass.NODE_FAILURE})
+    restarts, requeues = recoveries(valid)
+    after = [int(_payload(e).get("step", -1)) for e in valid if _kind(e) == "commit"]
+    after = [s for s in after if s > at[0]]
+    reported = any(_kind(e) == "fault" and _payload(e).get("signature") == "storage:stall"
+                   for e in valid)
+    ok = not lost and restarts == requeues == 0 and bool(after) and reported
+    return ContractResult(name="stall", ok=ok, detail=(
+        f"stalled at step {at[0]}: nodes lost {lost or 'none'}, {restarts} restart(s), "
+        f"{requeues} requeue(s), {len(after)} commit(s) after it, stall "
+        f"{'reported' if reported else 'NOT reported'}"))

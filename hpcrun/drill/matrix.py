@@ -34,6 +34,7 @@ class DrillFault(StrEnum):
     STRAGGLER = "straggler"
     DRAIN_STORAGE_ERROR = "drain-storage-error"
     DRAIN_STORAGE_STALL = "drain-storage-stall"
+    SHARED_FS_STALL = "shared-fs-stall"
     CORRUPT_SHARD = "corrupt-shard"
     STALE_WORKER = "stale-worker"
     DATA_CHANGED = "data-changed"
@@ -132,6 +133,11 @@ MATRIX: tuple[MatrixRow, ...] = (
               what="shared tier hangs during drain (blocked FIFO): storage_timeout within the "
                    "deadline, training goes on",
               backends=_SLURM, recovery=Recovery.NONE),
+    MatrixRow(fault=DrillFault.SHARED_FS_STALL,
+              what="every shared-tier operation of the gang blocks for 10 s (a metadata-server "
+                   "stall), with a hot spare: no node lost, no commit lost, training goes on, "
+                   "the stall reported",
+              backends=_BOTH, recovery=Recovery.NONE),
     MatrixRow(fault=DrillFault.CORRUPT_SHARD,
               what="truncated / bit-flipped shard → previous checkpoint restored",
               backends=_SLURM, recovery=Recovery.EITHER),
@@ -156,6 +162,11 @@ MATRIX: tuple[MatrixRow, ...] = (
               backends=_BOTH, expect_cause="sdc", recovery=Recovery.REQUEUE),
 )
 """The matrix, in table order."""
+
+
+SHARED_FS_STALL_S = 10.0
+"""How long the ``shared-fs-stall`` row stalls the shared tier: over three times the liveness
+bound (``NODE_STALE_S``), so liveness read from files alone would lose every node."""
 
 
 def row_for(fault: str) -> MatrixRow:
@@ -189,6 +200,7 @@ def injection(row: MatrixRow, *, at: int, world_size: int, tasks_per_node: int) 
         DrillFault.STRAGGLER: f"slow@step={at},rank={last},seconds=0.15,every=1",
         DrillFault.CRASH_LOOP: f"crash@step={at},rank={last},every=1",
         DrillFault.SDC: f"sdc@step={at},rank={last}",
+        DrillFault.SHARED_FS_STALL: f"fsstall@step={at},seconds={SHARED_FS_STALL_S:g}",
     }
     if row.fault == DrillFault.NODE_LOSS:
         if world_size <= tasks_per_node:

@@ -161,9 +161,10 @@ def phase_durations(marks: Mapping[str, float]) -> dict[str, float]:
             if a in marks and b in marks}
 
 
-_NOT_INTERRUPTIONS = frozenset({FaultKind.SLOW.value})
+_NOT_INTERRUPTIONS = frozenset({FaultKind.SLOW.value, FaultKind.FSSTALL.value})
 """Injected faults that do not interrupt the gang: a straggler's pacing sleeps in every step
-(a test keeps a run observable with it), and its events are no evidence of a recovery."""
+(a test keeps a run observable with it), a shared-filesystem stall blocks it for a while, and
+their events are no evidence of a recovery."""
 
 
 def _interrupted(entries: Sequence[Any], events: Sequence[Any], decided: float) -> float:

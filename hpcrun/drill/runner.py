@@ -98,7 +98,7 @@ record and cancels, which on a loaded machine takes seconds; an unpaced tiny run
 
 
 _WITH_SPARE = (DrillFault.NODE_LOSS_SPARE, DrillFault.NODE_LOSS_SUPERVISOR,
-               DrillFault.NODE_LOSS_PARTNER)
+               DrillFault.NODE_LOSS_PARTNER, DrillFault.SHARED_FS_STALL)
 """Rows whose spec gets one hot spare (at least)."""
 
 

@@ -19,14 +19,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpcrun.errors import AdmissionError, ConfigError
 from hpcrun.launch.site import expand_path, path_variables
-from hpcrun.vocab import Backend
-
-if TYPE_CHECKING:
-    from hpcrun.control.spec import RunSpec
 
 
 class CheckKind(StrEnum):
@@ -107,19 +102,6 @@ class Passed:
 
 
 Finding = Problem | Skipped | Passed
-
-
-def membership_findings(spec: RunSpec, backend: Backend) -> list[Finding]:
-    """Whether the spec's hot spares can work on ``backend`` (pure): the local backend emulates
-    nodes on one host and cannot lose one, so it has nowhere to swap a spare in."""
-    spares = spec.resources.spare_nodes
-    if spares > 0 and backend == Backend.LOCAL:
-        return [Problem(check=CheckKind.SPEC,
-                        what=f"resources.spare_nodes is {spares} but the run would start on "
-                             "the local backend, which has no spare nodes to swap in",
-                        expected="resources.spare_nodes: 0 on the local backend",
-                        fix="remove spare_nodes, or submit to a Slurm site (--backend slurm)")]
-    return []
 
 
 def problem_of(check: CheckKind, exc: BaseException) -> Problem:

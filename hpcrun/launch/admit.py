@@ -53,7 +53,6 @@ from hpcrun.launch.admission import (
     assemble,
     capped,
     entrypoint_findings,
-    membership_findings,
     nearest_existing,
     node_local_prefix,
     problem_of,
@@ -161,7 +160,6 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
         findings += probe_init_from(spec)
         findings += probe_tracker(spec, target, runner=runner,
                                   env=dict(site.env) if site is not None else {})
-        findings += membership_findings(spec, backend)
     else:
         findings.append(Skipped(check=CheckKind.ENTRYPOINT, what="entrypoint and data not "
                                 "checked: the spec did not load (see its problem)"))
@@ -183,8 +181,7 @@ def point_problems(spec: RunSpec, base: RunSpec, site: SiteConfig, backend: Back
     a point's own values, run on the point's spec. Its resources are the base spec's (a sweep is
     one job shape), so the scheduler's checks of the base hold for every point; its data and
     entrypoint are probed again only where the point changes them."""
-    findings = [*membership_findings(spec, backend), *backend_findings(spec, site),
-                *probe_init_from(spec)]
+    findings = [*backend_findings(spec, site), *probe_init_from(spec)]
     if spec.data != base.data:
         findings += probe_data(spec, verify_data, storage=storage)
     if backend == Backend.SLURM:

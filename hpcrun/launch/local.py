@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     run_dir = Path(a.run_dir).resolve()
     spec, site = load_run_spec(run_dir), load_site_snapshot(run_dir)
-    plan = plan_local(run_dir=run_dir, nodes=spec.resources.nodes,
+    # the allocation holds the hot spares too, as Slurm's does: each runs an idle agent
+    plan = plan_local(run_dir=run_dir, nodes=spec.resources.nodes + spec.resources.spare_nodes,
                       tasks_per_node=spec.resources.tasks_per_node,
                       node_local_base=expand_path(site.node_local_path, os.environ))
     return LocalLauncher(plan, environ={**os.environ, **dict(site.env)},

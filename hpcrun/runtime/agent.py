@@ -53,7 +53,7 @@ from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir
 from hpcrun.runtime.node.image import rank_argv, rank_image, rank_python
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView, decoded
-from hpcrun.runtime.node.membership import LivenessBeat
+from hpcrun.runtime.node.membership import node_liveness
 from hpcrun.runtime.node.rankwatch import FAULT_KILL_GRACE_S, RankWatch, Watched
 from hpcrun.runtime.node.requeue import Requeuer, requeuer_for
 from hpcrun.runtime.node.stepio import detach_stdio
@@ -126,8 +126,8 @@ class Agent:
                     detach_stdio(node_logs_dir(self.run_dir, self.node.node))
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
-                stack.enter_context(LivenessBeat(self.run_dir, self.node.node))
-                self.supervisor.watch_nodes()
+                board, watched = stack.enter_context(node_liveness(self.run_dir, self.node))
+                self.supervisor.watch_nodes(board, watched)
             if self._serves_peers:
                 stack.enter_context(self._partner_server())
             status = self._run_incarnations()

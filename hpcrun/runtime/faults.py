@@ -11,6 +11,10 @@ instead, so one run can be interrupted several times
 ``ckptcrash@step=N,rank=R,stage=S`` SIGKILLs the rank inside the first checkpoint it takes from
 step N on, when that save reaches stage S (``staging``, ``shard_write``, ``before_manifest``,
 ``before_commit``, ``after_commit``; the last three happen on rank 0 only).
+``fsstall@step=N,seconds=S`` stalls the shared filesystem for ``S`` seconds from step N on every
+node of the gang: each rank, and its agent, blocks every operation through the storage seam on
+the run directory (:class:`~hpcrun.storage.StallGate`), as a Lustre metadata server that stops
+answering does; the rank field is ignored (every rank of the gang).
 ``sdc@step=N,rank=R`` flips one bit in the rank's parameters after step N, as a device that
 computes a wrong answer without failing would (silent data corruption; the rank's context
 applies it, since only it holds the parameters).
@@ -39,6 +43,7 @@ class FaultKind(StrEnum):
     NODECRASH = "nodecrash"  # SIGKILL this rank's node: its agent and everything it started
     CKPTCRASH = "ckptcrash"  # SIGKILL this rank when a checkpoint reaches ``stage``
     SDC = "sdc"              # flip one bit in this rank's parameters (silent data corruption)
+    FSSTALL = "fsstall"      # every shared-tier operation of the gang blocks for ``seconds``
 
 
 CKPT_STAGES = ("staging", "shard_write", "before_manifest", "before_commit", "after_commit")
@@ -111,7 +116,8 @@ def due(injections: tuple[Injection, ...], *, rank: int, step: int, restart: int
         restart, attempt = (0, 0) if first_incarnation else (-1, -1)
     return [
         i for i in injections
-        if i.rank == rank and (i.every or (restart, attempt) == (i.restart, 0))
+        if (i.rank == rank or i.kind == FaultKind.FSSTALL)
+        and (i.every or (restart, attempt) == (i.restart, 0))
         and i.kind != FaultKind.CKPTCRASH
         and (i.step == step or (i.kind == FaultKind.SLOW and step >= i.step))
     ]

@@ -11,6 +11,12 @@ Storage faults are part of the fault-injection schedule (``--inject``):
 ``storage@mode=stall|fail,while=PATH[,ops=rename+makedirs]``. ``fail`` makes the named
 operations fail while ``PATH`` exists; ``stall`` makes them open the FIFO at ``PATH`` for reading,
 a real blocking wait until the drill opens it for writing (or removes it).
+
+The ``shared-fs-stall`` drill (``fsstall@step=N,seconds=S``) stalls the whole shared tier
+instead: from step N every operation of the gang's ranks and agents on the run directory blocks
+for ``S`` seconds (:data:`~hpcrun.storage.SHARED_TIER_STALL`). Each rank arms its own process and
+leaves a node-local mark (:func:`start_shared_tier_stall`) from which its agent arms its own
+(``node/rankwatch.py``), so every process of the node stalls at once, as on a real cluster.
 """
 
 from __future__ import annotations
@@ -22,11 +28,24 @@ from pathlib import Path
 from hpcrun.control.entries import FaultPayload
 from hpcrun.control.log import RunLog
 from hpcrun.errors import ConfigError, SpecError
-from hpcrun.storage import LOCAL_STORAGE, STORAGE_OPS, DeadlineStorage, FaultyStorage, Storage
+from hpcrun.runtime.incarnation import Incarnation
+from hpcrun.storage import (
+    LOCAL_STORAGE,
+    SHARED_TIER_STALL,
+    STORAGE_OPS,
+    DeadlineStorage,
+    FaultyStorage,
+    StallGate,
+    Storage,
+)
 from hpcrun.vocab import FaultClass
 
-__all__ = ["STORAGE_FAULT_KIND", "StorageInjection", "parse_storage_injection",
-           "shared_tier_storage", "site_deadline_s"]
+__all__ = ["SHARED_FS_STALL", "STORAGE_FAULT_KIND", "StorageInjection", "arm_from_mark",
+           "parse_storage_injection", "shared_tier_storage", "site_deadline_s",
+           "stall_mark", "start_shared_tier_stall"]
+
+SHARED_FS_STALL = "shared-fs-stall"
+"""The drill's name of a whole-tier stall (its ``fault_injected`` note)."""
 
 STORAGE_FAULT_KIND = "storage"
 """The ``--inject`` kind handled here (rank faults ignore it)."""
@@ -97,3 +116,31 @@ def shared_tier_storage(*, deadline_s: float, injection: StorageInjection | None
                          generation=generation, holder=holder)
 
     return DeadlineStorage(inner, deadline_s=deadline_s, stuck=_STUCK, on_timeout=record)
+
+
+def stall_mark(inc: Incarnation) -> Path:
+    """The node-local mark a rank leaves when it starts a shared-tier stall (for its agent)."""
+    return inc.heartbeat_dir() / ".fsstall"
+
+
+def start_shared_tier_stall(inc: Incarnation, seconds: float, *,
+                            gate: StallGate = SHARED_TIER_STALL) -> None:
+    """A rank's part of the ``fsstall`` drill: mark the node for its agent (node-local), then
+    stall this process's operations on the run directory for ``seconds``."""
+    mark = stall_mark(inc)
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f"{seconds}\n")
+    gate.arm(inc.run_dir, seconds)
+
+
+def arm_from_mark(inc: Incarnation, *, gate: StallGate = SHARED_TIER_STALL) -> bool:
+    """An agent's part: when its ranks left the mark, stall this process too for the seconds it
+    names (and take the mark away); whether it did."""
+    mark = stall_mark(inc)
+    try:
+        seconds = float(mark.read_text())
+        mark.unlink()
+    except (OSError, ValueError):
+        return False
+    gate.arm(inc.run_dir, seconds)
+    return True

@@ -13,7 +13,9 @@ moves on, the agent polls every :data:`POLL_S`, in this order:
 4. **Script grace.** A script run's ranks had their time to save after a stop: past it they are
    killed with the short fault grace.
 5. **Observe.** Heartbeats and events are folded into the node's files
-   (``node/observations.py``).
+   (``node/observations.py``). In a ``shared-fs-stall`` drill, once the node's ranks began
+   the stall (their node-local mark), the agent stalls its own shared-tier operations too
+   (``sharedtier.py``'s :func:`~hpcrun.runtime.sharedtier.arm_from_mark`).
 6. **Warm refill.** Once every rank finished a step, the next incarnation's warm processes are
    started, off this one's critical path (``rank/warm.py``).
 7. **The run moved on.** A newer fence, a terminal state, another node's fault or a vanished
@@ -33,8 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
+from hpcrun.errors import SpecError
 from hpcrun.launch.signals import StopFlag
-from hpcrun.runtime import preemption
+from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import AgentExit, Incarnation
 from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.runtime.node.faultlog import FaultLog
@@ -42,6 +45,7 @@ from hpcrun.runtime.node.gang import Gang
 from hpcrun.runtime.node.hangwatch import hang_watch
 from hpcrun.runtime.rank import script
 from hpcrun.runtime.rank.warm import all_stepped
+from hpcrun.runtime.sharedtier import arm_from_mark
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -98,12 +102,30 @@ class RankWatch:
         finally:
             obs.poll(force=True)  # 9. the node's last word: where its ranks got to
 
+    def _stall_relay(self, inc: Incarnation) -> Callable[[], None]:
+        """Step 5's drill part: arm this agent's shared-tier stall once its ranks began one (a
+        no-op unless an ``fsstall`` is scheduled for this incarnation)."""
+        try:
+            scheduled = [i for i in faults.parse_injections(self.environ.get("HPCRUN_INJECT", ""))
+                         if i.kind == faults.FaultKind.FSSTALL and
+                         (i.every or (inc.restart_count, inc.attempt) == (i.restart, 0))]
+        except SpecError:
+            scheduled = []  # the ranks refuse a malformed schedule and say so
+        armed: list[bool] = []
+
+        def tick() -> None:
+            if scheduled and not armed and arm_from_mark(inc):
+                armed.append(True)
+
+        return tick
+
     def _poll_until_ended(self, inc: Incarnation, gang: Gang, obs: NodeObserver,
                           hang: Callable[[], bool], moved_on: MovedOn) -> Watched | AgentExit:
         relay = preemption.Relay(self.stop, self.rank_signal, clock=self.clock)
         grace = script.Grace(script.grace_s(self.site))
         budget = BudgetWatch.start(self.run_dir, self.spec, clock=self.clock)
         started, refilled = self.clock.now(), self.warm is None
+        stall = self._stall_relay(inc)
         while True:
             budget.check(self.stop)  # 1.
             failed = [e for e in gang.poll() if not (e.succeeded or e.preempted)]
@@ -115,6 +137,7 @@ class RankWatch:
                                                        now=self.clock.monotonic()):
                 gang.kill(grace_s=FAULT_KILL_GRACE_S)  # 4. the script had its time to save
             obs.poll()  # 5.
+            stall()
             if not refilled and all_stepped(inc, gang.ranks, started):
                 refilled = True  # 6.
                 assert self.warm is not None

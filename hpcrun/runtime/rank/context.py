@@ -462,6 +462,18 @@ class Context:
                          restored_tier=self._p.restored_tier),
             generation=self.generation, holder=self.inc.holder)
 
+    def _stall_shared_tier(self, seconds: float) -> None:
+        """The ``fsstall`` drill: rank 0 notes it (the drill's ground truth), then every rank
+        stalls its shared-tier operations, and its agent's."""
+        from hpcrun.control.entries import FaultInjectedNote
+        from hpcrun.runtime.sharedtier import SHARED_FS_STALL, start_shared_tier_stall
+
+        if self.rank == 0:
+            self._log.append_entry(FaultInjectedNote(fault=SHARED_FS_STALL, node=self.inc.node,
+                                                     step=self._p.step),
+                                   generation=self.generation, holder=self.inc.holder)
+        start_shared_tier_stall(self.inc, seconds)
+
     def _fire_injections(self, *, slow: bool) -> None:
         for inj in faults.due(self._injections, rank=self.rank, step=self._p.step,
                               restart=self.inc.restart_count, attempt=self.inc.attempt):
@@ -470,6 +482,9 @@ class Context:
             self._events.emit("fault_injected", self._p.step, fault=inj.kind.value)
             if inj.kind == faults.FaultKind.SDC:
                 self._sdc.inject()  # only the context holds the parameters
+                continue
+            if inj.kind == faults.FaultKind.FSSTALL:
+                self._stall_shared_tier(inj.seconds)
                 continue
             if inj.kind in (faults.FaultKind.CRASH, faults.FaultKind.HANG,
                             faults.FaultKind.NODECRASH):

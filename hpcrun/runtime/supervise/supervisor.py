@@ -22,8 +22,8 @@ A rank crashes, or a node of a fixed gang dies, in this order:
    the rank watch's step 7), stops its ranks and notes its own ``node_exit``.
 4. **Gather.** :meth:`Supervisor.gather` waits for every gang node's note, or after the first
    fault :data:`FAULT_SETTLE_S` more; a node silent for :data:`NODE_EXIT_WAIT_S` is lost (a
-   ``node_failure``). Runs that survive a node loss see a dead agent sooner, from its stale
-   liveness file (``node/membership.py``).
+   ``node_failure``). Runs that survive a node loss see a dead agent sooner, from its silence
+   on the network (``node/membership.py``, ``node/netbeat.py``).
 5. **Decide.** :func:`~hpcrun.runtime.supervise.decide.decide` picks the root cause (echoes
    never count) and sends it through the retry rules: restart in the allocation (a new fence,
    attempt+1: the ranks restore the newest commit), requeue with backoff, excluding a lost or
@@ -35,6 +35,7 @@ A rank crashes, or a node of a fixed gang dies, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import sys
@@ -49,6 +50,7 @@ from hpcrun.control.entries import (
     ActionKind,
     CommitPayload,
     EntryPayload,
+    FaultPayload,
     OpPayload,
     PeerLostNote,
     QuarantinePayload,
@@ -74,6 +76,7 @@ from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import TERMINAL_STATES, LogView, decoded, gang_faults, node_exits
 from hpcrun.runtime.node.membership import (
     ALIVE_EVERY_S,
+    FILE_EVERY_S,
     NODE_STALE_ECHO_S,
     NODE_STALE_S,
     LivenessWatch,
@@ -101,12 +104,13 @@ from hpcrun.runtime.supervise.decisions import (
     SwapSpare,
 )
 from hpcrun.runtime.supervise.takeover import claim_due, supervisor_of
-from hpcrun.storage import LOCAL_STORAGE
-from hpcrun.vocab import Backend, Tier
+from hpcrun.storage import LOCAL_STORAGE, SHARED_TIER_SLOW
+from hpcrun.vocab import Backend, FaultClass, Tier
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
     from hpcrun.runtime.incarnation import Incarnation
+    from hpcrun.runtime.node.netbeat import BeatBoard
     from hpcrun.runtime.node.requeue import Requeuer
 
 NODE_EXIT_WAIT_S = 60.0
@@ -118,6 +122,9 @@ REQUEUE_MARGIN_S = 10.0
 FOLLOW_WAIT_S = 900.0
 RELEASE_WAIT_S = 30.0
 POLL_S = 0.2
+STALL_REPORT_GAP_S = 30.0
+"""At most one stall report per this long (one stall blocks many operations)."""
+STALL_SIGNATURE = "storage:stall"
 
 
 def rejoin(view: LogView, node: NodeInfo, inc: Incarnation) -> AgentExit:
@@ -157,18 +164,29 @@ class Supervisor:
         self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
         self.survives_node_loss = survives_node_loss(spec)
         self.liveness: LivenessWatch | None = None
+        self._board: BeatBoard | None = None
+        self._stall_reported = float("-inf")
         self._liveness_read = float("-inf")
         self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
         self.grace_s = grace_s
 
     # -- node liveness (runs with hot spares) --------------------------------------------------
-    def watch_nodes(self) -> None:
+    def watch_nodes(self, board: BeatBoard | None = None,
+                    watched: Sequence[str] | None = None) -> None:
         """Watch the other agents' liveness (runs that survive a node loss: hot spares or an
         elastic gang), once per allocation: agents beat from their start, whatever their
-        incarnation does."""
+        incarnation does.
+
+        Args:
+            board: the beats this agent's receiver hears (None: the liveness files alone).
+            watched: the nodes this agent watches (:func:`~hpcrun.runtime.node.netbeat.
+                beat_peers`); default every other node.
+        """
         if self.survives_node_loss and self.liveness is None:
-            others = [n for n in self.node.nodes if n != self.node.node]
+            others = [n for n in (watched if watched is not None else self.node.nodes)
+                      if n != self.node.node]
             self.liveness = LivenessWatch(others, clock=self.clock)
+            self._board = board
 
     def vanished(self, inc: Incarnation) -> tuple[str, ...]:
         """Gang nodes whose agent stopped beating (empty without hot spares)."""
@@ -184,6 +202,7 @@ class Supervisor:
         ends then: a newer fence, a terminal state, another node's fault (``peer_faulted``) or a
         vanished gang node (the rank watch's step 7, :mod:`hpcrun.runtime.node.rankwatch`)."""
         self.view.follow()  # backs off while the log is quiet: one listing per 3.2 s at most
+        self._report_stall(inc)
         if self.view.fence.generation != inc.generation:
             return rejoin(self.view, self.node, inc)
         if self.view.terminal():
@@ -200,6 +219,26 @@ class Supervisor:
             return Watched.PEER_FAILED
         return None
 
+    def _report_stall(self, inc: Incarnation) -> None:
+        """Report a shared-filesystem stall this agent's process saw (an operation at the
+        storage seam slower than :data:`~hpcrun.storage.SLOW_OP_S`) as a background
+        ``storage_timeout`` fault, once per :data:`STALL_REPORT_GAP_S`, when it supervises:
+        the run goes on; liveness went over the network meanwhile."""
+        slow = SHARED_TIER_SLOW.take()
+        now = self.clock.monotonic()
+        if slow is None or not self.supervising or now - self._stall_reported < STALL_REPORT_GAP_S:
+            return
+        self._stall_reported = now
+        op, path, took = slow
+        detail = (f"shared filesystem stalled: {op} {path!r} on {self.node.node} took "
+                  f"{took:.1f} s; node liveness went on over the network, no node was declared "
+                  "lost for it; check the metadata server (`lfs check servers`)")
+        with contextlib.suppress(HpcrunError):  # the report is best effort
+            self._append(inc, FaultPayload(fault=FaultClass.STORAGE_TIMEOUT, node=self.node.node,
+                                           signature=STALL_SIGNATURE, detail=detail[:2000],
+                                           background=True))
+        print(f"hpcrun agent {self.node.node}: {detail}", file=sys.stderr)
+
     def _record_vanished(self, inc: Incarnation) -> bool:
         """Log a ``node_failure`` for gang nodes whose agent vanished; whether there were any.
 
@@ -213,14 +252,18 @@ class Supervisor:
         return bool(lost)
 
     def _stale(self, bound: float | None = None) -> tuple[str, ...]:
-        """Nodes whose agent stopped beating for ``bound`` s (default ``NODE_STALE_S``; empty
-        without hot spares)."""
+        """Watched nodes neither heard nor seen changing their liveness file for ``bound`` s
+        (default ``NODE_STALE_S``; empty without hot spares)."""
         if self.liveness is None:
             return ()
         now = self.clock.monotonic()
-        if now - self._liveness_read >= ALIVE_EVERY_S:  # one read of N files per beat
-            self.liveness.observe(read_liveness(self.run_dir, self.node.nodes))
-            self._liveness_read = now
+        if now - self._liveness_read >= FILE_EVERY_S:  # the fallback: one read per file beat
+            self.liveness.observe(read_liveness(self.run_dir, self.liveness.nodes))
+            self._liveness_read = self.clock.monotonic()
+        if self._board is not None:
+            # after the file read, which may have blocked on a slow shared tier: the board
+            # kept hearing meanwhile, on its own clock
+            self.liveness.observe_net(self._board.heard())
         return self.liveness.stale(bound)
 
     # -- who supervises (runs with hot spares: any surviving agent can take over) ---------------
@@ -396,7 +439,7 @@ class Supervisor:
         """
         if self.node.backend != Backend.SLURM or self.node.is_supervisor or self.liveness is None:
             return
-        others = set(self.node.nodes) - {self.node.node}
+        others = set(self.liveness.nodes)
         deadline = self.clock.monotonic() + RELEASE_WAIT_S
         while not others <= set(self._stale()) and self.clock.monotonic() < deadline:
             self.clock.sleep(POLL_S)

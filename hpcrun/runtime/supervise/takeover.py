@@ -7,19 +7,22 @@ generation was fenced out is refused (its entry is void), and of two claims unde
 earlier slot stands. The newest standing claim of the job start names its supervisor; every
 agent reads the same log, so every agent agrees on who that is.
 
-When the supervising node is lost (its liveness file went stale on the watcher's own clock,
-:class:`~hpcrun.runtime.node.membership.LivenessWatch`), exactly one surviving agent is due to
-claim: the gang node with the lowest node rank that still beats, else (no gang node left) the
-first live spare in allocation order (:func:`successor`). Agents that are not due keep
-following; if two agents claim anyway (they disagree on staleness), the log's order decides
-(:func:`standing_claims`).
+When the supervising node is lost (neither its network beat nor its liveness file changed for
+the bound on the watcher's own clock, :class:`~hpcrun.runtime.node.membership.LivenessWatch`),
+exactly one surviving agent is due to claim: the gang node with the lowest node rank that still
+beats, else (no gang node left) the first live spare in allocation order (:func:`successor`).
+Agents that are not due keep following; if two agents claim anyway (they disagree on
+staleness), the log's order decides (:func:`standing_claims`).
 
 The supervising node dies, in this order:
 
-1. **Beats.** In a run that survives a node loss every agent rewrites its liveness file
-   (``node/membership.py``'s ``LivenessBeat``); the supervisor's too.
-2. **Staleness.** Each following agent watches the others (``LivenessWatch``): the supervisor's
-   file unchanged for ``NODE_STALE_S`` of the watcher's own clock means it is lost.
+1. **Beats.** In a run that survives a node loss every agent beats over the network to its
+   peers, its liveness file as the fallback (``node/membership.py``'s ``LivenessBeat``); the
+   supervisor's too. The first three nodes of the allocation (the supervisor and its likely
+   successors) hear everyone; every other agent hears them (``node/netbeat.py``).
+2. **Staleness.** Each following agent watches its peers (``LivenessWatch``): the supervisor
+   neither heard nor its file changed for ``NODE_STALE_S`` of the watcher's own clock means it
+   is lost.
 3. **Who claims.** The one agent :func:`claim_due` names (the :func:`successor`) publishes a
    ``supervise`` claim under the fence in force (``Supervisor.take_over_if_lost``, called from
    ``follow``, from a gang member whose ranks still run, ``Supervisor.moved_on``, and from an

@@ -65,7 +65,7 @@ def test_the_rto_projection_adds_what_grows_with_the_gang_to_the_per_node_figure
     assert start["grows_s"] == pytest.approx(PER_NODE.groups_s + 16384 * 150e-6 + 16383 * 10e-6)
     assert big["phases"]["detect"]["per_node_s"] == pytest.approx(
         NODE_STALE_S + ALIVE_EVERY_S + PER_NODE.detect_extra_s)
-    assert big["phases"]["detect"]["grows_s"] == pytest.approx(2048 * 20e-6)
+    assert big["phases"]["detect"]["grows_s"] == 0.0, "beats over the network: no file read"
     assert big["total_s"] == pytest.approx(sum(p["total_s"] for p in big["phases"].values()))
     assert small["phases"]["start"]["total_s"] < start["total_s"]
     echo = project(measured, ranks=16384, echo=True)

@@ -140,3 +140,36 @@ def test_the_hang_row_holds_its_cause_only_when_the_injected_rank_is_named() -> 
     ok, detail = cause({**named, "rank": 2, "culprit_ranks": [2]})
     assert ok is False and "rank 3 injected, named 2" in detail
     assert cause(named, victim=None)[0] is False
+
+
+def _stalled(*extra: LogEntry, injected: bool = True) -> Evidence:
+    entries = [
+        _e(0, "fence", 1, 100.0), _e(1, "state", 1, 100.1, state="STARTING"),
+        _e(2, "state", 1, 105.0, state="RUNNING", restored_step=0), _commit(3, 1, 108.0, 10),
+        *([_e(4, "note", 1, 109.0, event="fault_injected", fault="shared-fs-stall",
+              node="n0", step=15)] if injected else []),
+        _commit(5, 1, 121.0, 20),
+        _e(6, "fault", 1, 121.5, fault="storage_timeout", node="n0", background=True,
+           signature="storage:stall", detail="shared filesystem stalled"),
+        *extra, _e(20, "state", 1, 130.0, state="SUCCEEDED"),
+    ]
+    return Evidence(run_id="r", state="SUCCEEDED", entries=entries,
+                    ledger=[_line(s, 1) for s in range(20)], total_steps=20,
+                    newest_verifies=True)
+
+
+def test_a_shared_fs_stall_holds_when_no_node_is_lost_and_commits_go_on() -> None:
+    got = _verdicts(_stalled(), "shared-fs-stall")
+    assert got["stall"] is True and not not_held(
+        check_contracts(_stalled(), row_for("shared-fs-stall")), row_for("shared-fs-stall"))
+    assert _verdicts(_preempted(), "preempt-signal")["stall"] is None
+
+
+def test_a_shared_fs_stall_that_quarantined_a_node_or_was_not_seen_fails() -> None:
+    lost = _stalled(_e(7, "fault", 1, 122.0, fault="node_failure", node="n1"),
+                    _e(8, "quarantine", 1, 122.1, node="n1"))
+    assert _verdicts(lost, "shared-fs-stall")["stall"] is False
+    assert _verdicts(_stalled(injected=False), "shared-fs-stall")["stall"] is False
+    silent = replace(_stalled(), entries=[e for e in _stalled().entries
+                                         if e.payload.get("signature") != "storage:stall"])
+    assert _verdicts(silent, "shared-fs-stall")["stall"] is False, "the stall went unreported"

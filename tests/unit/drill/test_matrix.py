@@ -102,3 +102,19 @@ def test_node_loss_partner_adds_a_spare_and_crashes_from_outside_on_slurm_only()
     assert plan.inject == "" and drillable(row, "slurm") == ""
     assert row.recovery == "restart" and row.expect_cause == "node_failure"
     assert drillable(row, "local").startswith("needs slurm")
+
+
+def test_the_shared_fs_stall_row_stalls_every_rank_with_a_spare_and_expects_no_recovery(
+        ) -> None:
+    row = row_for("shared-fs-stall")
+    plan = plan_drill(SPEC, row, at=15, backend="local")
+    assert plan.inject == "fsstall@step=15,seconds=10"
+    assert plan.spec["resources"]["spare_nodes"] == 1, "a hot spare: liveness is watched"
+    assert row.recovery == "none" and row.expect_cause is None
+    assert drillable(row, "local") == "" and drillable(row, "slurm") == ""
+    (stall,) = parse_injections(plan.inject)
+    from hpcrun.runtime.faults import due
+
+    assert [i.kind for r in range(4) for i in due((stall,), rank=r, step=15)] == \
+        ["fsstall"] * 4, "every rank of the gang stalls, whatever rank= says"
+    assert due((stall,), rank=0, step=15, restart=1) == [], "not again after a requeue"

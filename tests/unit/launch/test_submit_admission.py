@@ -54,9 +54,6 @@ CASES = {
     "nccl-without-gpus": ({"dist": {"backend": "nccl"}},
                           "site: dist.backend is nccl but site 'local' has no GPUs "
                           "(gpus_per_node: 0); NCCL needs a GPU per rank; set dist.backend: gloo"),
-    "spares-on-local": ({"resources": {"spare_nodes": 1}},
-                        "spec: resources.spare_nodes is 1 but the run would start on the local "
-                        "backend"),
     "negative-spares": ({"resources": {"spare_nodes": -1}},
                         "run.yaml: resources.spare_nodes: expected an integer >= 0"),
     "min-nodes-above-nodes": ({"membership": {"mode": "elastic", "min_nodes": 3}},

@@ -20,6 +20,7 @@ from hpcrun.runtime.incarnation import EXIT_OK, EXIT_PREEMPTED, AgentExit, Incar
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView
 from hpcrun.runtime.node.membership import NODE_STALE_ECHO_S, NODE_STALE_S, alive_path
+from hpcrun.runtime.node.netbeat import Beat, BeatBoard
 from hpcrun.runtime.supervise.decisions import Fail
 from hpcrun.runtime.supervise.supervisor import FAULT_SETTLE_S, NODE_EXIT_WAIT_S, POLL_S, Supervisor
 from hpcrun.testing import FakeClock
@@ -205,19 +206,27 @@ SPARE_SPEC = RunSpec.from_dict({"name": "tiny", "entrypoint": "examples.tiny:mai
 
 
 class BeatingClock(FakeClock):
-    """A fake clock whose sleeps let the live agents beat (their liveness files change)."""
+    """A fake clock whose sleeps let the live agents beat: a network beat heard on the board
+    the supervisor watches, and every tenth sleep their liveness file too (the fallback)."""
 
-    def __init__(self, run_dir: Path, live: Sequence[str]) -> None:
+    def __init__(self, run_dir: Path, live: Sequence[str],
+                 nodes: Sequence[str] = ("n0", "n1", "n2")) -> None:
         super().__init__()
         self.run_dir, self.live, self.beat = run_dir, list(live), 0
+        self.board = BeatBoard(clock=self)
+        for node in nodes:  # every agent beat once at its start; the dead ones stopped since
+            self.board.record(Beat(run_id="r1", job_start="job7.r0.", node=node, counter=0))
 
     def sleep(self, seconds: float) -> None:
         super().sleep(seconds)
         self.beat += 1
         for node in self.live:
-            path = alive_path(self.run_dir, node)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"node": node, "beat": self.beat}))
+            self.board.record(Beat(run_id="r1", job_start="job7.r0.", node=node,
+                                   counter=self.beat))
+            if self.beat % 10 == 0:
+                path = alive_path(self.run_dir, node)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"node": node, "beat": self.beat}))
 
 
 def _spare_setup(tmp_path: Path, live: Sequence[str]) -> tuple[Supervisor, Incarnation,
@@ -234,7 +243,7 @@ def _spare_setup(tmp_path: Path, live: Sequence[str]) -> tuple[Supervisor, Incar
     sup = Supervisor(run_dir=run_dir, node=node, spec=SPARE_SPEC, log=log, view=LogView(log),
                      requeuer=requeuer, stop=StopFlag(), preempt_signal=int(signal.SIGUSR1),
                      clock=clock)
-    sup.watch_nodes()
+    sup.watch_nodes(sup.clock.board)  # type: ignore[attr-defined]
     return sup, inc, requeuer, log
 
 
@@ -331,7 +340,7 @@ def _elastic_setup(tmp_path: Path, live: Sequence[str], gang: tuple[str, ...] = 
     sup = Supervisor(run_dir=run_dir, node=node, spec=ELASTIC_SPEC, log=log,
                      view=LogView(log), requeuer=requeuer, stop=StopFlag(),
                      preempt_signal=int(signal.SIGUSR1), clock=BeatingClock(run_dir, live))
-    sup.watch_nodes()
+    sup.watch_nodes(sup.clock.board)  # type: ignore[attr-defined]
     return sup, inc, requeuer, log
 
 
@@ -378,3 +387,45 @@ def test_a_drain_after_a_stop_signal_keeps_within_the_preemptions_grace(tmp_path
     assert sup.time_left() == pytest.approx(60.0 - 20.0 - REQUEUE_MARGIN_S)
     clock.advance(45.0)
     assert sup.time_left() == 0.0
+
+
+def test_a_supervisor_blocked_on_a_stalled_filesystem_loses_no_node_it_heard_meanwhile(
+        tmp_path: Path) -> None:
+    """The liveness files froze for 10 s and the supervisor's loop was blocked as long; the
+    receiver heard every live agent meanwhile, on its own clock: nobody is lost."""
+    sup, inc, _, _ = _spare_setup(tmp_path, live=("n1", "n2"))
+    board: BeatBoard = sup.clock.board  # type: ignore[attr-defined]
+    sup.clock.live = []  # type: ignore[attr-defined]  # nothing written or heard during...
+    FakeClock.advance(sup.clock, 9.5)
+    for node in ("n1", "n2"):  # ...except the beats the receiver heard just before looking
+        board.record(Beat(run_id="r1", job_start="job7.r0.", node=node, counter=10_000))
+    FakeClock.advance(sup.clock, 0.5)
+    assert sup.vanished(inc) == () and sup.live_spares(inc) == ("n2",)
+
+
+def test_a_slow_shared_tier_operation_is_reported_once_as_a_background_stall(
+        tmp_path: Path) -> None:
+    from hpcrun.storage import SHARED_TIER_SLOW
+
+    sup, inc, _, log = _spare_setup(tmp_path, live=("n1", "n2"))
+    SHARED_TIER_SLOW.take()
+    SHARED_TIER_SLOW.note("listdir", tmp_path / "log", 9.8)
+    assert sup.moved_on(inc, peer_faulted=lambda _: False) is None, "the run goes on"
+    SHARED_TIER_SLOW.note("read_bytes", tmp_path / "x", 5.0)  # the same stall, seen later
+    assert sup.moved_on(inc, peer_faulted=lambda _: False) is None
+    stalls = [e.payload for e in log.read() if e.kind == EntryKind.FAULT]
+    assert len(stalls) == 1 and stalls[0]["signature"] == "storage:stall"
+    assert stalls[0]["background"] is True and "listdir" in stalls[0]["detail"]
+    assert "9.8 s" in stalls[0]["detail"] and read_record(inc.run_dir).quarantined == ()
+
+
+def test_an_agent_watches_its_beat_peers_only(tmp_path: Path) -> None:
+    from hpcrun.runtime.node.netbeat import beat_peers
+
+    sup, *_ = _spare_setup(tmp_path, live=())  # n0, a watcher: it hears every node
+    sup.liveness = None
+    sup.watch_nodes(BeatBoard(), beat_peers("n0", ("n0", "n1", "n2", "n3", "n4")))
+    assert sup.liveness is not None and sup.liveness.nodes == ("n1", "n2", "n3", "n4")
+    sup.liveness = None  # as if n0 were the fifth node: it would watch the three watchers
+    sup.watch_nodes(BeatBoard(), beat_peers("n0", ("n5", "n6", "n7", "n8", "n0")))
+    assert sup.liveness is not None and sup.liveness.nodes == ("n5", "n6", "n7")

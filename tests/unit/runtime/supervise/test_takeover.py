@@ -44,14 +44,14 @@ def test_spares_come_after_gang_nodes_and_nobody_is_left_when_all_are_gone() -> 
 def test_only_the_successor_claims_and_only_once_the_supervisor_went_stale() -> None:
     clock = FakeClock()
     watch = LivenessWatch(["n0", "n2"], clock=clock)  # n1's own view of the others
-    watch.observe({"n0": 1, "n2": 1})
+    watch.observe_net({"n0": clock.monotonic(), "n2": clock.monotonic()})
     clock.advance(NODE_STALE_S - 0.5)
-    watch.observe({"n0": 1, "n2": 2})  # n0 stopped beating; n2 goes on
+    watch.observe_net({"n2": clock.monotonic()})  # n0 stopped beating; n2 goes on
     args = {"allocation": ALLOC[:3], "gang": ("n0", "n1"), "supervisor": "n0",
             "quarantined": ()}
     assert not claim_due("n1", stale=watch.stale(), **args), "within the bound"
     clock.advance(1.0)
-    watch.observe({"n0": 1, "n2": 3})
+    watch.observe_net({"n2": clock.monotonic()})
     assert watch.stale() == ("n0",)
     assert claim_due("n1", stale=watch.stale(), **args)
     assert not claim_due("n2", stale=watch.stale(), **args), "the spare is not the successor"
@@ -118,7 +118,7 @@ def _agent(tmp_path: Path, me: str, live: Sequence[str]) -> tuple[Supervisor, In
     sup = Supervisor(run_dir=run_dir, node=node, spec=SPARE_SPEC, log=log, view=LogView(log),
                      requeuer=requeuer, stop=StopFlag(), preempt_signal=int(signal.SIGUSR1),
                      clock=BeatingClock(run_dir, live))
-    sup.watch_nodes()
+    sup.watch_nodes(sup.clock.board)  # type: ignore[attr-defined]
     return sup, inc, requeuer, log
 
 
