@@ -32,12 +32,6 @@ until ``ctx.restore`` has registered its state, then ends cleanly."""
 PROBE_REGISTRATION = "registration"
 
 
-class RegistrationProbed(BaseException):
-    """The registration probe is done: ``ctx.restore`` accepted the state (every leaf can be
-    saved, an ``init_from`` loaded, the SDC check started); the rank ends cleanly. A
-    BaseException, so a ``main`` that catches Exception does not swallow it."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AgentExit:
     """How an agent leaves an incarnation: with an exit status, or into the next attempt."""

@@ -31,7 +31,7 @@ from hpcrun.control.states import RunState
 from hpcrun.errors import HpcrunError, NonFiniteError
 from hpcrun.observe.events import EventKind
 from hpcrun.runtime import faults, preemption
-from hpcrun.runtime.incarnation import Incarnation, RegistrationProbed
+from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.runtime.rank.sdc_guard import SdcGuard
 from hpcrun.vocab import ResumeContract, Tier
 
@@ -88,11 +88,11 @@ class Context:
                  device: torch.device, group: ProcessGroup | None = None,
                  preempt_signal: int = 10, injections: tuple[faults.Injection, ...] = (),
                  clock: Clock = SYSTEM_CLOCK, announce_running: bool = True,
-                 probe: bool = False) -> None:
+                 probe: Callable[[int], None] | None = None) -> None:
         """``announce_running=False``: the agent already logged RUNNING (a script run's ranks
         started), so the first step does not log it again. ``probe``: ``hpcrun preflight``'s
-        registration probe; :meth:`restore` ends the rank cleanly once the state is registered
-        (:class:`RegistrationProbed`)."""
+        registration probe; once :meth:`restore` registered the state, the context is closed
+        and ``probe(step)`` ends the rank cleanly (it does not return)."""
         self.rank: int = env.rank
         self.local_rank: int = env.local_rank
         self.node_rank: int = env.node_rank
@@ -178,9 +178,10 @@ class Context:
         self._cadence = self._new_cadence(self._p.step)
         self._sdc.start(self._state)
         self._note_rebuilding_ddp()
-        if self._probe:
+        if self._probe is not None:
             self._events.emit(EventKind.REGISTERED, self._p.step, families=sorted(self._state))
-            raise RegistrationProbed(sorted(self._state))
+            self.close()
+            self._probe(self._p.step)
         return self._p.step
 
     def _note_rebuilding_ddp(self) -> None:

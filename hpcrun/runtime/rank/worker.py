@@ -35,7 +35,6 @@ from hpcrun.runtime.incarnation import (
     PROBE_REGISTRATION,
     Ending,
     Incarnation,
-    RegistrationProbed,
 )
 from hpcrun.runtime.rank.startup import StartMarks
 
@@ -224,7 +223,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
         heartbeat=lambda *, step, step_time_s: beat(step, step_time_s),
         device=groups.device, group=groups.host_group, preempt_signal=preempt,
         injections=injections, announce_running=not is_script_rank(environ),
-        probe=environ.get(PROBE_ENV) == PROBE_REGISTRATION,
+        probe=_registered(inc.exit_report(env.rank), env.rank)
+        if environ.get(PROBE_ENV) == PROBE_REGISTRATION else None,
     )
     if marks is not None:
         marks.mark("context")
@@ -313,6 +313,18 @@ def bind_cpus(cpus: tuple[int, ...]) -> str | None:
     return format_cpulist(cpus)
 
 
+def _registered(report_path: Path, rank: int) -> Callable[[int], None]:
+    """``hpcrun preflight``'s probe end (:data:`PROBE_ENV`): the state is registered, so the
+    rank leaves its exit report and exits 0 at once, before its first step."""
+    def done(step: int) -> None:
+        write_exit_report(report_path, {"rank": rank, "status": Ending.SUCCEEDED, "step": step})
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+
+    return done
+
+
 def run(environ: Mapping[str, str]) -> int:
     """Run one rank to completion; return its exit status."""
     from hpcrun.launch.dist import destroy_process_group
@@ -338,12 +350,6 @@ def run(environ: Mapping[str, str]) -> int:
         status, ending = preemption.rank_ending(ctx.stopped)
         write_exit_report(report_path, {"rank": rank, "status": ending, "step": ctx.step})
         return status
-    except RegistrationProbed:  # preflight: the state registered; nothing else to run
-        assert ctx is not None
-        ctx.close()
-        write_exit_report(report_path, {"rank": rank, "status": Ending.SUCCEEDED,
-                                        "step": ctx.step})
-        return EXIT_OK
     except BaseException as exc:  # every way out leaves a report for the agent
         fault = classify(exc)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
