@@ -360,8 +360,9 @@ class _Handler(BaseHTTPRequestHandler):
         # zero-copy, file to socket; socket.sendfile waits while the send buffer is full (the
         # socket has a timeout, so it is non-blocking underneath: a bare os.sendfile there
         # fails with EAGAIN as soon as a slow reader lets the buffer fill)
-        with os.fdopen(os.dup(fd), "rb") as src:
-            self.connection.sendfile(src, off, length)
+        if length:  # socket.sendfile refuses a count of 0 (an empty range has no body)
+            with os.fdopen(os.dup(fd), "rb") as src:
+                self.connection.sendfile(src, off, length)
 
 
 def contained(base: Path, path: Path) -> Path:

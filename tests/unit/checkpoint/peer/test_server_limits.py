@@ -170,3 +170,5 @@ def test_a_reader_slower_than_the_server_still_gets_every_byte(
     finally:
         conn.close()
     assert resp.status == 200 and len(body) == length and body == data[off:off + length]
+    empty = f"{path}?off=0&len=0"  # an empty range: headers, no body
+    assert _get(run_dir, empty, _signed(run_dir, "GET", empty)) == (200, b"")
