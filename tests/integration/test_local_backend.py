@@ -47,9 +47,10 @@ def _manifest_shown(root: Path, run: Path, state: str) -> dict[str, Any]:
 
 def test_preemption_signal_resumes_from_the_committed_step(tmp_path: Path) -> None:
     """`hpcrun signal RUN` mid-run: stop at a boundary, commit, requeue, resume, finish."""
-    # Steps take milliseconds: rank 0 is slowed (0.2 s per step) so the signal lands mid-run.
+    # Steps take milliseconds: rank 0 is slowed (0.5 s per step, 15 s in all, in the first
+    # incarnation only) so the signal, a CLI start on a loaded machine away, lands mid-run.
     run = submit(tmp_path, local_spec(steps=STEPS, every_steps=100, config={"ledger": True}),
-                 inject="slow@step=1,rank=0,seconds=0.2", wait=False)
+                 inject="slow@step=1,rank=0,seconds=0.5", wait=False)
     wait_until(run, lambda r: str(r.state) == "RUNNING", timeout=180, what="first start")
     out = cli(tmp_path, "signal", run.name)
     assert out.returncode == 0, out.stderr

@@ -49,10 +49,11 @@ def test_every_command_takes_a_prefix_of_the_run_id_under_the_sites_shared_path(
         tmp_path: Path, env: dict[str, str]) -> None:
     spec = tiny_spec(manifest=tiny_manifest(), site="refsite", tasks_per_node=1, steps=STEPS,
                      every_steps=10, name="runref")
-    # Rank 0 is slowed (0.5 s per step: 25 s left after the first commit) so the signal, sent
-    # after the two status calls, finds the run training.
+    # Rank 0 is slowed (1 s per step: 50 s left after the first commit, in the first
+    # incarnation only) so the signal, sent after the two status calls of a loaded machine,
+    # finds the run training.
     out = _ok(env, "submit", str(write_spec(tmp_path / "run.yaml", spec)),
-              "--inject", "slow@step=1,rank=0,seconds=0.5")
+              "--inject", "slow@step=1,rank=0,seconds=1.0")
     run_id = out.stdout.split()[0]
     run = tmp_path / "shared" / run_id
     assert (run / "log").is_dir()  # the site's shared_path is the runs root
