@@ -97,7 +97,7 @@ class Agent:
         self.preempt_signal = signal_number(site.preempt_signal)
         # what the ranks are sent on a stop: a script's own choice in script mode
         self.rank_signal = script.rank_signal(spec) if spec.script_mode else self.preempt_signal
-        self.stop = StopFlag(clock=clock)
+        self.stop = StopFlag()
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.image = rank_image(site.container, spec, run_dir=run_dir,
                                 node_local_root=node.node_local_root, environ=self.environ,
@@ -108,8 +108,7 @@ class Agent:
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock,
-                                     drain=self.drains.target,
-                                     grace_s=float(site.preempt_lead_s))
+                                     drain=self.drains.target)
         self.watch = RankWatch(run_dir=run_dir, node=node.node, spec=spec, site=site,
                                stop=self.stop, rank_signal=self.rank_signal, faults=self.faults,
                                warm=self.warm, environ=self.environ, clock=clock)
@@ -316,8 +315,7 @@ class Agent:
             return outcome
         status = node_ending(gang.exits.values()) if outcome is Watched.DONE else Ending.FAILED
         if status is not Ending.FAILED and drainer is not None:
-            self.drains.final_round(inc, time_left=self.supervisor.time_left,
-                                    clock=self.clock)
+            self.drains.final_round(inc)
         self.faults.node_exit(inc, status)
         ended = (self.supervisor.conclude(inc) if self.supervisor.supervising
                  else self.supervisor.follow(inc))

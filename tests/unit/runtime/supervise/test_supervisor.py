@@ -370,25 +370,6 @@ def test_an_elastic_gang_at_min_nodes_requeues_on_a_node_loss(tmp_path: Path) ->
     assert read_record(inc.run_dir).state == "REQUEUED" and len(requeuer.calls) == 1
 
 
-def test_a_drain_after_a_stop_signal_keeps_within_the_preemptions_grace(tmp_path: Path) -> None:
-    """The end of an incarnation may drain for TIER1_WAIT_S; once a stop signal came, only
-    for what is left of the site's grace (its preemption lead) less the requeue's margin."""
-    from hpcrun.runtime.supervise.supervisor import REQUEUE_MARGIN_S, TIER1_WAIT_S
-
-    s = Setup(tmp_path)
-    clock = s.clock
-    stop = StopFlag(clock=clock)
-    sup = Supervisor(run_dir=s.run_dir, node=s.sup.node, spec=SPEC, log=s.log,
-                     view=LogView(s.log), requeuer=s.requeuer, stop=stop,
-                     preempt_signal=int(signal.SIGUSR1), clock=clock, grace_s=60.0)
-    assert sup.time_left() == TIER1_WAIT_S
-    stop.set(int(signal.SIGUSR1))
-    clock.advance(20.0)
-    assert sup.time_left() == pytest.approx(60.0 - 20.0 - REQUEUE_MARGIN_S)
-    clock.advance(45.0)
-    assert sup.time_left() == 0.0
-
-
 def test_a_supervisor_blocked_on_a_stalled_filesystem_loses_no_node_it_heard_meanwhile(
         tmp_path: Path) -> None:
     """The liveness files froze for 10 s and the supervisor's loop was blocked as long; the
