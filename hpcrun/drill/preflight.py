@@ -263,6 +263,7 @@ def registration_check(spec_path: Path, spec: Any, site: Any, *, admitted: list[
 def _probe(spec_path: Path, world: int, timeout_s: float) -> Check:
     import yaml
 
+    from hpcrun.control.log import EntryKind
     from hpcrun.drill.evidence import collect
     from hpcrun.drill.runner import load_raw_spec, submit, wait_terminal
     from hpcrun.observe.events import EventKind
@@ -284,7 +285,7 @@ def _probe(spec_path: Path, world: int, timeout_s: float) -> Check:
             f"ctx.restore accepted {families or 'no state'} on all {world} ranks "
             f"({took:.0f} s, local backend)"))
     faults = [str(e.payload.get("detail", "")) for e in ev.entries
-              if e.kind == "fault" and e.payload.get("detail")]
+              if e.kind == EntryKind.FAULT and e.payload.get("detail")]
     why = (faults[-1] if faults else ev.reason or ev.state).strip().splitlines()[-1]
     return Check(name=REGISTRATION_ROW, ok=False, detail=(
         f"{ev.state} before ctx.restore returned on every rank: {why[:300]}"))
