@@ -234,16 +234,37 @@ def read_rank_beats(hb_dir: Path) -> dict[int, RankBeat]:
     return out
 
 
+STEADY_PUBLISH_S = 30.0
+"""How often a node whose ranks all progress replaces its heartbeat file (the shared-tier
+copy of what the node stream already carries): one file per node every 5 s was, at 2,048
+nodes, most of a run's steady metadata load (``docs/performance.md``)."""
+
+
+def stalled(before: Mapping[int, RankBeat], now: Mapping[int, RankBeat]) -> bool:
+    """Whether the node's ranks changed, or one made no progress between two collections
+    (its beat, step and collective count alike): the hang watch then wants fresh beats."""
+    return before.keys() != now.keys() or any(before[r] == b for r, b in now.items())
+
+
 class HeartbeatAggregator:
-    """The agent's side: fold the node's rank beats into one node file at a bounded rate."""
+    """The agent's side: fold the node's rank beats into one node file at a bounded rate.
+
+    The node's rank beats are collected every ``min_interval_s``; the file is replaced then
+    while a rank is stalled (:func:`stalled`: a hang's evidence is other nodes' fresh beats),
+    and every ``steady_interval_s`` while every rank progresses.
+    """
 
     def __init__(self, run_dir: Path, *, node: str, hb_dir: Path, generation: int = 0,
                  clock: Clock = SYSTEM_CLOCK, min_interval_s: float = 5.0,
+                 steady_interval_s: float = STEADY_PUBLISH_S,
                  storage: Storage = LOCAL_STORAGE) -> None:
         self.path = Path(run_dir) / HEARTBEAT_DIR / f"{node}.json"
         self._node, self._hb_dir, self._generation = node, Path(hb_dir), generation
         self._clock, self._min_interval, self._storage = clock, min_interval_s, storage
-        self._last: float | None = None
+        self._steady_interval = steady_interval_s
+        self._last: float | None = None  # the last collection
+        self._published: float | None = None
+        self._beats: Mapping[int, RankBeat] = {}
 
     def collect(self) -> NodeHeartbeat:
         """The node's heartbeat as of now, without writing it."""
@@ -251,18 +272,26 @@ class HeartbeatAggregator:
                              ranks=read_rank_beats(self._hb_dir))
 
     def poll(self, *, force: bool = False) -> NodeHeartbeat | None:
-        """Collect and publish the node file if ``min_interval_s`` has passed; else None."""
+        """Collect the node's beats if ``min_interval_s`` has passed (else None) and publish
+        them when due."""
         mono = self._clock.monotonic()
         if not force and self._last is not None and mono - self._last < self._min_interval:
             return None
         hb = self.collect()
-        if self._last is None:  # once: a mkdir every 5 s on every node is metadata load
+        due = force or self._published is None or stalled(self._beats, hb.ranks) or \
+            mono - self._published >= self._steady_interval
+        self._last, self._beats = mono, hb.ranks
+        if due:
+            self._publish(hb)
+            self._published = mono
+        return hb
+
+    def _publish(self, hb: NodeHeartbeat) -> None:
+        if self._published is None:  # once: a mkdir every beat on every node is metadata load
             self._storage.makedirs(self.path.parent)
-        # whole, not durable: a beat lost in a crash is replaced 5 s later, and three fsyncs
+        # whole, not durable: a beat lost in a crash is replaced at the next, and three fsyncs
         # fewer per beat on every node is most of a run's steady metadata load
         self._storage.replace_bytes(self.path, hb.to_json().encode())
-        self._last = mono
-        return hb
 
 
 def read_heartbeats(run_dir: Path) -> dict[str, NodeHeartbeat]:

@@ -149,6 +149,10 @@ class PeerShards:
     """This node's tier-0 directory (the copies it holds for its partner)."""
     log: RunLog
     """The run log (``partner_copy`` notes)."""
+    fence_slot: int = -1
+    """The incarnation's fence: the copies that count are noted before it (-1: the whole log).
+    What precedes it is in the agent's node-local copy of the log, so a restarted rank lists
+    nothing to find them."""
     _copies: dict[tuple[str, str, str], PartnerCopy] | None = field(default=None, repr=False)
     _asked: set[str] = field(default_factory=set, repr=False)
     _clients: dict[str, PeerClient | None] = field(default_factory=dict, repr=False)
@@ -172,7 +176,7 @@ class PeerShards:
     def _partner_copies(self, ckpt_id: str) -> dict[tuple[str, str, str], PartnerCopy]:
         """The log's partner copies, read once per checkpoint asked about."""
         if self._copies is None or ckpt_id not in self._asked:
-            self._copies = fold_partner_copies(self.log.read())
+            self._copies = fold_partner_copies(self.log.read_before(self.fence_slot))
             self._asked.add(ckpt_id)
         return self._copies
 

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
 EVIDENCE_WAIT_S = 15.0
 """How long a detected hang waits for every node's sequence numbers to settle (a node
-publishes its beats every 5 s) before the culprit is named from what there is."""
+publishes its beats every 5 s while one of its ranks is stalled) before the culprit is named
+from what there is."""
 
 
 def hang_threshold(spec: RunSpec) -> float:

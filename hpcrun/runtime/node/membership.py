@@ -135,6 +135,7 @@ class LivenessWatch:
         self._clock, self._stale_s, self._file_stale_s = clock, stale_s, file_stale_s
         self._seen: dict[str, tuple[float | None, float]] = {n: (None, now) for n in nodes}
         self._heard: dict[str, float] = {}
+        self._read: dict[str, float] = {}  # when each node's file was last read
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -142,11 +143,20 @@ class LivenessWatch:
         return tuple(self._seen)
 
     def observe(self, beats: Mapping[str, float]) -> None:
-        """Fold the liveness files just read (node -> the writer's counter)."""
+        """Fold the liveness files just read (node -> the writer's counter).
+
+        A change counts as news when the file was read one file beat before; the file of a
+        node heard on the network is read only once the network went quiet on it, and that
+        first read is a baseline: the change it shows may be from long before."""
         now = self._clock.monotonic()
-        for node, (value, _) in list(self._seen.items()):
-            if node in beats and beats[node] != value:
-                self._seen[node] = (beats[node], now)
+        for node, (value, at) in list(self._seen.items()):
+            if node not in beats:
+                continue
+            recent = now - self._read.get(node, float("-inf")) <= 2 * FILE_EVERY_S
+            self._read[node] = now
+            if beats[node] != value:
+                news = recent or node not in self._heard
+                self._seen[node] = (beats[node], now if news else at)
 
     def observe_net(self, heard: Mapping[str, float]) -> None:
         """Fold the network beats (node -> when its newest beat was heard, on this watch's
@@ -154,6 +164,13 @@ class LivenessWatch:
         for node, at in heard.items():
             if node in self._seen and at > self._heard.get(node, float("-inf")):
                 self._heard[node] = at
+
+    def unheard(self, within_s: float) -> tuple[str, ...]:
+        """Nodes not heard on the network for ``within_s`` (or never), in watch order: the
+        ones whose liveness file can still tell something."""
+        now = self._clock.monotonic()
+        return tuple(n for n in self._seen
+                     if now - self._heard.get(n, float("-inf")) > within_s)
 
     def stale(self, stale_s: float | None = None) -> tuple[str, ...]:
         """Nodes that neither beat nor changed their file for ``stale_s`` (default: the

@@ -45,7 +45,8 @@ FORWARD_INTERVAL_S = 1.0
 """How often an agent forwards its ranks' new event lines to the node stream."""
 RECORD_INTERVAL_S = 15.0
 """How often a heartbeat record (with the ranks' last output lines) goes into the node stream;
-the node's heartbeat file keeps the aggregator's faster beat for the supervisor and ``watch``."""
+the node's heartbeat file has the aggregator's beat (every 5 s while a rank is stalled, for the
+hang watch's evidence; every 30 s while all progress) for the hang watch and ``watch``."""
 SUMMARY_INTERVAL_S = 5.0
 """How often the node-0 agent replaces the run summary while the gang runs."""
 

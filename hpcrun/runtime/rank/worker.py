@@ -293,7 +293,7 @@ def _peers(inc: Incarnation, spec: RunSpec, gang: tuple[str, ...],
     if inc.node_local_root is None or not serves_peers(spec, inc.node_local_root):
         return None
     return PeerShards(run_dir=inc.run_dir, node=inc.node, gang=gang,
-                      node_local_root=inc.node_local_root, log=log)
+                      node_local_root=inc.node_local_root, log=log, fence_slot=inc.fence_slot)
 
 
 def bind_cpus(cpus: tuple[int, ...]) -> str | None:

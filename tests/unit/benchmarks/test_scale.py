@@ -90,14 +90,17 @@ def test_a_measured_gloo_fit_raises_the_start_phase_when_it_outgrows_the_store_m
     assert "linear fit" in grown["how"]
 
 
-def test_metadata_counts_drop_with_the_follower_and_the_nodes_log_copy() -> None:
+def test_metadata_counts_drop_with_the_follower_the_heartbeat_and_the_nodes_log_copy() -> None:
     from benchmarks.scale import metaops
 
     result = metaops.run([64, 128], tensors=2)
     small, big = result["rows"]
     assert small["steady_per_node_s"] < small["steady_before_per_node_s"] / 3
-    # the partner-copy lookup's one listing; the cadence and the restore read the copy alone
-    assert result["log_reads"]["seeded_total"] == 1
+    # the cadence, the restore and the partner-copy lookup read the agent's copy alone
+    assert result["log_reads"]["seeded_total"] == 0
+    rates = result["rates"]
+    assert rates["heartbeat"] < rates["heartbeat_stalled"] / 4  # 30 s while all ranks step
+    assert big["steady_spares_total_s"] < big["steady_spares_silent_total_s"]
     assert result["log_reads"]["cold_first"] >= metaops.LOG_ENTRIES
     assert small["restart_per_rank"] < small["restart_before_per_rank"] / 10
     assert big["steady_total_s"] == pytest.approx(

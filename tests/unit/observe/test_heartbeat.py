@@ -11,6 +11,7 @@ from hpcrun.observe.heartbeat import (
     read_rank_beats,
     write_rank_heartbeat,
 )
+from hpcrun.storage import LOCAL_STORAGE, CountingStorage
 from hpcrun.testing.fakes import FakeClock
 
 
@@ -41,6 +42,32 @@ def test_aggregator_writes_at_a_bounded_rate(tmp_path: Path) -> None:
         written.append(agg.poll() is not None)
         clock.advance(0.5)
     assert sum(written) == 2
+
+
+def test_the_file_is_replaced_every_5_s_while_a_rank_stalls_and_every_30_s_while_all_progress(
+        tmp_path: Path) -> None:
+    local, clock, st = tmp_path / "hb", FakeClock(), CountingStorage(LOCAL_STORAGE)
+    agg = HeartbeatAggregator(tmp_path / "run", node="n0", hb_dir=local, clock=clock,
+                              storage=st)
+
+    def run(seconds: int, *, progress: bool) -> int:
+        """Polls every 0.2 s for ``seconds``, rank 1 stepping every second when ``progress``
+        (rank 0 always); how many times the node file was replaced."""
+        before = st.counts["replace_bytes"]
+        for tick in range(seconds * 5):
+            if tick % 5 == 0:
+                step = int(clock.monotonic())
+                write_rank_heartbeat(local, rank=0, step=step, ts=clock.now(), step_time_s=1.0,
+                                     pid=1)
+                if progress or tick == 0:
+                    write_rank_heartbeat(local, rank=1, step=step, ts=clock.now(),
+                                         step_time_s=1.0, pid=2)
+            agg.poll()
+            clock.advance(0.2)
+        return st.counts["replace_bytes"] - before
+
+    assert run(60, progress=True) == 2  # the first, then every 30 s
+    assert run(60, progress=False) == 12  # rank 1 stalled: every collection, 5 s apart
 
 
 def test_rank_heartbeat_is_rate_limited(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ from hpcrun.testing.fakes import FakeClock
 
 def test_the_wait_doubles_while_quiet_up_to_the_cap_and_drops_back_on_a_change() -> None:
     waits, w = [], 0.0
-    for _ in range(7):
+    for _ in range(8):
         w = next_follow_s(w, changed=False)
         waits.append(w)
-    assert waits == [0.4, 0.8, 1.6, 3.2, 3.2, 3.2, 3.2]
-    assert next_follow_s(3.2, changed=True) == FOLLOW_BASE_S
+    assert waits == [0.4, 0.8, 1.6, 3.2, 6.4, 6.4, 6.4, 6.4]
+    assert next_follow_s(6.4, changed=True) == FOLLOW_BASE_S
 
 
 def test_a_quiet_log_is_listed_once_per_cap_and_a_new_entry_is_seen_within_it(

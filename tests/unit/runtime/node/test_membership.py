@@ -83,6 +83,23 @@ def test_either_source_changing_keeps_a_node_alive() -> None:
     assert watch.stale(FILE_EVERY_S) == ("node2",)
 
 
+def test_the_first_file_read_after_the_network_went_quiet_is_a_baseline_not_news() -> None:
+    """A node heard on the network until it died: its file, unread while it was heard, shows a
+    change at the first read, from before the death; that read must not keep it alive."""
+    clock = FakeClock()
+    watch = LivenessWatch(("node2",), clock=clock)
+    for _ in range(10):
+        watch.observe_net({"node2": clock.monotonic()})
+        clock.advance(0.5)
+    clock.advance(NODE_STALE_S)  # died; the watcher now reads its file
+    assert watch.unheard(NODE_STALE_S) == ("node2",)
+    watch.observe({"node2": 7.0})
+    assert watch.stale() == ("node2",)
+    clock.advance(FILE_EVERY_S)  # the file changes again: the node lives after all
+    watch.observe({"node2": 8.0})
+    assert watch.stale() == ()
+
+
 def test_an_agent_beats_from_a_thread_and_the_supervisor_reads_the_counter(
         tmp_path: Path) -> None:
     with LivenessBeat(tmp_path, "node2", every_s=0.01, file_every_s=0.01):
