@@ -1,9 +1,13 @@
-"""Host agreement: gloo process-group creation and one all-reduce at 2, 4, 8 and 16 ranks.
+"""Host agreement: gloo process-group creation and the step agreement at 2, 4, 8, 16 ranks.
 
 Each rank is its own process on this machine (127.0.0.1, a TCPStore rendezvous as
 ``init_process_group`` makes it); the ranks wait on one barrier with torch imported, then
-time ``init_process_group`` and one 1-element all-reduce. The gang's figure is its slowest
-rank. Both a linear fit (``a + b n``) and a log fit (``a + b log2 n``) are made over the
+time ``init_process_group``, one 1-element all-reduce, and :data:`AGREEMENTS` step agreements
+both ways (gloo's ring all-reduce of 4 int64, and the recursive doubling a run uses,
+:func:`hpcrun.launch.hostsum.tree_sum`), and count the sockets each rank holds: every gang
+lazily connected (``TORCH_GLOO_LAZY_INIT=1``, what a run does) and eager (gloo's default
+full mesh). The gang's figure is its slowest rank. Both a linear fit (``a + b n``) and a
+log fit (``a + b log2 n``) of the lazy gangs' creation and first all-reduce are made over the
 medians; the one with the smaller squared error is extrapolated to 16,384 ranks
 (:func:`fit`), and :mod:`benchmarks.scale.rto` carries it into the start phase.
 
@@ -23,22 +27,51 @@ from typing import Any
 
 SIZES = (2, 4, 8, 16)
 REPEATS = 3
+AGREEMENTS = 20
+"""Step agreements timed per gang (each rank's median, the gang's slowest rank)."""
 
 
-def _rank(rank: int, world: int, port: int, barrier: Any, out: Any) -> None:
+def _sockets() -> int:
+    import os
+
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            continue
+    return n
+
+
+def _rank(rank: int, world: int, port: int, lazy: bool, barrier: Any, out: Any) -> None:
+    import os
+
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if lazy else "0"
     import torch
     import torch.distributed as dist
+
+    from hpcrun.launch.hostsum import tree_sum
 
     barrier.wait()
     t0 = time.perf_counter()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     t1 = time.perf_counter()
+    sockets = _sockets()
     x = torch.ones(1)
     dist.all_reduce(x)
     t2 = time.perf_counter()
     assert int(x.item()) == world, x
-    out.put((rank, t1 - t0, t2 - t1))
+    ring, tree = [], []
+    for _ in range(AGREEMENTS):  # the step agreement: 4 int64, each way
+        a = time.perf_counter()
+        dist.all_reduce(torch.ones(4, dtype=torch.int64))
+        b = time.perf_counter()
+        assert tree_sum([1, 1, 1, 1]) == [world] * 4
+        ring.append(b - a)
+        tree.append(time.perf_counter() - b)
+    out.put((rank, t1 - t0, t2 - t1, sockets, _sockets(), statistics.median(ring),
+             statistics.median(tree)))
     dist.destroy_process_group()
 
 
@@ -48,28 +81,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gang_once(world: int) -> tuple[float, float]:
-    """(group creation, all-reduce) of the slowest rank of one gang of ``world`` processes."""
+def gang_once(world: int, *, lazy: bool = True) -> dict[str, float]:
+    """One gang of ``world`` processes: its slowest rank's group creation, first all-reduce
+    and step agreements (ring all-reduce, recursive doubling), and its sockets per rank."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(world), ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, barrier, out), daemon=True)
+    procs = [ctx.Process(target=_rank, args=(r, world, port, lazy, barrier, out), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
     got = [out.get(timeout=300) for _ in range(world)]
     for p in procs:
         p.join(timeout=60)
-    return max(g[1] for g in got), max(g[2] for g in got)
+    return {"init_s": max(g[1] for g in got), "allreduce_s": max(g[2] for g in got),
+            "sockets_init": max(g[3] for g in got), "sockets_end": max(g[4] for g in got),
+            "ring_s": max(g[5] for g in got), "tree_s": max(g[6] for g in got)}
 
 
 def measure(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS) -> list[dict[str, float]]:
-    """Median group creation and all-reduce (slowest rank) per gang size."""
+    """Medians per gang size, lazily connected (what a run does) and eager (gloo's default)."""
     rows = []
     for n in sizes:
-        runs = [gang_once(n) for _ in range(repeats)]
-        rows.append({"ranks": n, "init_s": statistics.median(r[0] for r in runs),
-                     "allreduce_s": statistics.median(r[1] for r in runs)})
+        lazy = [gang_once(n, lazy=True) for _ in range(repeats)]
+        eager = [gang_once(n, lazy=False) for _ in range(repeats)]
+        row: dict[str, float] = {"ranks": n}
+        for key in lazy[0]:
+            row[key] = statistics.median(r[key] for r in lazy)
+            row[f"eager_{key}"] = statistics.median(r[key] for r in eager)
+        rows.append(row)
     return rows
 
 
@@ -97,13 +137,20 @@ def fit(rows: list[dict[str, float]], *, at: int = 16384) -> dict[str, Any]:
 
 
 def render(rows: list[dict[str, float]], fitted: dict[str, Any]) -> str:
-    lines = ["| ranks | group creation | one all-reduce |", "|---|---|---|"]
-    lines += [f"| {int(r['ranks'])} | {r['init_s'] * 1e3:.0f} ms | "
-              f"{r['allreduce_s'] * 1e3:.1f} ms |" for r in rows]
+    lines = ["| ranks | group creation, lazy (eager) | sockets per rank after creation, lazy "
+             "(eager) | one all-reduce | step agreement: ring all-reduce / recursive doubling |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {int(r['ranks'])} | {r['init_s'] * 1e3:.0f} ms "
+              f"({r.get('eager_init_s', math.nan) * 1e3:.0f} ms) | "
+              f"{r.get('sockets_init', math.nan):.0f} ({r.get('eager_sockets_init', math.nan):.0f})"
+              f" | {r['allreduce_s'] * 1e3:.1f} ms | {r.get('ring_s', math.nan) * 1e3:.2f} ms / "
+              f"{r.get('tree_s', math.nan) * 1e3:.2f} ms |" for r in rows]
     lin, log = fitted["linear"], fitted["log"]
     return "\n".join([*lines, "",
                       f"- linear fit {lin['a_s'] * 1e3:.0f} ms + {lin['b_s'] * 1e3:.1f} ms x n "
                       f"(squared error {lin['sse']:.2g}): {lin['at_s']:.1f} s at "
                       f"{fitted['at']:,}; log fit {log['a_s'] * 1e3:.0f} ms + "
                       f"{log['b_s'] * 1e3:.1f} ms x log2 n (squared error {log['sse']:.2g}): "
-                      f"{log['at_s']:.2f} s; the {fitted['best']} fit fits better"])
+                      f"{log['at_s']:.2f} s; the {fitted['best']} fit fits better",
+                      "- per step at 16,384 ranks, by the count of sequential messages: ring "
+                      "2 x 16,383 = 32,766, recursive doubling log2 16,384 = 14 rounds"])

@@ -8,7 +8,8 @@ groups' collectives at most their own timeouts (:class:`~hpcrun.launch.gpu.Colle
 with ``device_id`` on ``cuda:<local_rank>``, after ``torch.cuda.set_device``; gloo on CPU), a
 gloo *host* group beside NCCL for hpcrun's own small collectives (the step agreement), and a gloo
 checkpoint group with the checkpoint timeout, so host-side collectives never allocate GPU
-memory, never share NCCL's streams, and a slow save is not mistaken for a hung step.
+memory, never share NCCL's streams, and a slow save is not mistaken for a hung step. gloo
+groups connect lazily (:data:`GLOO_LAZY_ENV`): a rank connects to the peers it talks to.
 
 When the program was launched by ``mpirun`` and no ``MASTER_ADDR`` is set, rank 0's host and port
 travel over ``MPI.COMM_WORLD`` instead; mpi4py is imported only on that path.
@@ -16,6 +17,7 @@ travel over ``MPI.COMM_WORLD`` instead; mpi4py is imported only on that path.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -25,8 +27,14 @@ from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import DistInitError, EnvError
 from hpcrun.launch.env import DistEnv, Launcher
 from hpcrun.launch.gpu import GpuSettings
+from hpcrun.launch.hostsum import tree_sum
 
 _BACKENDS = ("nccl", "gloo", "mpi")
+GLOO_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
+"""gloo connects a pair of ranks when they first talk, not every pair when a group forms:
+a whole-world gloo group at 16,384 ranks is otherwise 16,383 connections per rank (and as
+many store reads). :func:`form_groups` turns it on for the rank's process; ``0`` in the
+environment keeps gloo's eager full mesh."""
 
 
 def default_backend() -> str:
@@ -81,12 +89,18 @@ def form_groups(env: DistEnv, settings: GpuSettings) -> ProcessGroups:
     import torch.distributed as dist
 
     t = settings.timeouts
+    os.environ.setdefault(GLOO_LAZY_ENV, "1")
     backend = init_process_group(env, timeout_s=t.step_s, init_timeout_s=t.init_s,
                                  backend=str(settings.backend))
     nccl = backend == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     host = dist.new_group(backend="gloo", timeout=timedelta(seconds=t.step_s)) if nccl else None
     ckpt = dist.new_group(backend="gloo", timeout=timedelta(seconds=t.checkpoint_s))
+    for group in (host, ckpt):
+        # connect each rank's agreement peers now, while every rank is known to be there: a
+        # peer lost later then closes a connection (an echo, at once) instead of timing out
+        # a first connect
+        tree_sum([0], group=group)
     return ProcessGroups(backend=backend, device=device, host_group=host, checkpoint_group=ckpt)
 
 

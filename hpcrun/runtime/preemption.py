@@ -8,8 +8,9 @@
    (:class:`Relay`, driven by the rank watch, ``node/rankwatch.py``): a rank still starting up
    ignores it.
 3. **Per-step agreement in the rank.** At each step boundary every rank joins one tiny
-   all-reduce of its flag, its "checkpoint due" vote and its tokens (:func:`agree_at_boundary`,
-   called by ``context.py``); if any rank was signalled, all stop at the same step.
+   sum of its flag, its "checkpoint due" vote and its tokens (:func:`agree_at_boundary`,
+   called by ``context.py``; log2 n rounds on the host, ``launch/hostsum.py``); if any rank
+   was signalled, all stop at the same step.
 4. **Stop commit.** The ranks commit a checkpoint at that boundary (``Context._commit_and_stop``)
    and exit ``EXIT_PREEMPTED`` (:func:`rank_ending`); late signals are then ignored
    (:func:`ignore_late_signals`). Each agent drains its node's shards and notes ``preempted``.
@@ -137,7 +138,9 @@ def agree_at_boundary(flag: StopFlag, *, due: bool, tokens: int, suspect: bool =
 
 
 def agree_sum(values: Sequence[int], *, group: Any = None) -> list[int]:
-    """Each value summed over the ranks of ``group``: one all-reduce (SUM, int64) for all.
+    """Each value summed over the ranks of ``group``, all in one collective (int64): on gloo
+    by recursive doubling (:func:`~hpcrun.launch.hostsum.tree_sum`: log2 n rounds, where
+    gloo's all-reduce is a ring of 2 (n - 1) hops), otherwise one all-reduce.
 
     Collective: every rank calls it at the same point with the same number of values. Without
     an initialised process group the values come back unchanged.
@@ -146,9 +149,14 @@ def agree_sum(values: Sequence[int], *, group: Any = None) -> list[int]:
 
     if not (dist.is_available() and dist.is_initialized()):
         return [int(v) for v in values]
+    backend = str(dist.get_backend(group)).lower()
+    if backend == "gloo":
+        from hpcrun.launch.hostsum import tree_sum
+
+        return tree_sum(values, group=group)
     import torch
 
-    device = _collective_device(dist.get_backend(group))
+    device = _collective_device(backend)
     tally = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
     dist.all_reduce(tally, op=dist.ReduceOp.SUM, group=group)
     return [int(x) for x in tally.tolist()]

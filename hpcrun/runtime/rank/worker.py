@@ -75,7 +75,10 @@ def resolve_entrypoint(entrypoint: str, code_path: str | None = None) -> Callabl
 HANG = "hang"
 """A collective ran past its timeout: some rank did not arrive."""
 _TIMEOUT_MARKS = ("Timed out waiting", "Watchdog caught collective operation timeout",
-                  "collective operation timeout")
+                  "collective operation timeout", "Connect timeout")
+"""A collective's peer did not arrive in time. gloo connects a pair when it first talks
+(``hpcrun.launch.dist.GLOO_LAZY_ENV``), so a peer that never arrives at a pair's first
+exchange reads as a connect timeout."""
 PEER_LOST = "peer_lost"
 """Not a fault class: the rank failed because a peer in a collective went away (an echo)."""
 _PEER_LOST_MARKS = ("Connection closed by peer", "Connection reset by peer",
