@@ -31,6 +31,7 @@ from hpcrun.control.specload import duration_expected
 from hpcrun.errors import ConfigError
 from hpcrun.launch.alertsinks import AlertSinks, alert_sinks_from_dict
 from hpcrun.launch.container import ContainerConfig, container_from_dict
+from hpcrun.launch.fabric import check_interface_name
 from hpcrun.launch.jobsetup import sbatch_extra_from_dict
 from hpcrun.launch.sections import str_tuple
 from hpcrun.launch.shipped import shipped_dir
@@ -95,6 +96,11 @@ class SiteConfig:
     """Extra flags for the ``srun`` that starts the agents (``--mpi=pmix``, ``--network=...``)."""
     python: str | None = None
     """Python interpreter on the compute nodes; None means the submitting interpreter."""
+    fabric_interface: str = ""
+    """Network interface the agents talk to each other on (partner copies of tier 0, the
+    restore's peer tier, liveness beats), e.g. ``ib0`` or ``hsn0``: each node binds that
+    interface's IPv4 address, and a run that uses them fails at its start on a node without
+    it. Empty: the interface holding the node's Slurm ``NodeAddr`` (``hpcrun/launch/fabric.py``)."""
     mtbf_prior_h: float = DEFAULT_MTBF_PRIOR_H
     """Prior mean time between interruptions of one run, in hours: the checkpoint cadence and
     the report combine it with the run's observed interruptions
@@ -142,6 +148,7 @@ class SiteConfig:
         self._check_numbers()
         if self.gres is not None:
             _check("{n}" in self.gres, "gres", "a template holding '{n}' (gpu:{n})", self.gres)
+        check_interface_name(self.fabric_interface)
         try:
             signal_number(self.preempt_signal)
         except ConfigError as exc:
@@ -209,7 +216,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "preempt_lead_s": (int,), "preempt_mode": (str,), "python": (str,),
     "mtbf_prior_h": (int, float), "requeue_allowed": (bool,), "dist_backend": (str,),
     "pg_init_timeout_s": (int, float), "step_timeout_s": (int, float),
-    "checkpoint_timeout_s": (int, float), "sweep_max_points": (int,),
+    "checkpoint_timeout_s": (int, float), "sweep_max_points": (int,), "fabric_interface": (str,),
 }
 _LIST_KEYS = frozenset({"modules", "srun_extra_flags", "setup"})
 _MAPPING_KEYS = frozenset({"container", "sbatch_extra", "shared_tier", "alerts"})
@@ -273,6 +280,8 @@ def _convert(key: str, value: object, source: str) -> object:
         return sbatch_extra_from_dict(value, source=source)
     if value is None and key in _NULLABLE:
         return None
+    if value is None and key == "fabric_interface":
+        return ""  # `fabric_interface:` with nothing after it: the default
     types = _SCALAR_TYPES[key]
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise ConfigError(f"{source}: key {key!r}: expected {_type_words(types)}, found "

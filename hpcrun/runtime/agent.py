@@ -32,7 +32,7 @@ from hpcrun.control.entries import (
 from hpcrun.control.log import EntryKind, RunLog, new_holder, write_log_copy
 from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
-from hpcrun.errors import HpcrunError, StaleGenerationError
+from hpcrun.errors import ConfigError, EnvError, HpcrunError, StaleGenerationError
 from hpcrun.launch.signals import StopFlag, ignored_from_exec, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.incarnation import (
@@ -59,12 +59,14 @@ from hpcrun.runtime.node.requeue import Requeuer, requeuer_for
 from hpcrun.runtime.node.stepio import detach_stdio
 from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 from hpcrun.runtime.rank import script
+from hpcrun.runtime.supervise.decisions import Fail
 from hpcrun.runtime.supervise.supervisor import Supervisor
 from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry
     from hpcrun.control.spec import RunSpec
+    from hpcrun.launch.fabric import FabricChoice
     from hpcrun.launch.site import SiteConfig
     from hpcrun.runtime.node.observations import NodeObserver
     from hpcrun.runtime.rank.warm import WarmPool
@@ -120,6 +122,10 @@ class Agent:
             if self.warm is not None:
                 stack.callback(self.warm.close)
             stack.callback(self.drains.reap)
+            try:
+                fabric = self._fabric()
+            except ConfigError as exc:
+                return self._refuse_fabric(exc)
             if survives_node_loss(self.spec):
                 if self.node.backend == Backend.SLURM:
                     detach_stdio(node_logs_dir(self.run_dir, self.node.node))
@@ -128,7 +134,7 @@ class Agent:
                 board, watched = stack.enter_context(node_liveness(self.run_dir, self.node))
                 self.supervisor.watch_nodes(board, watched)
             if self._serves_peers:
-                stack.enter_context(self._partner_server())
+                stack.enter_context(self._partner_server(fabric))
             status = self._run_incarnations()
             self._end_job_as_cancelled()
             return status
@@ -154,17 +160,62 @@ class Agent:
 
         return serves_peers(self.spec, self.node.node_local_root)
 
-    def _partner_server(self) -> contextlib.AbstractContextManager[object]:
+    def _fabric(self) -> FabricChoice | None:
+        """The address this node's partner server and beat socket bind to (the site's
+        ``fabric_interface``, else NodeAddr's interface), settled once for both; None when the
+        run has neither or, with nothing configured, no address is known (both then fall back
+        to the node name's, and say so when it fails).
+
+        Raises:
+            ConfigError: the configured interface is not on this node; :meth:`run` stops
+                (:meth:`_refuse_fabric`) before either starts, rather than send the run's
+                checkpoints over another network.
+        """
+        if not (self._serves_peers or survives_node_loss(self.spec)):
+            return None  # no partner copies and no network beats: the setting is not used
+        from hpcrun.checkpoint.peer.server import settle_node_address
+        from hpcrun.launch.fabric import resolve_fabric
+        from hpcrun.runner import slurm_runner
+
+        who = f"hpcrun agent {self.node.node}"
+        try:
+            choice = resolve_fabric(self.node.node, backend=self.node.backend,
+                                    configured=self.site.fabric_interface, environ=self.environ,
+                                    runner=slurm_runner(self.environ))
+        except (EnvError, OSError) as exc:
+            print(f"{who}: no fabric address ({exc}); the node name's address stands in",
+                  file=sys.stderr)
+            return None
+        settle_node_address(self.node.node, choice.address)
+        print(f"{who}: talks to the other agents on {choice.describe()}", file=sys.stderr)
+        return choice
+
+    def _refuse_fabric(self, exc: ConfigError) -> int:
+        """This node lacks the configured fabric interface: the supervising agent ends the run
+        FAILED with the reason, before a partner server or a beat starts; any other agent exits
+        with it (its node is then lost to the supervisor, like any node that fails to start)."""
+        print(f"hpcrun agent {self.node.node}: error: {exc}", file=sys.stderr)
+        if not self.supervisor.supervising:
+            return exc.exit_code
+        fence = self.log.claim(new_holder(self.node.incarnation_key(0)))
+        inc = self._incarnation(fence.generation, fence.holder, fence.slot, 0,
+                                tuple(self.node.nodes))
+        return self.supervisor.carry_out(inc, Fail(reason=str(exc))).status
+
+    def _partner_server(self, fabric: FabricChoice | None
+                        ) -> contextlib.AbstractContextManager[object]:
         """This node's partner server (holds its partner's copies, serves its tier 0 and those
-        copies to the gang's restores); a node that cannot serve keeps running, its partner's
-        copies then fail and say so, and restores read tier 1 instead."""
+        copies to the gang's restores) on the fabric address; a node that cannot serve keeps
+        running, its partner's copies then fail and say so, and restores read tier 1 instead."""
         from hpcrun.checkpoint.peer.server import PartnerServer, node_address
 
         assert self.node.node_local_root is not None
         try:
-            return PartnerServer(self.run_dir, node=self.node.node,
-                                 host=node_address(self.node.node, self.node.backend),
-                                 node_local_root=self.node.node_local_root, log=self.log)
+            host = (fabric.address if fabric is not None
+                    else node_address(self.node.node, self.node.backend))
+            return PartnerServer(self.run_dir, node=self.node.node, host=host,
+                                 node_local_root=self.node.node_local_root, log=self.log,
+                                 fabric=fabric.record() if fabric is not None else None)
         except (HpcrunError, OSError) as exc:
             print(f"hpcrun agent {self.node.node}: no partner server: {exc}", file=sys.stderr)
             return contextlib.nullcontext()

@@ -1,8 +1,10 @@
 """The partner server every agent of a multi-node run with a tier 0 runs, and what
 authenticates it.
 
-A thread of the agent (:class:`PartnerServer`): an HTTP server bound to the node's own address
-on a port the kernel picks, published in ``<run_dir>/partner/<node>.json``. Every request
+A thread of the agent (:class:`PartnerServer`): an HTTP server bound to the node's fabric
+address (the site's ``fabric_interface``, else the interface of the node's Slurm ``NodeAddr``:
+:mod:`hpcrun.launch.fabric`) on a port the kernel picks, published in
+``<run_dir>/partner/<node>.json`` with the interface and why it was chosen. Every request
 carries an HMAC-SHA256 of its method, path, length and time under the run's secret
 (``<run_dir>/partner/secret``, mode 0600, created by the first agent); anything else is
 refused. ``PUT /v1/copy/<ckpt_id>/<owner>/rank-NNNNN.h5`` keeps a pushed shard on this node's
@@ -117,8 +119,24 @@ def addr_path(run_dir: Path, node: str) -> Path:
     return Path(run_dir) / PARTNER_RUN_DIR / f"{node}.json"
 
 
+_SETTLED: dict[str, str] = {}
+"""Each node's address as its agent settled it in this process (:func:`settle_node_address`)."""
+
+
+def settle_node_address(node: str, host: str) -> None:
+    """Make ``host`` the address :func:`node_address` answers for ``node`` in this process: the
+    agent's fabric choice (:mod:`hpcrun.launch.fabric`), made once at its start, so that the
+    partner server and the liveness beats (:mod:`hpcrun.runtime.node.netbeat`) bind to the
+    same address."""
+    _SETTLED[node] = host
+
+
 def node_address(node: str, backend: Backend) -> str:
-    """This node's own address (what its server binds to); loopback for the local backend."""
+    """This node's own address (what its server and its beat socket bind to): the agent's fabric
+    choice once settled; before that, loopback for the local backend and the name's resolution
+    on Slurm."""
+    if node in _SETTLED:
+        return _SETTLED[node]
     if backend == Backend.LOCAL:
         return "127.0.0.1"
     try:
@@ -434,8 +452,12 @@ class PartnerServer:
     """This agent's partner server: a thread, started and stopped as a context manager."""
 
     def __init__(self, run_dir: Path, *, node: str, host: str, node_local_root: Path,
-                 log: RunLog) -> None:
+                 log: RunLog, fabric: Mapping[str, str] | None = None) -> None:
+        """Bind to ``host`` (a port the kernel picks); ``fabric`` is what the published address
+        record says of how ``host`` was chosen (interface, source, detail:
+        :meth:`hpcrun.launch.fabric.FabricChoice.record`)."""
         self.run_dir, self.node = Path(run_dir), node
+        self._fabric = dict(fabric or {})
         store = HolderStore(root=partner_root(node_local_root, self.run_dir.name),
                             manifests=ManifestCache(self.run_dir, log), node=node,
                             tier0=node_local_root_of(node_local_root, self.run_dir.name))
@@ -453,7 +475,7 @@ class PartnerServer:
         self._thread.start()
         host, port = self.address
         body = {"schema_version": ADDR_SCHEMA_VERSION, "node": self.node, "host": host,
-                "port": port}
+                "port": port, **self._fabric}
         from hpcrun.storage import LOCAL_STORAGE
 
         LOCAL_STORAGE.write_atomic(addr_path(self.run_dir, self.node), json.dumps(body).encode())

@@ -11,9 +11,11 @@ The shared filesystem is for data, not for chatter: a liveness file rewritten by
   watcher: under ``2 x WATCHERS x N`` datagrams per beat period in all, O(N), never O(N²). At
   2,048 nodes that is 12,276 datagrams of under 300 bytes per 0.5 s, about 7 MB/s over the
   whole fabric; a watcher receives ~4,100 a second, a thread's work.
-- **Endpoints are published once.** Each agent binds a UDP socket to its node's own address
-  (the partner server's choice, :func:`hpcrun.checkpoint.peer.server.node_address`, on a port the
-  kernel picks) and writes ``<run_dir>/alive/<node>.endpoint.json`` once at start; a sender reads
+- **Endpoints are published once.** Each agent binds a UDP socket to its node's fabric
+  address, the partner server's (the site's ``fabric_interface``, else the interface holding the
+  node's Slurm ``NodeAddr``: :mod:`hpcrun.launch.fabric`; settled by the agent before the beats
+  start and read through :func:`hpcrun.checkpoint.peer.server.node_address`), on a port the
+  kernel picks, and writes ``<run_dir>/alive/<node>.endpoint.json`` once at start; a sender reads
   each peer's endpoint once (retrying a missing one every :data:`ENDPOINT_RETRY_S`).
 - **Beats are untrusted input** (:func:`decode_beat`): at most :data:`MAX_BEAT_BYTES`, canonical
   JSON of a fixed schema, the run's id and the job start (the allocation: ``job<J>.r<R>.``, so a
