@@ -80,13 +80,13 @@ def tree_sum(values: Sequence[int], *, group: Any = None) -> list[int]:
         return r if group is None else dist.get_global_rank(group, r)
 
     for step in doubling_schedule(rank, world):
+        req = None
         if step.move in (Move.SEND, Move.SWAP):
-            sent = total.clone()
-            req = dist.isend(sent, peer(step.peer), group=group)
+            req = dist.isend(total.clone(), peer(step.peer), group=group)
         if step.move in (Move.ADD, Move.SWAP, Move.TAKE):
             got = torch.empty_like(total)
             dist.recv(got, peer(step.peer), group=group)
-        if step.move in (Move.SEND, Move.SWAP):
+        if req is not None:
             req.wait()
         if step.move in (Move.ADD, Move.SWAP):
             total += got

@@ -131,7 +131,8 @@ class Agent:
                     detach_stdio(node_logs_dir(self.run_dir, self.node.node))
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
-                board, watched = stack.enter_context(node_liveness(self.run_dir, self.node))
+                board, watched = stack.enter_context(node_liveness(
+                    self.run_dir, self.node, host=fabric.address if fabric is not None else None))
                 self.supervisor.watch_nodes(board, watched)
             if self._serves_peers:
                 stack.enter_context(self._partner_server(fabric))
@@ -162,7 +163,7 @@ class Agent:
 
     def _fabric(self) -> FabricChoice | None:
         """The address this node's partner server and beat socket bind to (the site's
-        ``fabric_interface``, else NodeAddr's interface), settled once for both; None when the
+        ``fabric_interface``, else NodeAddr's interface), chosen once for both; None when the
         run has neither or, with nothing configured, no address is known (both then fall back
         to the node name's, and say so when it fails).
 
@@ -173,7 +174,6 @@ class Agent:
         """
         if not (self._serves_peers or survives_node_loss(self.spec)):
             return None  # no partner copies and no network beats: the setting is not used
-        from hpcrun.checkpoint.peer.server import settle_node_address
         from hpcrun.launch.fabric import resolve_fabric
         from hpcrun.runner import slurm_runner
 
@@ -186,7 +186,6 @@ class Agent:
             print(f"{who}: no fabric address ({exc}); the node name's address stands in",
                   file=sys.stderr)
             return None
-        settle_node_address(self.node.node, choice.address)
         print(f"{who}: talks to the other agents on {choice.describe()}", file=sys.stderr)
         return choice
 

@@ -119,24 +119,9 @@ def addr_path(run_dir: Path, node: str) -> Path:
     return Path(run_dir) / PARTNER_RUN_DIR / f"{node}.json"
 
 
-_SETTLED: dict[str, str] = {}
-"""Each node's address as its agent settled it in this process (:func:`settle_node_address`)."""
-
-
-def settle_node_address(node: str, host: str) -> None:
-    """Make ``host`` the address :func:`node_address` answers for ``node`` in this process: the
-    agent's fabric choice (:mod:`hpcrun.launch.fabric`), made once at its start, so that the
-    partner server and the liveness beats (:mod:`hpcrun.runtime.node.netbeat`) bind to the
-    same address."""
-    _SETTLED[node] = host
-
-
 def node_address(node: str, backend: Backend) -> str:
-    """This node's own address (what its server and its beat socket bind to): the agent's fabric
-    choice once settled; before that, loopback for the local backend and the name's resolution
-    on Slurm."""
-    if node in _SETTLED:
-        return _SETTLED[node]
+    """This node's own address when no fabric address was chosen (:mod:`hpcrun.launch.fabric`):
+    loopback for the local backend, the name's resolution on Slurm."""
     if backend == Backend.LOCAL:
         return "127.0.0.1"
     try:

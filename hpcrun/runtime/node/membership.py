@@ -266,11 +266,12 @@ class LivenessBeat:
 
 
 @contextlib.contextmanager
-def node_liveness(run_dir: Path, node: NodeInfo
+def node_liveness(run_dir: Path, node: NodeInfo, *, host: str | None = None
                   ) -> Iterator[tuple[BeatBoard | None, tuple[str, ...]]]:
-    """This agent's liveness for the job start: its beat receiver, its endpoint published once,
-    its beats (network and file); yields the board of beats heard (None when the network beat
-    could not start: the files alone then) and the nodes this agent watches."""
+    """This agent's liveness for the job start: its beat receiver (bound to ``host``, the
+    node's fabric address; default the node's own), its endpoint published once, its beats
+    (network and file); yields the board of beats heard (None when the network beat could not
+    start: the files alone then) and the nodes this agent watches."""
     from hpcrun.checkpoint.peer.server import node_address, run_secret
 
     peers = beat_peers(node.node, node.nodes)
@@ -278,7 +279,7 @@ def node_liveness(run_dir: Path, node: NodeInfo
         secret = run_secret(run_dir)
         scope = BeatScope(run_id=run_dir.name, job_start=node.job_start_key,
                           nodes=frozenset(node.nodes))
-        receiver = BeatReceiver(node_address(node.node, node.backend), scope=scope,
+        receiver = BeatReceiver(host or node_address(node.node, node.backend), scope=scope,
                                 secret=secret, board=BeatBoard())
     except (HpcrunError, OSError) as exc:
         print(f"hpcrun agent {node.node}: no network liveness beat ({exc}); its liveness "

@@ -1,4 +1,4 @@
-"""The agent settles its node's fabric address before its partner server and its beats start,
+"""The agent chooses its node's fabric address before its partner server and its beats start,
 and refuses to start them on a node without the configured interface."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from hpcrun.checkpoint.peer.server import node_address
 from hpcrun.control.log import RunLog
 from hpcrun.control.record import create_run, read_record
 from hpcrun.control.spec import RunSpec
@@ -16,6 +15,8 @@ from hpcrun.launch.fabric import FabricSource, read_interfaces
 from hpcrun.launch.site import SiteConfig
 from hpcrun.runtime.agent import EXIT_USER_ERROR, Agent
 from hpcrun.runtime.node.info import NodeInfo
+from hpcrun.runtime.node.membership import node_liveness
+from hpcrun.runtime.node.netbeat import read_endpoint
 from hpcrun.runtime.node.requeue import LocalRequeuer
 from hpcrun.testing import FakeClock
 from hpcrun.vocab import Backend, RunState
@@ -67,16 +68,23 @@ def test_another_agent_without_it_exits_with_the_error_and_writes_nothing(
                                                f"'fabric_interface' is '{absent}'")
 
 
-def test_the_configured_interface_is_settled_for_the_server_and_the_beats(
+def test_the_configured_interface_is_chosen_and_said(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     agent = _agent(tmp_path, nodes=2, fabric_interface="lo", node="fab-b")
     choice = agent._fabric()
     assert choice is not None and choice.source is FabricSource.CONFIGURED
     assert (choice.address, choice.interface) == ("127.0.0.1", "lo")
-    assert node_address("fab-b", Backend.LOCAL) == "127.0.0.1"
     line = capfd.readouterr().err.strip()
     assert line == ("hpcrun agent fab-b: talks to the other agents on 127.0.0.1 on lo "
                     "(configured: fabric_interface lo)")
+
+
+def test_the_beat_receiver_binds_to_the_address_the_agent_chose(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, nodes=2, fabric_interface="lo", node="fab-e")
+    with node_liveness(agent.run_dir, agent.node, host="127.0.0.2") as (board, _):
+        assert board is not None
+        endpoint = read_endpoint(agent.run_dir, "fab-e", job_start=agent.node.job_start_key)
+    assert endpoint is not None and endpoint[0] == "127.0.0.2"
 
 
 def test_a_run_without_partner_copies_or_beats_never_looks_at_the_setting(

@@ -1,5 +1,5 @@
 """Where a partner server binds and what it publishes: the fabric address, its interface and
-why it was chosen; the beat socket's address (``node_address``) follows the agent's choice."""
+why it was chosen."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ from pathlib import Path
 from hpcrun.checkpoint.peer.server import (
     PartnerServer,
     addr_path,
-    node_address,
     peer_address,
-    settle_node_address,
 )
 from hpcrun.control.log import RunLog
 from hpcrun.launch.fabric import FabricChoice, FabricSource
-from hpcrun.vocab import Backend
 
 LO = FabricChoice(address="127.0.0.1", interface="lo", source=FabricSource.CONFIGURED,
                   detail="fabric_interface lo")
@@ -31,11 +28,3 @@ def test_the_published_record_names_the_address_its_interface_and_why(tmp_path: 
     assert body == {"schema_version": 1, "node": "node1", "host": "127.0.0.1",
                     "port": server.address[1], "interface": "lo", "source": "configured",
                     "detail": "fabric_interface lo"}
-
-
-def test_a_settled_address_is_what_the_beat_socket_binds_to() -> None:
-    node = "node-settled-in-this-test"
-    assert node_address(node, Backend.LOCAL) == "127.0.0.1"
-    settle_node_address(node, "127.0.0.2")
-    assert node_address(node, Backend.LOCAL) == "127.0.0.2"
-    assert node_address(node, Backend.SLURM) == "127.0.0.2"
