@@ -199,14 +199,15 @@ class RunSummary:
                            rank_lines=len(self.tails))
 
     def to_bytes(self) -> bytes:
-        g, events = self.generation, self.events.to_json()
+        g, e = self.generation, self.events
         # the generation's per-rank parts go to the rank lines; another's (none from a
         # fold: reduce_for_status keeps one) stay in the head
-        events["step_times"] = [row for row in events["step_times"] if row[0] != g]
-        events["rank_last"] = [row for row in events["rank_last"] if row[0] != g]
+        gang = replace(e, step_times={k: v for k, v in e.step_times.items() if k[0] != g},
+                       rank_nodes={k: v for k, v in e.rank_nodes.items() if k[0] != g},
+                       rank_last={k: v for k, v in e.rank_last.items() if k[0] != g})
         head = {"schema_version": RUN_SUMMARY_SCHEMA_VERSION, "run_id": self.run_id,
                 "generation": g, "ts": self.ts, "final": self.final, "window": self.window,
-                "events": events, "status": self.status_head().to_json()}
+                "events": gang.to_json(), "status": self.status_head().to_json()}
         nodes = {"heartbeats": [_record_body(hb, {}) for _, hb in sorted(self.heartbeats.items())],
                  "streams": {k: list(v) for k, v in sorted(self.streams.items())}}
         return b"".join(_line(x) for x in (head, nodes, *self._rank_lines()))
@@ -263,9 +264,13 @@ def covers(final: bool, state: str, active_states: Iterable[str]) -> bool:
     return final or state in set(active_states)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every line (``json.dumps`` with separators builds one per call, and a
+summary has a line per rank); ensure_ascii, its default, escapes every newline in a value."""
+
+
 def _line(body: Any) -> bytes:
-    # ensure_ascii (the default) escapes every newline inside a value: one document a line
-    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+    return _ENCODER.encode(body).encode() + b"\n"
 
 
 def _with_rank_lines(summary: RunSummary, rows: Sequence[Any]) -> RunSummary:

@@ -22,6 +22,7 @@ when the reader's thresholds reach past a horizon: status then reads every rank'
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -215,11 +216,12 @@ def status_head(heartbeats: Mapping[str, NodeHeartbeat],
         raise ArgumentError(f"the status head takes the heartbeats status shows "
                             f"(current_heartbeats): {len(heartbeats) - len(live)} of "
                             f"{len(heartbeats)} are of another generation than {generation}")
-    beats = sorted((b.ts, b.rank, n, b.step, b.pid) for n, hb in live.items()
-                   for b in hb.ranks.values())
+    # the edge and the first left out (its horizon) of each
+    beats = heapq.nsmallest(edge + 1, ((b.ts, b.rank, n, b.step, b.pid) for n, hb in live.items()
+                                       for b in hb.ranks.values()))
     times, rank_nodes = step_times
-    scores = sorted((-s, r) for r, s in straggler_scores(times, window=1).items()) \
-        if times else []
+    scores = heapq.nsmallest(edge + 1, ((-s, r) for r, s in straggler_scores(
+        times, window=1).items())) if times else []
     return StatusHead(
         generation=generation, nodes=tuple(node_rows(heartbeats, last_steps)),
         live=bool(live),
