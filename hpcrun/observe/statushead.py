@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpcrun.errors import ArgumentError
+from hpcrun.errors import ArgumentError, FormatError
 from hpcrun.observe.hang import Hang, detect_hangs
 from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
 from hpcrun.observe.stragglers import (
@@ -121,10 +121,13 @@ class StatusHead:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> StatusHead:
-        """Inverse of :meth:`to_json`; raises ValueError/TypeError/KeyError when malformed
-        (the file is untrusted: every field is checked before status computes with it)."""
+        """Inverse of :meth:`to_json`; raises FormatError (a ValueError), TypeError or
+        KeyError when malformed (the file is untrusted: every field is checked before status
+        computes with it)."""
         if raw["head_schema_version"] != STATUS_HEAD_SCHEMA_VERSION:
-            raise ValueError(f"status head schema {raw['head_schema_version']!r}")
+            raise FormatError(f"a status head of schema {raw['head_schema_version']!r}; this "
+                              f"hpcrun reads schema {STATUS_HEAD_SCHEMA_VERSION} (status then "
+                              "reads every rank's line)")
         return cls(generation=_int(raw["generation"]),
                    nodes=tuple(_node_row(r) for r in raw["nodes"]),
                    live=_bool(raw["live"]),
@@ -281,19 +284,19 @@ _NUM = (int, float)
 
 def _int(v: Any) -> int:
     if type(v) is not int:
-        raise TypeError(f"expected an integer, found {v!r}")
+        raise FormatError(f"expected an integer, found {v!r}")
     return v
 
 
 def _count(v: Any) -> int:
     if _int(v) < 0:
-        raise ValueError(f"expected a count, found {v!r}")
+        raise FormatError(f"expected a count, found {v!r}")
     return int(v)
 
 
 def _num(v: Any) -> float:
     if type(v) not in _NUM or not math.isfinite(v):
-        raise TypeError(f"expected a finite number, found {v!r}")
+        raise FormatError(f"expected a finite number, found {v!r}")
     return float(v)
 
 
@@ -303,13 +306,13 @@ def _opt_num(v: Any) -> float | None:
 
 def _str(v: Any) -> str:
     if type(v) is not str:
-        raise TypeError(f"expected a string, found {v!r}")
+        raise FormatError(f"expected a string, found {v!r}")
     return v
 
 
 def _bool(v: Any) -> bool:
     if type(v) is not bool:
-        raise TypeError(f"expected true or false, found {v!r}")
+        raise FormatError(f"expected true or false, found {v!r}")
     return v
 
 
@@ -327,5 +330,5 @@ def _beat(r: Any) -> Beat:
 def _score(r: Any) -> Score:
     rank, n, score = r
     if _num(score) < 0:
-        raise ValueError(f"a straggler score is >= 0, found {score!r}")
+        raise FormatError(f"a straggler score is >= 0, found {score!r}")
     return (_count(rank), _str(n), float(score))

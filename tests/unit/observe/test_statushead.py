@@ -163,7 +163,7 @@ def test_thresholds_past_the_head_read_every_rank(gang: tuple[Path, StatusView])
     assert sum(i.startswith("hang:") for i in hung.incidents) == NODES  # every node silent
     summary = RunSummary.from_bytes(run_summary_path(run).read_bytes())
     assert summary is not None
-    narrow = replace_head(summary, edge=2)
+    narrow = _narrow_head(summary, edge=2)
     path = run_summary_path(run)
     original = path.read_bytes()
     try:
@@ -177,7 +177,7 @@ def test_thresholds_past_the_head_read_every_rank(gang: tuple[Path, StatusView])
         path.write_bytes(original)
 
 
-def replace_head(summary: RunSummary, *, edge: int) -> bytes:
+def _narrow_head(summary: RunSummary, *, edge: int) -> bytes:
     """The summary's bytes with a head that lists only ``edge`` beats and scores."""
     g = summary.generation
     head = status_head(current_heartbeats(summary.heartbeats, g), summary.events.last_steps(g),
