@@ -6,9 +6,12 @@ node's last output lines; one rank straggles at 2x, one rank hangs), then measur
 
 - the node-0 agent's fold (:class:`~hpcrun.observe.runsummary.StreamFold`): the whole hour at
   once (throughput) and one 5-second round of appended events (what it does while a run goes);
-- the run summary's size, and ``collect_status`` on it in a fresh process: the first read (no
-  record snapshot yet) and repeated reads, plus the text rendering;
-- the whole ``hpcrun status --no-reconcile`` command;
+- the run summary's size, and ``collect_status`` on it in fresh processes, CPU time beside
+  wall time: the default view (the summary's head and the named ranks' lines) and the view
+  from every rank's line (``--json``, ``--ranks all``, every status before the head),
+  interleaved so both see the same load: the first read (no record snapshot yet), repeated
+  reads and the text rendering, and whether both print the same text;
+- the whole ``hpcrun status --no-reconcile`` command, by default and with ``--ranks all``;
 - ``hpcrun report`` (every event of the run) on runs of 16, 64 and 256 nodes of the same shape:
   the report reads O(nodes) streams but every event in them.
 
@@ -16,6 +19,7 @@ Usage::
 
     python benchmarks/status_scale.py [--nodes 2048] [--ranks-per-node 8] [--hours 1]
                                       [--step-s 30] [--report-nodes 16 64 256] [--dir /var/tmp]
+                                      [--repeat 11] [--status-only RUN_DIR]
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,7 @@ from hpcrun.observe.events import node_stream_path
 from hpcrun.observe.runsummary import StreamFold, run_summary_path
 
 T0 = 1_800_000_000.0
+CLI_REPEAT = 7
 HB_EVERY_S = 15.0
 _STEP = ('{"data":{"dur_s":%.6f,"input_wait_s":%.6f,"loss":2.1,"tokens":4096},'
          '"dataset_id":"ds-3f2a9c","generation":1,"kind":"step","node":"%s","rank":%d,'
@@ -146,39 +153,112 @@ _CHILD = r"""
 import json, statistics, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
+from hpcrun.control.record import SNAPSHOT_FILE
 from hpcrun.observe.collect import collect_status
 from hpcrun.observe.status import render_text
 imports = time.perf_counter() - t0
-run = Path(sys.argv[1]); now = float(sys.argv[2])
-t0, c0 = time.perf_counter(), time.process_time()
-view = collect_status(run, now=now).view
-first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
-times, cpu, render = [], [], []
-for _ in range(int(sys.argv[3])):
+run, now, repeat, first_mode = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+MODES = {"head": False, "full": True}  # every_rank: the default text's view, or --json's
+
+def timed(mode):
     t0, c0 = time.perf_counter(), time.process_time()
-    view = collect_status(run, now=now).view
-    times.append(time.perf_counter() - t0); cpu.append(time.process_time() - c0)
-    t0 = time.perf_counter(); text = render_text(view); render.append(time.perf_counter() - t0)
-print(json.dumps({"imports_s": imports, "first_s": first, "first_cpu_s": first_cpu,
-                  "repeated_s": statistics.median(times), "repeated_cpu_s": statistics.median(cpu),
-                  "repeated_max_s": max(times), "render_s": statistics.median(render),
-                  "incidents": [i for i in view.incidents if i.startswith(("hang", "straggler"))],
-                  "ettr": view.ettr, "nodes": len(view.nodes), "tails": len(view.tails),
-                  "lines": len(text.splitlines())}))
+    view = collect_status(run, now=now, every_rank=MODES[mode]).view
+    return view, time.perf_counter() - t0, time.process_time() - c0
+
+(run / SNAPSHOT_FILE).unlink(missing_ok=True)  # the first read of a fresh record
+view, first, first_cpu = timed(first_mode)
+out = {"imports_s": imports, "first_s": first, "first_cpu_s": first_cpu}
+wall, cpu, render, text = {m: [] for m in MODES}, {m: [] for m in MODES}, {m: [] for m in MODES}, {}
+for _ in range(repeat):
+    for mode in MODES:  # interleaved: both see the same load
+        view, w, c = timed(mode)
+        wall[mode].append(w); cpu[mode].append(c)
+        c0 = time.process_time(); text[mode] = render_text(view)
+        render[mode].append(time.process_time() - c0)
+        out[mode + "_view"] = {"incidents": [i for i in view.incidents
+                                             if i.startswith(("hang", "straggler"))],
+                               "ettr": view.ettr, "nodes": len(view.nodes),
+                               "tails": len(view.tails), "rank_lines": view.rank_lines}
+for mode in MODES:
+    out[mode] = {"wall_s": statistics.median(wall[mode]), "cpu_s": statistics.median(cpu[mode]),
+                 "max_wall_s": max(wall[mode]), "render_cpu_s": statistics.median(render[mode])}
+out["lines"] = len(text["head"].splitlines())
+out["same_text"] = text["head"] == text["full"]
+print(json.dumps(out))
 """
 
 
+def _child_cpu_s() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def measure_cli(run_dir: Path, env: dict[str, str], *, repeat: int) -> dict[str, Any]:
+    """``hpcrun status --no-reconcile``, whole processes: the default text and ``--ranks all``
+    (every rank parsed), interleaved; median wall and CPU seconds."""
+    wall: dict[str, list[float]] = {"named": [], "all": []}
+    cpu: dict[str, list[float]] = {"named": [], "all": []}
+    rc = 0
+    for i in range(repeat + 1):
+        for ranks in wall:
+            t0, c0 = time.perf_counter(), _child_cpu_s()
+            cli = subprocess.run([sys.executable, "-m", "hpcrun.cli.main", "status", str(run_dir),
+                                  "--no-reconcile", "--ranks", ranks], capture_output=True,
+                                 text=True, env=env, check=False)
+            if i > 0:  # the first of each writes its bytecode cache
+                wall[ranks].append(time.perf_counter() - t0)
+                cpu[ranks].append(_child_cpu_s() - c0)
+            rc = rc or cli.returncode
+    return {"rc": rc, **{f"{k}_wall_s": statistics.median(v) for k, v in wall.items()},
+            **{f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()}}
+
+
 def measure_status(run_dir: Path, *, repeat: int) -> dict[str, Any]:
-    env = {**os.environ, "XDG_CACHE_HOME": str(run_dir.parent / "cache")}
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(run_dir), str(T0 + 3610.0),
-                          str(repeat)], capture_output=True, text=True, check=True, env=env)
-    result: dict[str, Any] = json.loads(out.stdout)
-    t0 = time.perf_counter()
-    cli = subprocess.run([sys.executable, "-m", "hpcrun.cli.main", "status", str(run_dir),
-                          "--no-reconcile"], capture_output=True, text=True, env=env, check=False)
-    result["cli_s"] = time.perf_counter() - t0
-    result["cli_rc"] = cli.returncode
+    """The status view in fresh processes: the default (the summary's head) and every rank's
+    row (``--json``, ``--ranks all``, and every status before the head), interleaved."""
+    # as installed: with a bytecode cache (a fresh process would otherwise compile every
+    # module it imports, a second of CPU that no installed hpcrun spends)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(XDG_CACHE_HOME=str(run_dir.parent / "cache"),
+               PYTHONPYCACHEPREFIX=str(run_dir.parent / "pycache"))
+    subprocess.run([sys.executable, "-c", _CHILD, str(run_dir), str(T0 + 3610.0), "1", "head"],
+                   capture_output=True, check=True, env=env)
+    result: dict[str, Any] = {}
+    for first in ("full", "head"):  # each mode's first read in a process of its own
+        out = subprocess.run([sys.executable, "-c", _CHILD, str(run_dir), str(T0 + 3610.0),
+                              str(repeat), first], capture_output=True, text=True, check=True,
+                             env=env)
+        child = json.loads(out.stdout)
+        result[f"first_{first}_s"], result[f"first_{first}_cpu_s"] = (child["first_s"],
+                                                                    child["first_cpu_s"])
+        result.update({k: v for k, v in child.items() if not k.startswith("first")})
+    result["cli"] = measure_cli(run_dir, env, repeat=CLI_REPEAT)
+    result["repeat"], result["cli_repeat"] = repeat, CLI_REPEAT
     return result
+
+
+def print_status(st: dict[str, Any]) -> None:
+    """One line per measure, CPU time beside wall time (the machine is shared)."""
+    head, full, cli = st["head"], st["full"], st["cli"]
+    print(f"status view (median of {st['repeat']}, interleaved; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs):\n"
+          f"  repeated: head {head['cpu_s']*1e3:.1f} ms CPU ({head['wall_s']*1e3:.1f} ms wall, "
+          f"max {head['max_wall_s']*1e3:.0f}), every rank {full['cpu_s']*1e3:.1f} ms CPU "
+          f"({full['wall_s']*1e3:.1f} ms wall); target 50\n"
+          f"  first read (fresh process and record): head {st['first_head_cpu_s']*1e3:.1f} ms "
+          f"CPU ({st['first_head_s']*1e3:.0f} ms wall), every rank "
+          f"{st['first_full_cpu_s']*1e3:.1f} ms CPU ({st['first_full_s']*1e3:.0f} ms wall); "
+          f"target 300\n"
+          f"  text rendering: head {head['render_cpu_s']*1e3:.2f} ms CPU, every rank "
+          f"{full['render_cpu_s']*1e3:.2f} ms CPU; {st['lines']} lines, the same text: "
+          f"{st['same_text']}\n"
+          f"  `hpcrun status --no-reconcile`, whole process (median of {st['cli_repeat']}): "
+          f"{cli['named_cpu_s']*1e3:.0f} ms CPU ({cli['named_wall_s']*1e3:.0f} ms wall); "
+          f"`--ranks all` {cli['all_cpu_s']*1e3:.0f} ms CPU ({cli['all_wall_s']*1e3:.0f} ms "
+          f"wall); rc {cli['rc']}", flush=True)
+    view = st["head_view"]
+    print(f"  named: {view['incidents']}; ETTR {view['ettr']:.3f}; {view['nodes']} nodes, "
+          f"{view['tails']} of {view['rank_lines']} rank lines parsed", flush=True)
 
 
 def measure_report(root: Path, *, nodes: int, k: int, hours: float,
@@ -202,10 +282,15 @@ def main() -> None:
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--step-s", type=float, default=30.0)
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=11)
     ap.add_argument("--report-nodes", type=int, nargs="*", default=[16, 64, 256])
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp"))
+    ap.add_argument("--status-only", type=Path, default=None, metavar="RUN_DIR",
+                    help="Only measure status on a run this benchmark wrote and folded before.")
     args = ap.parse_args()
+    if args.status_only is not None:
+        print_status(measure_status(args.status_only, repeat=args.repeat))
+        return
     k = args.ranks_per_node
     with tempfile.TemporaryDirectory(prefix="hpcrun-status-scale-", dir=args.dir) as tmp:
         t0 = time.perf_counter()
@@ -220,17 +305,7 @@ def main() -> None:
               f"({fold['round_nodes']} nodes appended): refresh {fold['round_refresh_s']*1e3:.0f}"
               f" ms + summary {fold['round_snapshot_s']*1e3:.0f} ms; summary "
               f"{fold['summary_bytes'] / 2**20:.2f} MiB", flush=True)
-        st = measure_status(run_dir, repeat=args.repeat)
-        print(f"status view: first read {st['first_s']*1e3:.0f} ms (CPU "
-              f"{st['first_cpu_s']*1e3:.0f} ms; target 300), repeated "
-              f"{st['repeated_s']*1e3:.0f} ms median (CPU {st['repeated_cpu_s']*1e3:.0f} ms), "
-              f"{st['repeated_max_s']*1e3:.0f} ms max (target 50); load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; text rendering "
-              f"{st['render_s']*1e3:.0f} ms; "
-              f"`hpcrun status --no-reconcile` whole process {st['cli_s']*1e3:.0f} ms "
-              f"(rc {st['cli_rc']}); {st['nodes']} nodes, {st['tails']} rank lines",
-              flush=True)
-        print(f"  named: {st['incidents']}; ETTR {st['ettr']:.3f}", flush=True)
+        print_status(measure_status(run_dir, repeat=args.repeat))
         for n in args.report_nodes:
             rep = measure_report(Path(tmp) / f"report-{n}", nodes=n, k=k, hours=args.hours,
                                  step_s=args.step_s)

@@ -56,8 +56,10 @@ def _status_once(run_dir: Path, *, as_json: bool, reconcile: bool, timeout_s: fl
 
     outcome = _reconcile(run_dir, timeout_s) if reconcile and _on_slurm(run_dir) else None
     campaign = _campaign(run_dir)
+    # the default text names a large gang's ranks worth naming: no other rank's row is parsed
     collected = collect_status(run_dir, rpo_s=spec_rpo(run_dir), budget_used_fraction=(
-        campaign.budget_used_fraction if campaign is not None else None))
+        campaign.budget_used_fraction if campaign is not None else None),
+        every_rank=as_json or all_ranks)
     if as_json:
         body = status_json(collected.view)
         body["campaign"] = campaign.to_dict() if campaign is not None else None
@@ -240,7 +242,7 @@ def export(run: str, directory: Path) -> None:
     from hpcrun.observe.export import write_textfile
 
     run_dir = _run_dir(run)
-    view = collect_status(run_dir, rpo_s=spec_rpo(run_dir)).view
+    view = collect_status(run_dir, rpo_s=spec_rpo(run_dir), every_rank=False).view
     click.echo(f"wrote {write_textfile(directory, view)}")
 
 
@@ -254,7 +256,7 @@ def metrics(run: str, as_csv: bool) -> None:
     from hpcrun.observe.collect import collect_status
     from hpcrun.observe.metrics import render_csv, render_table
 
-    series = collect_status(_run_dir(run)).view.metrics
+    series = collect_status(_run_dir(run), every_rank=False).view.metrics
     if series is None or not series.names:
         raise RecordError(f"run {run!r} reported no numeric metric yet: pass them to "
                           "ctx.step_done(loss=..., name=value) and run `hpcrun metrics` again")

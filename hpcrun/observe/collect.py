@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hpcrun.observe.figures import AllocationFact
-from hpcrun.observe.heartbeat import NodeHeartbeat, read_heartbeats
-from hpcrun.observe.runsummary import read_run_summary
+from hpcrun.observe.heartbeat import read_heartbeats
+from hpcrun.observe.runsummary import RunSummary, SummaryHead, read_summary_bytes
 from hpcrun.observe.status import (
     ACTIVE_STATES,
     CheckpointFact,
@@ -30,7 +30,9 @@ from hpcrun.observe.status import (
     RecordFacts,
     StatusView,
     build_status,
+    build_status_from_head,
 )
+from hpcrun.observe.statushead import current_heartbeats
 from hpcrun.observe.summary import cached_summary
 
 LOGS_DIR = "logs"
@@ -291,27 +293,20 @@ def run_markers(run_dir: Path) -> tuple[Any, ...]:
     return markers_from_log(fold_fences(RunLog(run_dir).read())[1])
 
 
-def current_heartbeats(heartbeats: Mapping[str, NodeHeartbeat],
-                       generation: int) -> dict[str, NodeHeartbeat]:
-    """Heartbeats of the incarnation in force; a node of an earlier allocation is history.
-
-    Falls back to every node when none has reported under ``generation`` yet (a gang that is
-    still starting), so status still shows the last known progress.
-    """
-    current = {n: hb for n, hb in heartbeats.items() if hb.generation == generation}
-    return current or dict(heartbeats)
-
-
 def collect_status(run_dir: Path, *, now: float | None = None,
                    read_record: RecordReader | None = None,
                    rpo_s: float | None = None, use_run_summary: bool = True,
-                   **options: Any) -> Collected:
+                   every_rank: bool = True, **options: Any) -> Collected:
     """Read a run directory and build its status view.
 
     Reads the record and the run summary the node-0 agent keeps (O(1) files whatever the
     gang size). Without a summary that covers the run's state (an older run, a node-0 agent
     that died before its last write, ``use_run_summary=False``) it folds every event file,
     node heartbeat and rank output itself: the same view from O(nodes + ranks) files.
+
+    ``every_rank=False``: a view whose ``tails`` may hold only the named ranks' lines (what
+    the default text status prints); from a summary's head it parses no rank's row but the
+    named ranks', and every other field is the full view's.
     """
     t0 = time.perf_counter()
     record = (read_record or default_record_reader)(run_dir)
@@ -320,19 +315,37 @@ def collect_status(run_dir: Path, *, now: float | None = None,
                     script_mode=spec_script_mode(run_dir), warnings=run_warnings(run_dir))
     at = time.time() if now is None else now
     with _no_cycle_collection():
-        rs = read_run_summary(run_dir) if use_run_summary else None
-        if rs is not None and rs.covers(facts.state, active_states=ACTIVE_STATES) and \
-                options.get("window", rs.window) == rs.window:
-            view = build_status(facts, events=(), summary=rs.events,
-                                heartbeats=current_heartbeats(rs.heartbeats, facts.generation),
-                                tails=[RankTail(rank=r, node=n, line=line)
-                                       for r, (n, line) in rs.tails.items()],
-                                now=at, straggler_window=1, **options)
-            return Collected(view=view, read_s=time.perf_counter() - t0)
-    view = build_status(facts, events=(), summary=cached_summary(run_dir),
-                        heartbeats=current_heartbeats(read_heartbeats(run_dir), facts.generation),
-                        tails=rank_tails(run_dir), now=at, **options)
+        data = read_summary_bytes(run_dir) if use_run_summary else None
+        view = None if data is None else _view_from_summary(
+            data, facts, now=at, every_rank=every_rank, **options)
+    if view is None:
+        view = build_status(facts, events=(), summary=cached_summary(run_dir),
+                            heartbeats=current_heartbeats(read_heartbeats(run_dir),
+                                                          facts.generation),
+                            tails=rank_tails(run_dir), now=at, **options)
     return Collected(view=view, read_s=time.perf_counter() - t0)
+
+
+def _view_from_summary(data: bytes, facts: RecordFacts, *, now: float, every_rank: bool,
+                       **options: Any) -> StatusView | None:
+    """The view from the run summary's bytes: from its head when that suffices, else from
+    every rank's line; None when the summary does not cover the run (or does not parse)."""
+    head = None if every_rank else SummaryHead.from_bytes(data)
+    if head is not None and options.get("window", head.window) == head.window and \
+            head.covers(facts.state, active_states=ACTIVE_STATES):
+        view = build_status_from_head(facts, summary=head.events, head=head.status,
+                                      rank_rows=head.rank_rows, now=now, **options)
+        if view is not None:
+            return view
+    rs = RunSummary.from_bytes(data)
+    if rs is None or options.get("window", rs.window) != rs.window or \
+            not rs.covers(facts.state, active_states=ACTIVE_STATES):
+        return None
+    return build_status(facts, events=(), summary=rs.events,
+                        heartbeats=current_heartbeats(rs.heartbeats, facts.generation),
+                        tails=[RankTail(rank=r, node=n, line=line)
+                               for r, (n, line) in rs.tails.items()],
+                        now=now, straggler_window=1, **options)
 
 
 @contextlib.contextmanager

@@ -322,6 +322,6 @@ def run_alerts(run_dir: Path, *, now: float | None = None) -> list[FiredAlert]:
     """The alerts firing for a run now (its status view's alerts)."""
     from hpcrun.observe.collect import collect_status, spec_rpo
 
-    view = collect_status(run_dir, now=now, rpo_s=spec_rpo(run_dir)).view
+    view = collect_status(run_dir, now=now, rpo_s=spec_rpo(run_dir), every_rank=False).view
     parsed = (parse_alert(Path(run_dir).name, m) for m in view.alerts)
     return [a for a in parsed if a is not None]

@@ -15,6 +15,13 @@ would compute from every event:
 - each node's latest heartbeat (hang detection and node progress) and each rank's last output
   line (the agent reads its own ranks' output files).
 
+The file's first line is its head: the gang-level fold and the
+:class:`~hpcrun.observe.statushead.StatusHead` (every node's row and the ranks at the edge of
+the gang: oldest beats, highest straggler scores, furthest behind), computed as the file is
+written. The default status of a large gang reads the head and bisects the one-line-per-rank
+section for the few ranks it names (:class:`SummaryHead`); ``--json`` and ``--ranks all`` parse
+every line (:meth:`RunSummary.from_bytes`).
+
 A heartbeat record is one stream line ``{"record":"heartbeat",...}``: it is not an event, and
 event readers skip it. Readers treat the summary and the records as untrusted: a malformed file
 is ignored (status then folds the streams itself), a malformed record skipped.
@@ -26,17 +33,18 @@ import json
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from hpcrun.errors import HpcrunError
 from hpcrun.observe.events import list_event_files, parse_event_line
 from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
+from hpcrun.observe.statushead import RankRow, StatusHead, current_heartbeats, status_head
 from hpcrun.observe.summary import EventSummary, newest_rows
 
 RUN_SUMMARY_FILE = "run-summary.json"
-RUN_SUMMARY_SCHEMA_VERSION = 1
+RUN_SUMMARY_SCHEMA_VERSION = 2
 HEARTBEAT_RECORD_SCHEMA_VERSION = 1
 STATUS_WINDOW = 20
 """The straggler window status uses; the summary keeps each rank's median over it."""
@@ -155,7 +163,14 @@ def reduce_for_status(s: EventSummary, *, generation: int,
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSummary:
-    """What ``run-summary.json`` holds: everything status needs, in one small file."""
+    """What ``run-summary.json`` holds: everything status needs, in one small file.
+
+    The file is three parts, one JSON document a line (:meth:`to_bytes`): the head (the
+    gang-level fold and the :class:`~hpcrun.observe.statushead.StatusHead`, what the default
+    status reads: :class:`SummaryHead`), the nodes' heartbeats and the folded streams, then
+    one line per rank in rank order (its output line, last step and window median), which
+    only ``--json``, ``--ranks all`` and the named ranks' lookup read.
+    """
 
     run_id: str
     """Run id."""
@@ -176,33 +191,64 @@ class RunSummary:
     streams: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     """Event file (relative to the run directory) → (inode, bytes folded)."""
 
+    def status_head(self) -> StatusHead:
+        """The head of its per-rank data for the generation that wrote it."""
+        g = self.generation
+        return status_head(current_heartbeats(self.heartbeats, g), self.events.last_steps(g),
+                           self.events.rank_step_times(g), generation=g,
+                           rank_lines=len(self.tails))
+
     def to_bytes(self) -> bytes:
-        body = {"schema_version": RUN_SUMMARY_SCHEMA_VERSION, "run_id": self.run_id,
-                "generation": self.generation, "ts": self.ts, "final": self.final,
-                "window": self.window, "events": self.events.to_json(),
-                "heartbeats": [_record_body(hb, {}) for _, hb in sorted(self.heartbeats.items())],
-                "tails": [[r, n, line] for r, (n, line) in sorted(self.tails.items())],
-                "streams": {k: list(v) for k, v in sorted(self.streams.items())}}
-        return json.dumps(body, separators=(",", ":")).encode()
+        g, e = self.generation, self.events
+        # the generation's per-rank parts go to the rank lines; another's (none from a
+        # fold: reduce_for_status keeps one) stay in the head
+        gang = replace(e, step_times={k: v for k, v in e.step_times.items() if k[0] != g},
+                       rank_nodes={k: v for k, v in e.rank_nodes.items() if k[0] != g},
+                       rank_last={k: v for k, v in e.rank_last.items() if k[0] != g})
+        head = {"schema_version": RUN_SUMMARY_SCHEMA_VERSION, "run_id": self.run_id,
+                "generation": g, "ts": self.ts, "final": self.final, "window": self.window,
+                "events": gang.to_json(), "status": self.status_head().to_json()}
+        nodes = {"heartbeats": [_record_body(hb, {}) for _, hb in sorted(self.heartbeats.items())],
+                 "streams": {k: list(v) for k, v in sorted(self.streams.items())}}
+        return b"".join(_line(x) for x in (head, nodes, *self._rank_lines()))
+
+    def _rank_lines(self) -> list[list[Any]]:
+        g, e = self.generation, self.events
+        ranks = sorted({*self.tails, *(r for k, r in e.rank_last if k == g),
+                        *(r for k, r in e.step_times if k == g)})
+        return [[r, list(self.tails[r]) if r in self.tails else None,
+                 e.rank_last.get((g, r)),
+                 [e.rank_nodes[(g, r)], *e.step_times[(g, r)]] if (g, r) in e.step_times
+                 else None] for r in ranks]
 
     @classmethod
     def from_bytes(cls, raw_bytes: bytes) -> RunSummary | None:
-        """Parse a summary; None when it is malformed or of another schema (untrusted)."""
+        """Parse a summary, every rank's line included; None when it is malformed or of
+        another schema (untrusted). A summary of schema 1 (one document) still reads."""
         try:
-            raw = json.loads(raw_bytes)
-            if raw.get("schema_version") != RUN_SUMMARY_SCHEMA_VERSION:
+            parts = raw_bytes.split(b"\n", 2)
+            head = json.loads(parts[0])
+            if head.get("schema_version") == 1:
+                return cls._from_head(head, head["heartbeats"], head["streams"], head["tails"])
+            if head.get("schema_version") != RUN_SUMMARY_SCHEMA_VERSION or len(parts) < 3:
                 return None
-            beats = [_heartbeat_from(h) for h in raw["heartbeats"]]
-            return cls(run_id=str(raw["run_id"]), generation=int(raw["generation"]),
-                       ts=float(raw["ts"]), final=bool(raw["final"]),
-                       window=int(raw["window"]),
-                       events=EventSummary.from_json(raw["events"]),
-                       heartbeats={b[0].node: b[0] for b in beats if b is not None},
-                       tails={int(r): (str(n), str(line)) for r, n, line in raw["tails"]},
-                       streams={str(k): (int(v[0]), int(v[1]))
-                                for k, v in raw["streams"].items()})
-        except (ValueError, TypeError, KeyError, AttributeError):
+            nodes = json.loads(parts[1])
+            rows = json.loads(b"[" + parts[2].rstrip(b"\n").replace(b"\n", b",") + b"]")
+            out = cls._from_head(head, nodes["heartbeats"], nodes["streams"], ())
+            return _with_rank_lines(out, rows)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
             return None
+
+    @classmethod
+    def _from_head(cls, raw: Mapping[str, Any], heartbeats: Any, streams: Any,
+                   tails: Any) -> RunSummary:
+        beats = [_heartbeat_from(h) for h in heartbeats]
+        return cls(run_id=str(raw["run_id"]), generation=int(raw["generation"]),
+                   ts=float(raw["ts"]), final=bool(raw["final"]), window=int(raw["window"]),
+                   events=EventSummary.from_json(raw["events"]),
+                   heartbeats={b[0].node: b[0] for b in beats if b is not None},
+                   tails={int(r): (str(n), str(line)) for r, n, line in tails},
+                   streams={str(k): (int(v[0]), int(v[1])) for k, v in streams.items()})
 
     def covers(self, state: str, *, active_states: Iterable[str]) -> bool:
         """Whether status may show this summary for a run in ``state``.
@@ -210,7 +256,123 @@ class RunSummary:
         While the run is active a summary a few seconds old is the live view; once it is not,
         only a summary written after its incarnation ended covers every event.
         """
-        return self.final or state in set(active_states)
+        return covers(self.final, state, active_states)
+
+
+def covers(final: bool, state: str, active_states: Iterable[str]) -> bool:
+    """Whether a summary (``final`` or not) may be shown for a run in ``state``."""
+    return final or state in set(active_states)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every line (``json.dumps`` with separators builds one per call, and a
+summary has a line per rank); ensure_ascii, its default, escapes every newline in a value."""
+
+
+def _line(body: Any) -> bytes:
+    return _ENCODER.encode(body).encode() + b"\n"
+
+
+def _with_rank_lines(summary: RunSummary, rows: Sequence[Any]) -> RunSummary:
+    """The summary with its rank lines folded back in (they are of its generation)."""
+    g, e = summary.generation, summary.events
+    rows = [(int(r), tail, last, times) for r, tail, last, times in rows]
+    e.rank_last.update({(g, r): [int(last[0]), str(last[1])]
+                        for r, _, last, _ in rows if last is not None})
+    e.step_times.update({(g, r): [float(t) for t in times[1:]]
+                         for r, _, _, times in rows if times is not None})
+    e.rank_nodes.update({(g, r): str(times[0]) for r, _, _, times in rows if times is not None})
+    tails = {r: (str(tail[0]), str(tail[1])) for r, tail, _, _ in rows if tail is not None}
+    return replace(summary, tails={**summary.tails, **tails})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SummaryHead:
+    """The head of a run summary: what the default status of a large gang reads.
+
+    Holds the gang-level fold and the status head, parsed, and the rank lines unparsed:
+    :meth:`rank_rows` finds a rank's line by bisection, parsing a dozen lines.
+    """
+
+    run_id: str
+    """Run id."""
+    generation: int
+    """Generation of the incarnation whose node-0 agent wrote it."""
+    ts: float
+    """When it was written."""
+    final: bool
+    """Written after the incarnation ended."""
+    window: int
+    """The straggler window of the per-rank medians."""
+    events: EventSummary
+    """The gang-level fold (no per-rank part of ``generation``)."""
+    status: StatusHead
+    """The head of the per-rank data."""
+    data: bytes
+    """The whole file."""
+    ranks_at: int
+    """Where the rank lines start in ``data``."""
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SummaryHead | None:
+        """The head of a summary; None when it is malformed or has none (schema 1)."""
+        try:
+            end = data.index(b"\n")
+            raw = json.loads(data[:end])
+            if raw.get("schema_version") != RUN_SUMMARY_SCHEMA_VERSION:
+                return None
+            return cls(run_id=str(raw["run_id"]), generation=int(raw["generation"]),
+                       ts=float(raw["ts"]), final=bool(raw["final"]), window=int(raw["window"]),
+                       events=EventSummary.from_json(raw["events"]),
+                       status=StatusHead.from_json(raw["status"]), data=data,
+                       ranks_at=data.index(b"\n", end + 1) + 1)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return None
+
+    def covers(self, state: str, *, active_states: Iterable[str]) -> bool:
+        """As :meth:`RunSummary.covers`."""
+        return covers(self.final, state, active_states)
+
+    def rank_rows(self, ranks: Iterable[int]) -> list[RankRow]:
+        """The rows of ``ranks`` that have a line, in the order asked."""
+        return [row for r in ranks if (row := self._find(r)) is not None]
+
+    def _find(self, rank: int) -> RankRow | None:
+        data, lo, hi = self.data, self.ranks_at, len(self.data)
+        while lo < hi:  # lo and hi are line starts; each probe parses one line
+            mid = (lo + hi) // 2
+            start = data.rfind(b"\n", lo, mid) + 1 or lo
+            end = data.find(b"\n", mid, hi)
+            end = hi if end < 0 else end
+            row = _rank_row(data[start:end])
+            if row is None:
+                return None  # a malformed line: the rank shows no line
+            if row.rank == rank:
+                return row
+            lo, hi = (lo, start) if rank < row.rank else (end + 1, hi)
+        return None
+
+
+def _rank_row(line: bytes) -> RankRow | None:
+    """One rank line, checked (untrusted); None when malformed."""
+    try:
+        r, tail, last, _ = json.loads(line)
+        if type(r) is not int or not (tail is None or (
+                type(tail[0]) is str and type(tail[1]) is str)) or not (
+                last is None or (type(last[0]) is int and type(last[1]) is str)):
+            return None
+        return RankRow(rank=r, tail=None if tail is None else (tail[0], tail[1]),
+                       last=None if last is None else (last[0], last[1]))
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+
+
+def read_summary_bytes(run_dir: Path) -> bytes | None:
+    """The run summary's bytes; None when there is none."""
+    try:
+        return run_summary_path(run_dir).read_bytes()
+    except OSError:
+        return None
 
 
 def run_summary_path(run_dir: Path) -> Path:
@@ -219,11 +381,10 @@ def run_summary_path(run_dir: Path) -> Path:
 
 
 def read_run_summary(run_dir: Path) -> RunSummary | None:
-    """The run's summary; None when there is none or it does not parse."""
-    try:
-        return RunSummary.from_bytes(run_summary_path(run_dir).read_bytes())
-    except OSError:
-        return None
+    """The run's summary, every rank's line parsed; None when there is none or it does not
+    parse."""
+    data = read_summary_bytes(run_dir)
+    return None if data is None else RunSummary.from_bytes(data)
 
 
 # -- the incremental fold over node streams ----------------------------------------------------

@@ -1,16 +1,19 @@
 """What ``hpcrun status`` shows: a pure view built from record facts and observations.
 
 :func:`build_status` takes values (record facts, events, node heartbeats, rank tails, now) and
-returns a :class:`StatusView`; :func:`render_text` and :func:`status_json` render it. Finding a
-run's directory from its id is :mod:`hpcrun.launch.runref`'s.
+returns a :class:`StatusView`; :func:`render_text` and :func:`status_json` render it.
+:func:`build_status_from_head` builds the same view of a large gang from the run summary's head
+(:mod:`hpcrun.observe.statushead`) and the named ranks' rows only, which is all the default text
+prints. Finding a run's directory from its id is :mod:`hpcrun.launch.runref`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hpcrun.errors import ArgumentError
 from hpcrun.observe.alerts import AlertRule, AlertSignals, default_rules, evaluate_alerts
 from hpcrun.observe.ettr import GangStep
 from hpcrun.observe.figures import (
@@ -22,23 +25,27 @@ from hpcrun.observe.figures import (
     fmt_seconds,
     run_figures,
 )
-from hpcrun.observe.hang import detect_hangs
 from hpcrun.observe.heartbeat import NodeHeartbeat
 from hpcrun.observe.metrics import MetricSeries, status_lines
-from hpcrun.observe.stragglers import find_stragglers, straggler_scores
+from hpcrun.observe.statushead import (
+    SLOWEST_K,
+    RankFindings,
+    RankRow,
+    StatusHead,
+    head_findings,
+    node_progress_of,
+    node_rows,
+    rank_findings,
+)
 from hpcrun.observe.summary import EventSummary, summarize_events, wait_fraction
 from hpcrun.protocols import Event
 from hpcrun.vocab import TERMINAL
 
 STATUS_SCHEMA_VERSION = 1
 ACTIVE_STATES = frozenset({"STARTING", "RUNNING", "RECOVERING"})
-StepTimes = tuple[dict[int, list[float]], dict[int, str]]
-"""Per-rank step durations and each rank's node (see ``step_times_from_events``)."""
 ALL_LINES_UP_TO = 16
 """A gang of at most this many ranks (and nodes) gets every rank and node line; a larger one
 gets the gang summary and the ranks worth naming (``hpcrun status --ranks all``: every line)."""
-SLOWEST_K = 3
-"""The ranks furthest behind that a large gang's status names beside the incidents."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,7 +172,7 @@ class StatusView:
     waste_s: dict[str, float]
     """Waste seconds by cause so far; ``figures.waste_s``."""
     tails: tuple[RankTail, ...]
-    """Last line of every rank."""
+    """Last line of every rank (of the named ranks only when ``tails_complete`` is False)."""
     incidents: tuple[str, ...]
     """Open incidents: live hangs, stragglers, recent faults."""
     alerts: tuple[str, ...]
@@ -186,6 +193,12 @@ class StatusView:
     named_ranks: tuple[int, ...] = ()
     """The ranks worth naming, in rank order: hung, straggling, failed, and the
     :data:`SLOWEST_K` furthest behind the newest step (what a large gang's text status lists)."""
+    rank_lines: int = 0
+    """How many ranks have a line (``len(tails)`` when ``tails_complete``)."""
+    tails_complete: bool = True
+    """Whether ``tails`` holds every rank's line; False for the default view of a large gang
+    read from the run summary's head (:func:`build_status_from_head`), which holds the named
+    ranks' lines only."""
 
 
 def recent_rates(all_steps: Sequence[GangStep], *, generation: int,
@@ -224,37 +237,23 @@ def input_wait_fraction(events: Sequence[Event], *, window: int = 200) -> float 
                           else float(e.data["input_wait_s"])) for e in steps)
 
 
-def live_incidents(facts: RecordFacts, step_times: StepTimes,
-                   heartbeats: Mapping[str, NodeHeartbeat], now: float, *,
-                   hang_threshold_s: float, straggler_threshold: float,
-                   window: int) -> tuple[list[str], set[int]]:
-    """Hangs (while active), stragglers of the current generation, and the last faults; and
-    the ranks they name."""
-    out: list[str] = []
-    named: set[int] = set()
-    if facts.state in ACTIVE_STATES:
-        current = {n: hb for n, hb in heartbeats.items() if hb.generation == facts.generation}
-        hangs = detect_hangs(current, now, threshold_s=hang_threshold_s)
-        out += [f"hang: node {h.node} rank {h.rank} no progress for {h.stalled_s:.0f} s at step "
-                f"{h.step}" for h in hangs]
-        named |= {h.rank for h in hangs if h.rank >= 0}
-    times, nodes = step_times
-    stragglers = find_stragglers(times, straggler_threshold, window, nodes=nodes)
-    out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}" for s in stragglers]
-    named |= {s.rank for s in stragglers}
+def live_incidents(facts: RecordFacts, found: RankFindings) -> list[str]:
+    """Hangs, stragglers, the last faults and log debris, one line each."""
+    out = [f"hang: node {h.node} rank {h.rank} no progress for {h.stalled_s:.0f} s at step "
+           f"{h.step}" for h in found.hangs]
+    out += [f"straggler: node {s.node} rank {s.rank} score {s.score:.2f}"
+            for s in found.stragglers]
     out += [f.describe() for f in facts.faults[-5:]]
-    named |= {f.rank for f in facts.faults[-5:] if f.rank >= 0}
     out += [f"log debris: {d} (`hpcrun doctor {facts.run_id}` moves it aside)"
             for d in facts.log_debris]
-    return out, named
+    return out
 
 
-def slowest_ranks(last_steps: Mapping[int, tuple[int, str]], k: int = SLOWEST_K) -> set[int]:
-    """The ``k`` ranks whose last step is furthest behind the gang's newest (ties: the lowest
-    ranks); none when every rank is at the same step."""
-    newest = max((st for st, _ in last_steps.values()), default=0)
-    behind = sorted((st, r) for r, (st, _) in last_steps.items() if st < newest)
-    return {r for _, r in behind[:k]}
+def named_ranks(facts: RecordFacts, found: RankFindings) -> set[int]:
+    """The ranks worth naming: hung, straggling, failed (the last five faults) and the
+    :data:`SLOWEST_K` furthest behind."""
+    return ({h.rank for h in found.hangs if h.rank >= 0} | {s.rank for s in found.stragglers}
+            | {f.rank for f in facts.faults[-5:] if f.rank >= 0} | found.slowest)
 
 
 def node_progress(heartbeats: Mapping[str, NodeHeartbeat],
@@ -265,17 +264,7 @@ def node_progress(heartbeats: Mapping[str, NodeHeartbeat],
     Heartbeats are rate-limited, so the last steps of a run may never reach one; the step
     events (``last_steps``: rank → (step, node) of the generation in force) fill that in.
     """
-    from_events: dict[str, list[int]] = {}
-    for step, node in last_steps.values():
-        from_events.setdefault(node, []).append(step)
-    out: dict[str, dict[str, Any]] = {}
-    for n in sorted(set(heartbeats) | set(from_events)):
-        hb = heartbeats.get(n)
-        steps = [x for x in (hb.min_step if hb else None,
-                             min(from_events[n]) if n in from_events else None) if x is not None]
-        out[n] = {"age_s": now - hb.ts if hb else None, "step": max(steps, default=0),
-                  "ranks": len(hb.ranks) if hb and hb.ranks else len(from_events.get(n, ()))}
-    return out
+    return node_progress_of(node_rows(heartbeats, last_steps), now)
 
 
 def fill_tails(tails: Sequence[RankTail],
@@ -293,8 +282,8 @@ def fill_tails(tails: Sequence[RankTail],
 
 
 def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
-                  ages: Mapping[str, float], window: int,
-                  step_times: StepTimes, summary: EventSummary | None = None,
+                  ages: Mapping[str, float], worst_straggler_score: float | None,
+                  summary: EventSummary | None = None,
                   budget_used_fraction: float | None = None) -> AlertSignals:
     """Measure the alert signals from the record facts and events (or their summary);
     ``budget_used_fraction`` comes from :mod:`hpcrun.observe.campaign`."""
@@ -304,8 +293,6 @@ def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
         last_step = max((e.ts for e in events if e.kind == "step"), default=None)
         wait = input_wait_fraction(events)
     active = facts.state in ACTIVE_STATES
-    times, _ = step_times
-    scores = straggler_scores(times, window=window) if times else {}
     exposure = rpo_exposure(ages)
     sigs: dict[str, int] = {}
     for f in facts.faults:
@@ -313,7 +300,7 @@ def alert_signals(facts: RecordFacts, events: Sequence[Event], now: float, *,
             sigs[f.signature] = sigs.get(f.signature, 0) + 1
     return AlertSignals(
         no_progress_s=now - last_step if active and last_step is not None else None,
-        worst_straggler_score=max(scores.values(), default=None),
+        worst_straggler_score=worst_straggler_score,
         # a finished run waits for no batch: the alert is for a run that can still act on it
         input_wait_fraction=wait if active else None,
         checkpoint_lag_ratio=(exposure / facts.rpo_s if exposure is not None and facts.rpo_s
@@ -328,7 +315,7 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
                  window: int = 20, summary: EventSummary | None = None,
                  straggler_window: int | None = None,
                  budget_used_fraction: float | None = None) -> StatusView:
-    """Assemble the status view (pure).
+    """Assemble the status view from every rank's data (pure).
 
     ``summary``: the events already folded (:mod:`hpcrun.observe.summary`, what ``hpcrun
     status`` passes so it need not re-read every event); ``events`` is then ignored.
@@ -336,34 +323,78 @@ def build_status(facts: RecordFacts, *, events: Sequence[Event],
     (default ``window``); 1 when each rank's times are already its median over ``window``
     steps, as the run summary keeps them (:mod:`hpcrun.observe.runsummary`).
     """
-    sw = window if straggler_window is None else straggler_window
     s = summary if summary is not None else summarize_events(events)
+    last_steps = s.last_steps(facts.generation)
+    found = rank_findings(heartbeats, last_steps, s.rank_step_times(facts.generation),
+                          generation=facts.generation, active=facts.state in ACTIVE_STATES,
+                          now=now, hang_threshold_s=hang_threshold_s,
+                          straggler_threshold=straggler_threshold,
+                          window=window if straggler_window is None else straggler_window)
+    return _assemble(facts, s, found, tails=fill_tails(tails, last_steps),
+                     rank_lines=len(tails), now=now, rules=rules, window=window,
+                     budget_used_fraction=budget_used_fraction)
+
+
+RankRows = Callable[[Iterable[int]], Sequence[RankRow]]
+"""Looks up the rows of some ranks (ranks without a row left out)."""
+
+
+def build_status_from_head(facts: RecordFacts, *, summary: EventSummary, head: StatusHead,
+                           rank_rows: RankRows, now: float,
+                           rules: Sequence[AlertRule] | None = None,
+                           hang_threshold_s: float = 900.0, straggler_threshold: float = 1.5,
+                           window: int = 20,
+                           budget_used_fraction: float | None = None) -> StatusView | None:
+    """The default view of a large gang from the run summary's head (pure): the same view as
+    :func:`build_status` with every rank's data, holding only the named ranks' lines.
+
+    ``summary``: the gang-level fold; ``rank_rows``: the rows of the ranks to name. None
+    when the head cannot give that view: a gang small enough to print every line, another
+    generation than the record's, or a threshold past a horizon of the head.
+    """
+    if head.generation != facts.generation or _every_line(head.rank_lines, len(head.nodes)):
+        return None
+    found = head_findings(head, active=facts.state in ACTIVE_STATES, now=now,
+                          hang_threshold_s=hang_threshold_s,
+                          straggler_threshold=straggler_threshold)
+    if found is None:
+        return None
+    rows = rank_rows(sorted(named_ranks(facts, found)))
+    tails = [RankTail(rank=r.rank, node=r.tail[0], line=r.tail[1]) for r in rows if r.tail]
+    return _assemble(facts, summary, found, now=now, rules=rules, window=window,
+                     tails=fill_tails(tails, {r.rank: r.last for r in rows if r.last}),
+                     rank_lines=head.rank_lines, budget_used_fraction=budget_used_fraction,
+                     complete=False)
+
+
+def _assemble(facts: RecordFacts, s: EventSummary, found: RankFindings, *,
+              tails: tuple[RankTail, ...], rank_lines: int, now: float,
+              rules: Sequence[AlertRule] | None, window: int,
+              budget_used_fraction: float | None, complete: bool = True) -> StatusView:
     step_rate, token_rate = (recent_rates(s.gang_steps(), generation=facts.generation,
                                           window=window)
                              if facts.state in ACTIVE_STATES else (None, None))
     ages = checkpoint_ages(facts.checkpoints, now)
     figures = run_figures(s, allocations=allocations_at(facts.allocations, now))
-    last_steps = s.last_steps(facts.generation)
-    step_times = s.rank_step_times(facts.generation)
-    signals = alert_signals(facts, (), now, ages=ages, window=sw, step_times=step_times,
+    signals = alert_signals(facts, (), now, ages=ages, worst_straggler_score=found.worst_score,
                             summary=s, budget_used_fraction=budget_used_fraction)
     alerts = evaluate_alerts(rules if rules is not None else default_rules(), signals)
-    incidents, named = live_incidents(facts, step_times, heartbeats, now,
-                                      hang_threshold_s=hang_threshold_s,
-                                      straggler_threshold=straggler_threshold, window=sw)
     return StatusView(
         facts=facts, now=now, step_rate=step_rate, token_rate=token_rate, checkpoint_age_s=ages,
         rpo_exposure_s=rpo_exposure(ages), input_wait_ratio=s.input_wait_fraction(),
         ettr=figures.ettr if figures and figures.steps_reported else None,
-        waste_s=figures.waste_s if figures else {},
-        tails=fill_tails(tails, last_steps),
-        incidents=tuple(incidents),
-        alerts=tuple(a.message for a in alerts),
-        nodes=node_progress(heartbeats, last_steps, now), figures=figures,
-        metrics=s.metric_series(),
-        reported_step=min((st for st, _ in last_steps.values()), default=0),
+        waste_s=figures.waste_s if figures else {}, tails=tails,
+        incidents=tuple(live_incidents(facts, found)),
+        alerts=tuple(a.message for a in alerts), nodes=found.nodes, figures=figures,
+        metrics=s.metric_series(), reported_step=found.reported_step,
         steps_reported=facts.step > 0 or (figures is not None and figures.steps_reported),
-        named_ranks=tuple(sorted(named | slowest_ranks(last_steps))))
+        named_ranks=tuple(sorted(named_ranks(facts, found))), rank_lines=rank_lines,
+        tails_complete=complete)
+
+
+def _every_line(ranks: int, nodes: int) -> bool:
+    """Whether a gang is small enough for status to print every rank and node line."""
+    return ranks <= ALL_LINES_UP_TO and nodes <= ALL_LINES_UP_TO
 
 
 def status_json(view: StatusView) -> dict[str, Any]:
@@ -402,8 +433,16 @@ def render_text(view: StatusView, *, all_ranks: bool = False) -> str:
 
     A gang of more than :data:`ALL_LINES_UP_TO` ranks or nodes gets one gang line for its
     nodes and only the ranks worth naming (:attr:`StatusView.named_ranks`) and their nodes;
-    ``all_ranks`` (``--ranks all``) prints every node and rank line.
+    ``all_ranks`` (``--ranks all``) prints every node and rank line, which needs a view that
+    holds every rank's line (:attr:`StatusView.tails_complete`).
+
+    Raises:
+        ArgumentError: ``all_ranks`` of a view that holds only the named ranks' lines.
     """
+    if all_ranks and not view.tails_complete:
+        raise ArgumentError("every rank line was asked of a status view that holds only the "
+                            f"{len(view.tails)} named ranks' lines of {view.rank_lines:,}; "
+                            "build it with collect_status(run_dir, every_rank=True)")
     f = view.facts
     lines = [
         f"run         {f.run_id}",
@@ -422,8 +461,7 @@ def render_text(view: StatusView, *, all_ranks: bool = False) -> str:
     if view.input_wait_ratio is not None and f.state in ACTIVE_STATES:
         lines.append(f"input wait  {view.input_wait_ratio:.1%} of step time over the last "
                      "200 rank steps")
-    every = all_ranks or (len(view.tails) <= ALL_LINES_UP_TO
-                          and len(view.nodes) <= ALL_LINES_UP_TO)
+    every = all_ranks or _every_line(view.rank_lines, len(view.nodes))
     tails = view.tails if every else _named_tails(view)
     lines += _node_lines(view, every=every, named={t.node for t in tails})
     if f.quarantined:
@@ -432,7 +470,7 @@ def render_text(view: StatusView, *, all_ranks: bool = False) -> str:
     lines += [f"alert       {a}" for a in view.alerts]
     lines += [f"rank {t.rank:>5} {t.node:<12} | {t.line}" for t in tails]
     if not every:
-        lines.append(f"ranks       {len(tails)} of {len(view.tails):,} shown (hung, straggling, "
+        lines.append(f"ranks       {len(tails)} of {view.rank_lines:,} shown (hung, straggling, "
                      f"failed, the {SLOWEST_K} furthest behind); `--ranks all` for every line")
     return "\n".join(lines)
 

@@ -59,15 +59,27 @@ def straggler_scores(step_times_by_rank: Mapping[int, Sequence[float]], *,
     return {r: m / gang for r, m in sorted(medians.items())}
 
 
-def find_stragglers(step_times_by_rank: Mapping[int, Sequence[float]], threshold: float,
-                    window: int, *, nodes: Mapping[int, str] | None = None) -> list[Straggler]:
-    """Ranks whose score over the last ``window`` steps exceeds ``threshold``, slowest first."""
+def check_straggler_threshold(threshold: float) -> None:
+    """Refuse a threshold that would name typical ranks (a score is a ratio to the median)."""
     if threshold <= 1.0:
         raise ArgumentError(f"straggler threshold must be > 1.0 (a ratio to the gang "
                             f"median), got {threshold}")
+
+
+def find_stragglers(step_times_by_rank: Mapping[int, Sequence[float]], threshold: float,
+                    window: int, *, nodes: Mapping[int, str] | None = None) -> list[Straggler]:
+    """Ranks whose score over the last ``window`` steps exceeds ``threshold``, slowest first."""
+    check_straggler_threshold(threshold)
+    return stragglers_of(straggler_scores(step_times_by_rank, window=window), threshold,
+                         nodes=nodes)
+
+
+def stragglers_of(scores: Mapping[int, float], threshold: float, *,
+                  nodes: Mapping[int, str] | None = None) -> list[Straggler]:
+    """The ranks of ``scores`` above ``threshold``, slowest first (ties: lowest rank)."""
+    check_straggler_threshold(threshold)
     nodes = nodes or {}
-    found = [Straggler(rank=r, node=nodes.get(r, ""), score=s)
-             for r, s in straggler_scores(step_times_by_rank, window=window).items()
+    found = [Straggler(rank=r, node=nodes.get(r, ""), score=s) for r, s in scores.items()
              if s > threshold]
     return sorted(found, key=lambda s: (-s.score, s.rank))
 
