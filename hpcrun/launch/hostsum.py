@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from hpcrun.errors import ArgumentError
+
 
 class Move(StrEnum):
     """One step of a rank's schedule."""
@@ -48,7 +50,8 @@ def doubling_schedule(rank: int, world: int) -> tuple[Step, ...]:
     for mask = 1, 2, ... p/2, and the folded ranks take the result back.
     """
     if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside a world of {world}")
+        raise ArgumentError(f"rank {rank} outside a world of {world}: a recursive-doubling "
+                            f"schedule needs a rank in 0..{world - 1}")
     p = 1 << (world.bit_length() - 1)
     if rank >= p:
         return (Step(Move.SEND, rank - p), Step(Move.TAKE, rank - p))

@@ -7,6 +7,7 @@ from collections import defaultdict, deque
 
 import pytest
 
+from hpcrun.errors import ArgumentError
 from hpcrun.launch.hostsum import Move, doubling_schedule
 from tests.unit.launch.test_dist import gang, results, spawn
 
@@ -63,7 +64,7 @@ def test_every_rank_gets_the_sum_in_log2_rounds_talking_to_log2_peers(world: int
 
 
 def test_a_rank_outside_the_world_is_refused() -> None:
-    with pytest.raises(ValueError, match="outside a world of 4"):
+    with pytest.raises(ArgumentError, match="outside a world of 4"):
         doubling_schedule(4, 4)
 
 
