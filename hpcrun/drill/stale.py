@@ -31,7 +31,8 @@ class StaleWrite:
     newer: int
     """The slot of the newer fence it wrote after."""
     entries: tuple[LogEntry, ...]
-    """Its entries, in slot order (all after ``newer``)."""
+    """The entries of ``node`` under ``generation`` after ``newer`` once it wrote, in slot
+    order: its own, and any the frozen agent still wrote."""
     refused: str
     """The log's answer to its publish (``StaleGenerationError``'s message); "" when the log
     accepted it, which would make the newer fence worthless."""
