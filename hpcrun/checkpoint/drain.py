@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -44,9 +46,9 @@ from hpcrun.checkpoint.tiers import (
 from hpcrun.checkpoint.tiers import (
     node_local_root as local_ckpt_root,
 )
-from hpcrun.control.entries import DrainedPayload, DrainErrorNote
-from hpcrun.control.log import RunLog
-from hpcrun.errors import CorruptCheckpointError, HpcrunError, StaleGenerationError
+from hpcrun.control.entries import DrainedPayload, DrainErrorNote, decode_as
+from hpcrun.control.log import EntryKind, LogEntry, RunLog
+from hpcrun.errors import CorruptCheckpointError, HpcrunError, PayloadError, StaleGenerationError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 _log = logging.getLogger(__name__)
@@ -147,16 +149,60 @@ def _drop_cached(path: Path) -> None:
 
 
 def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node: str,
-               run_id: str | None, storage: Storage) -> bool:
+               run_id: str | None, storage: Storage) -> int | None:
+    """Copy this node's shards of ``ckpt``; the bytes copied (None: no complete copy here)."""
     m = read_manifest(run_dir, ckpt, storage=storage)
     src_dir = local_ckpt_root(local_root, run_id or m.run_id) / ckpt.ckpt_id
     mine = [s for s in m.shards if s.node == node]
     if not mine or not all((src_dir / s.path).exists() for s in mine):
-        return False  # this node holds no complete tier-0 copy (lost, or never written here)
+        return None  # this node holds no complete tier-0 copy (lost, or never written here)
     for s in mine:
         copy_verified(src_dir / s.path, shared_root(run_dir) / ckpt.ckpt_id / s.path, s,
                       ckpt_id=m.ckpt_id, algorithm=m.checksum, storage=storage)
-    return True
+    return sum(s.bytes for s in mine)
+
+
+DRAIN_RATE_PRIOR = 100e6
+"""Bytes per second a drain is assumed to move before the run measured one (a busy shared
+filesystem's share per node)."""
+
+
+def drain_rate(entries: Iterable[LogEntry], *, newest: int = 8) -> float:
+    """The run's measured drain rate (pure): the median bytes per second of its ``newest``
+    DRAINED entries that carry a measurement, else :data:`DRAIN_RATE_PRIOR`."""
+    rates = []
+    for e in entries:
+        if e.kind != EntryKind.DRAINED:
+            continue
+        try:
+            p = decode_as(e, DrainedPayload)
+        except PayloadError:  # untrusted: a malformed entry measures nothing
+            continue
+        if p.bytes > 0 and p.seconds > 0:
+            rates.append(p.bytes / p.seconds)
+    return statistics.median(rates[-newest:]) if rates else DRAIN_RATE_PRIOR
+
+
+def drain_wait_s(remaining_bytes: int, rate_bps: float, *, cap_s: float,
+                 floor_s: float = 10.0, slack: float = 2.0) -> float:
+    """How long a final drain keeps trying (pure): ``slack`` times the remaining bytes at the
+    measured rate (a retry after a failed copy included), at least ``floor_s``, at most
+    ``cap_s`` (the time left: a preemption's grace)."""
+    need = slack * remaining_bytes / max(rate_bps, 1.0)
+    return max(0.0, min(cap_s, max(floor_s, need)))
+
+
+def pending_bytes(committed: list[CommittedCheckpoint], node: str | None = None) -> int:
+    """Bytes still to copy before the newest tier-0 checkpoint is whole on tier 1 (pure): its
+    shards on the nodes that have not drained it (``node``: that node's share alone); 0 when
+    it is on tier 1 already."""
+    floor = max((c.slot for c in committed if Tier.SHARED in c.tiers), default=-1)
+    local = [c for c in committed if Tier.NODE_LOCAL in c.tiers and c.slot > floor]
+    if not local:
+        return 0
+    newest = local[-1]
+    left = [n for n in newest.nodes if n not in newest.drained and node in (None, n)]
+    return newest.bytes * len(left) // max(1, len(newest.nodes))
 
 
 def pending_drains(committed: list[CommittedCheckpoint], node: str) -> list[CommittedCheckpoint]:
@@ -199,8 +245,11 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
     for ckpt in pending_drains(fold_checkpoints(log.read()), node):
         if limit is not None and len(done) >= limit:
             break
+        t0 = time.monotonic()
         try:
-            if not _drain_one(Path(run_dir), Path(node_local_root), ckpt, node, run_id, storage):
+            copied = _drain_one(Path(run_dir), Path(node_local_root), ckpt, node, run_id,
+                                storage)
+            if copied is None:
                 continue
         except HpcrunError as exc:
             _log.warning("drain of %s on %s failed: %s", ckpt.ckpt_id, node, exc)
@@ -210,7 +259,8 @@ def drain_pending(run_dir: Path, node_local_root: Path, *, node: str, log: RunLo
                                             detail=str(exc)[:2000]),
                              generation=generation, holder=holder)
             continue
-        log.publish_entry(DrainedPayload(ckpt_id=ckpt.ckpt_id, node=node),
+        log.publish_entry(DrainedPayload(ckpt_id=ckpt.ckpt_id, node=node, bytes=copied,
+                                         seconds=time.monotonic() - t0),
                           generation=generation, holder=holder)
         done.append(ckpt.ckpt_id)
     return done

@@ -83,13 +83,20 @@ class DrainedPayload(EntryPayload):
     """Checkpoint drained."""
     node: str
     """Node that drained it."""
+    bytes: int = 0
+    """Shard bytes this node copied (0 in entries that predate the field)."""
+    seconds: float = 0.0
+    """How long the copy and its verification took: with ``bytes``, the measured drain rate
+    the final drain's wait follows (:func:`hpcrun.checkpoint.drain.drain_wait_s`)."""
 
     def fields(self) -> dict[str, Any]:
-        return {"ckpt_id": self.ckpt_id, "node": self.node}
+        return {"ckpt_id": self.ckpt_id, "node": self.node, "bytes": self.bytes,
+                "seconds": round(self.seconds, 6)}
 
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
-        return {"ckpt_id": f.text("ckpt_id"), "node": f.text("node")}
+        return {"ckpt_id": f.text("ckpt_id"), "node": f.text("node"),
+                "bytes": f.integer("bytes", 0), "seconds": f.number("seconds", 0.0)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,7 +18,7 @@ from hpcrun.drill.rto import RtoSplit, rto_splits
 from hpcrun.vocab import FaultClass
 
 CONTRACTS = ("exit", "cause", "recovery", "state", "rpo", "rto", "samples", "cursor", "fencing",
-             "checkpoints", "straggler", "stall")
+             "checkpoints", "straggler", "stall", "stale")
 """Contract names, in table order."""
 
 
@@ -86,6 +86,8 @@ def applicable(row: MatrixRow) -> frozenset[str]:
         skip.add("straggler")
     if row.fault != DrillFault.SHARED_FS_STALL:
         skip.add("stall")
+    if row.fault != DrillFault.STALE_WORKER:
+        skip.add("stale")
     return frozenset(CONTRACTS) - skip
 
 
@@ -124,7 +126,7 @@ def check_contracts(ev: Evidence, row: MatrixRow, *, rto_budget_s: float | None 
         _exit(ev, row), _cause(ev, row), _recovery(valid, row, splits),
         _state(valid, splits, row), _rpo(splits, row), _rto(splits, row, rto_budget_s),
         *_data(ev, row, splits), _fencing(ev, valid), _checkpoints(ev, row),
-        _straggler(ev, row), _stall(valid, row),
+        _straggler(ev, row), _stall(valid, row), _stale(ev, valid, row),
     ]
 
 
@@ -320,3 +322,44 @@ def _stall(valid: Sequence[Any], row: MatrixRow) -> ContractResult:
         f"stalled at step {at[0]}: nodes lost {lost or 'none'}, {restarts} restart(s), "
         f"{requeues} requeue(s), {len(after)} commit(s) after it, stall "
         f"{'reported' if reported else 'NOT reported'}"))
+
+
+def after_newer_fence(entries: Sequence[Any]) -> list[Any]:
+    """The entries written by a fenced-out generation after a newer fence (pure): a stale
+    worker's writes. ``entries`` in slot order; fence entries and unfenced observations are
+    none of them."""
+    from hpcrun.control.fencing import NO_FENCE, UNFENCED, apply_entry
+
+    current, stale = NO_FENCE, []
+    for e in entries:
+        current, _ = apply_entry(current, e)
+        if _kind(e) != "fence" and e.generation != UNFENCED and e.generation < current.generation:
+            stale.append(e)
+    return stale
+
+
+def _stale(ev: Evidence, valid: Sequence[Any], row: MatrixRow) -> ContractResult:
+    """A stale worker's write after a newer fence is void in the log and never counted: no
+    such entry among the valid ones, and no drain it claims in the checkpoint fold unless a
+    valid entry made the same claim. No such write at all is no evidence, not a pass."""
+    if row.fault != DrillFault.STALE_WORKER:
+        return ContractResult(name="stale", ok=None, detail=f"n/a: {row.fault} fences out no "
+                              "live worker")
+    from hpcrun.checkpoint.tiers import fold_checkpoints
+
+    stale = after_newer_fence(ev.entries)
+    if not stale:
+        return ContractResult(name="stale", ok=False, detail="no evidence: no entry of a "
+                              "fenced-out generation after a newer fence")
+    slots = {e.slot for e in valid}
+    counted = [e.slot for e in stale if e.slot in slots]
+    claimed = {(str(_payload(e).get("ckpt_id")), str(_payload(e).get("node"))) for e in valid
+               if _kind(e) == "drained"}
+    drained = {(c.ckpt_id, n) for c in fold_checkpoints(ev.entries) for n in c.drained}
+    counted += [e.slot for e in stale if _kind(e) == "drained" and (
+        str(_payload(e).get("ckpt_id")), str(_payload(e).get("node"))) in drained - claimed]
+    kinds = ", ".join(sorted({_kind(e) for e in stale}))
+    detail = (f"{len(stale)} entr{'y' if len(stale) == 1 else 'ies'} of a fenced-out generation "
+              f"after a newer fence ({kinds}): ")
+    return ContractResult(name="stale", ok=not counted, detail=detail + (
+        "every one void, none counted" if not counted else f"counted at slots {counted[:5]}"))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.errors import ConfigError
 
 
@@ -53,19 +54,28 @@ class StopFlag:
     notice came first.
     """
 
-    __slots__ = ("_event", "_reason", "_signum")
+    __slots__ = ("_at", "_clock", "_event", "_reason", "_signum")
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._event = threading.Event()
         self._signum: int | None = None
         self._reason: str | None = None
+        self._clock = clock
+        self._at: float | None = None
 
     def set(self, signum: int | None = None, reason: str | None = None) -> None:
         """Record a stop request (``signum`` when it came from a signal)."""
         if not self._event.is_set():
             self._signum = signum
             self._reason = reason or (_signal_name(signum) if signum is not None else "requested")
+            self._at = self._clock.monotonic()
         self._event.set()
+
+    @property
+    def set_at(self) -> float | None:
+        """When the first stop request came (the clock's monotonic seconds), or None: a
+        preemption's grace runs from here."""
+        return self._at
 
     @property
     def is_set(self) -> bool:

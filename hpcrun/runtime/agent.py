@@ -99,7 +99,7 @@ class Agent:
         self.preempt_signal = signal_number(site.preempt_signal)
         # what the ranks are sent on a stop: a script's own choice in script mode
         self.rank_signal = script.rank_signal(spec) if spec.script_mode else self.preempt_signal
-        self.stop = StopFlag()
+        self.stop = StopFlag(clock=clock)
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.image = rank_image(site.container, spec, run_dir=run_dir,
                                 node_local_root=node.node_local_root, environ=self.environ,
@@ -110,7 +110,8 @@ class Agent:
         self.supervisor = Supervisor(run_dir=run_dir, node=node, spec=spec, log=log,
                                      view=self.view, requeuer=requeuer, stop=self.stop,
                                      preempt_signal=self.preempt_signal, clock=clock,
-                                     drain=self.drains.target)
+                                     drain=self.drains.target,
+                                     grace_s=float(site.preempt_lead_s))
         self.watch = RankWatch(run_dir=run_dir, node=node.node, spec=spec, site=site,
                                stop=self.stop, rank_signal=self.rank_signal, faults=self.faults,
                                warm=self.warm, environ=self.environ, clock=clock)
@@ -365,7 +366,8 @@ class Agent:
             return outcome
         status = node_ending(gang.exits.values()) if outcome is Watched.DONE else Ending.FAILED
         if status is not Ending.FAILED and drainer is not None:
-            self.drains.final_round(inc)
+            self.drains.final_round(inc, time_left=self.supervisor.time_left,
+                                    clock=self.clock)
         self.faults.node_exit(inc, status)
         ended = (self.supervisor.conclude(inc) if self.supervisor.supervising
                  else self.supervisor.follow(inc))

@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hpcrun.control.fencing import fold_fences
 from hpcrun.control.log import EntryKind, LogEntry
 from hpcrun.data.batches import replica_rows
 from hpcrun.data.pipeline import DataPipeline
-from hpcrun.drill.contracts import check_contracts, not_held
+from hpcrun.drill.contracts import after_newer_fence, check_contracts, not_held
 from hpcrun.drill.evidence import collect
 from hpcrun.drill.matrix import DrillFault, injection, row_for
+from hpcrun.drill.stale import drain_as_stale
 from hpcrun.drill.states import committed, load_state
 from hpcrun.testbed import JobClient, Testbed
 from hpcrun.testbed.daemons import is_alive
@@ -81,26 +81,39 @@ def _committed_before(run: TestbedRun, step: int, slot: int) -> bool:
 
 # -- stale worker ------------------------------------------------------------------------------
 
+def _tier0_root(testbed: Testbed, node: str, run_id: str) -> Path:
+    """Host path of ``node``'s tier-0 root for ``run_id`` (the site's per-job directory)."""
+    found = [p.parent.parent for p in testbed.node_local_dir(node).glob(f"hpcrun/*/{run_id}/ckpt")]
+    assert len(found) == 1, f"{node}'s tier 0 of {run_id}: {found}"
+    return found[0]
+
+
 def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
         testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
     """Freeze the supervising node's slurmd while its drain to the shared tier fails.
 
-    Slurm declares the node down and requeues the job elsewhere; the frozen node's agent keeps
-    running, still retrying its drain (and noting each failure) under the old generation after
-    the new incarnation's fence, then tries to publish once the shared tier is back.
+    Slurm declares the node down and requeues the job elsewhere, under a newer fence. The frozen
+    node still holds its undrained share of the checkpoints; once the newer fence is up and the
+    shared tier is back, that share is drained and published under the old generation (the
+    drill's stale writer, :func:`~hpcrun.drill.stale.drain_as_stale`: the frozen agent's own
+    retries end within the drain's bounded wait, which may come before the fence). The log
+    tells the writer to stop, the entries are void and nothing counts them; the ``stale``
+    contract fails the row when no such write was made.
     """
     steps = 150
     flag = runs.runs_root / "shared-tier-down"
+    row = row_for(DrillFault.STALE_WORKER)
     # The frozen node's ranks keep training until Slurm declares it down (30-60 s): paced at
     # 1 s a step in the first incarnation only, the old gang cannot reach the last step before
     # the new fence (the new incarnation would then restore the final commit and have nothing
     # left to run); the next incarnation runs unpaced.
     first_pace = ";".join(f"slow@step=1,rank={r},seconds=1.0" for r in (0, 1))
-    run = runs.submit(_spec(testbed, steps=steps),
+    run = runs.submit(_spec(testbed, steps=steps, ledger=True),
                       inject=f"{first_pace};storage@mode=fail,while={flag}")
     _wait_for_shared_checkpoint(run)
     first = run.record()
     victim = first.membership[0]  # the batch host and supervisor: its agent outlives the gang
+    fence = next(f for f in _fences(run) if f.generation == first.generation)
     pid = _slurmd_pid(testbed, victim)
     started = time.monotonic()
     try:
@@ -109,11 +122,11 @@ def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
         new_fence = run.wait_for("a newer fence (the job requeued elsewhere)", lambda: next(
             (f for f in _fences(run) if f.generation > first.generation), None), timeout=120)
         declared_s = time.monotonic() - started
-        run.wait_for("the frozen node writing after the new fence", lambda: [
-            e for e in run.entries()
-            if e.generation == first.generation and e.slot > new_fence.slot], timeout=30)
-        flag.unlink()
-        time.sleep(5)  # the stale agent drains again and tries to publish the tier-1 commit
+        own = [e for e in run.entries()
+               if e.generation == first.generation and e.slot > new_fence.slot]
+        flag.unlink()  # the shared tier is back: the frozen node's share drains
+        write = drain_as_stale(run.run_dir, _tier0_root(testbed, victim, first.run_id),
+                               node=victim, fence=fence)
     finally:
         flag.unlink(missing_ok=True)
         if is_alive(pid, "slurmd"):
@@ -121,16 +134,20 @@ def test_stale_worker_on_a_frozen_node_publishes_only_void_entries(
         slurm.run("scontrol", "update", f"nodename={victim}", "state=resume")
     rec = run.wait({"SUCCEEDED"}, timeout=240)
     entries = run.entries()
-    _, valid = fold_fences(entries)
-    valid_slots = {e.slot for e in valid}
-    stale = [e for e in entries if e.generation == first.generation and e.slot > new_fence.slot]
-    print(f"\nstale worker: {victim} frozen, new fence after {declared_s:.1f} s; "
-          f"{len(stale)} entries of generation {first.generation} after it: "
+    stale = after_newer_fence(entries)
+    print(f"\nstale worker: {victim} frozen, new fence after {declared_s:.1f} s; the frozen "
+          f"agent wrote {len(own)} entries after it, the stale writer "
+          f"{[(e.slot, e.kind) for e in write.entries]}; {len(stale)} stale entries: "
           f"{sorted({(e.kind, e.payload.get('event')) for e in stale}, key=str)}")
-    assert stale and all(e.payload.get("node") in (victim, None) for e in stale)
-    # Once the shared tier is back, the stale agent drains and tries to publish: void.
-    assert [e for e in stale if e.kind == EntryKind.DRAINED], "the stale agent never retried"
-    assert not [e for e in stale if e.slot in valid_slots], "a stale entry counts"
+    drained = [e for e in write.entries if e.kind == EntryKind.DRAINED]
+    assert drained, f"the frozen node had no pending drain to publish: {write}"
+    assert write.refused and "void" in write.refused, "the log accepted a stale publish"
+    assert {e.slot for e in write.entries} <= {e.slot for e in stale}
+    assert all(e.payload.get("node") in (victim, None) for e in stale)
+    results = check_contracts(collect(run.run_dir, victim_rank=None), row)
+    print("; ".join(f"{r.name} {r.mark}: {r.detail}" for r in results if r.ok is not None))
+    failed = not_held(results, row)
+    assert not failed, f"drill contracts failed: {failed}"
     assert rec.step == steps and rec.requeues >= 1
     states = run.states()
     restarted = first_after(states, "STARTING", new_fence.slot)

@@ -16,11 +16,12 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.checkpoint.peer.ledger import ring_partner
+from hpcrun.clock import SYSTEM_CLOCK, Clock
 from hpcrun.control.log import RunLog
 from hpcrun.launch.signals import ignored_from_exec
 from hpcrun.runtime.incarnation import Incarnation
@@ -28,10 +29,13 @@ from hpcrun.runtime.node.drainer import DrainTarget, drain_target
 from hpcrun.runtime.node.info import NodeInfo
 
 if TYPE_CHECKING:
+    from hpcrun.checkpoint.tiers import CommittedCheckpoint
     from hpcrun.control.spec import RunSpec
 
 INTERVAL_S = 2.0
 """Seconds between two background drain rounds."""
+RETRY_S = 1.0
+"""Pause between retries of a final drain round that left this node's share undrained."""
 
 
 class DrainProcess:
@@ -86,11 +90,45 @@ class DrainProcess:
         else:
             self.stop(proc)
 
-    def final_round(self, inc: Incarnation) -> None:
-        """The incarnation's last round: every pending checkpoint of this node to tier 1."""
-        from hpcrun.checkpoint.drain import DrainRound, drain_to_tier1
+    def final_round(self, inc: Incarnation, *, time_left: Callable[[], float],
+                    clock: Clock = SYSTEM_CLOCK) -> None:
+        """The incarnation's last round: every pending checkpoint of this node to tier 1,
+        retried (a copy that failed, a tier that stalled) while this node's share of the newest
+        tier-0 checkpoint is not drained, for as long as its bytes take at the run's measured
+        drain rate (:func:`~hpcrun.checkpoint.drain.drain_wait_s`), within ``time_left()``."""
+        from hpcrun.checkpoint.drain import (
+            DrainRound,
+            drain_rate,
+            drain_to_tier1,
+            drain_wait_s,
+            pending_bytes,
+        )
+        from hpcrun.checkpoint.tiers import fold_checkpoints
 
-        drain_to_tier1(self.target(inc), self.log, DrainRound.FINAL)
+        target, deadline = self.target(inc), None
+        while True:
+            drain_to_tier1(target, self.log, DrainRound.FINAL)
+            entries = self.log.read()
+            committed = fold_checkpoints(entries)
+            left = pending_bytes(committed, self.node.node)
+            if not left or not self._holds_newest(committed, inc.run_id):
+                return
+            if deadline is None:
+                deadline = clock.monotonic() + drain_wait_s(left, drain_rate(entries),
+                                                            cap_s=time_left())
+            if clock.monotonic() >= deadline:
+                return
+            clock.sleep(RETRY_S)
+
+    def _holds_newest(self, committed: Sequence[CommittedCheckpoint], run_id: str) -> bool:
+        """Whether this node's tier 0 still holds the newest tier-0 checkpoint (a retry of a
+        copy that is not here could never succeed)."""
+        from hpcrun.checkpoint.tiers import Tier, node_local_root
+
+        local = [c for c in committed if Tier.NODE_LOCAL in c.tiers]
+        root = self.node.node_local_root
+        return bool(local) and root is not None and (
+            node_local_root(root, run_id) / local[-1].ckpt_id).is_dir()
 
     def commit_previous(self, generation: int, holder: str) -> None:
         """Commit on tier 1 what every node drained before the last incarnation ended.

@@ -116,6 +116,9 @@ if TYPE_CHECKING:
 NODE_EXIT_WAIT_S = 60.0
 FAULT_SETTLE_S = 2.0
 TIER1_WAIT_S = 120.0
+"""Most a tier-1 wait takes (the wait follows the remaining bytes at the measured drain rate)."""
+REQUEUE_MARGIN_S = 10.0
+"""Kept of a preemption's grace for what follows the tier-1 wait (PREEMPTED, the requeue)."""
 FOLLOW_WAIT_S = 900.0
 RELEASE_WAIT_S = 30.0
 POLL_S = 0.2
@@ -143,7 +146,8 @@ class Supervisor:
                  view: LogView, requeuer: Requeuer, stop: StopFlag, preempt_signal: int,
                  clock: Clock = SYSTEM_CLOCK, rng: random.Random | None = None,
                  on_end: EndPublisher | None = None,
-                 drain: Callable[[Incarnation], DrainTarget] | None = None) -> None:
+                 drain: Callable[[Incarnation], DrainTarget] | None = None,
+                 grace_s: float = TIER1_WAIT_S) -> None:
         """``drain`` is this node's drain target for an incarnation (the agent's: the
         shared-tier deadline and the drill's storage fault its drainer uses); the tier-1 wait
         drains through it. Default: the site's deadline, no injected fault."""
@@ -164,6 +168,7 @@ class Supervisor:
         self._stall_reported = float("-inf")
         self._liveness_read = float("-inf")
         self._drain = drain or (lambda inc: drain_target(run_dir, node, inc))
+        self.grace_s = grace_s
 
     # -- node liveness (runs with hot spares) --------------------------------------------------
     def watch_nodes(self, board: BeatBoard | None = None,
@@ -490,23 +495,46 @@ class Supervisor:
         return preemption.requeued_exit(self.node.backend)
 
     def _await_tier1(self, inc: Incarnation) -> None:
-        """Drain until the newest tier-0 commit is committed on tier 1 (bounded wait)."""
+        """Drain until the newest tier-0 commit is committed on tier 1, for as long as its
+        remaining bytes take at the run's measured drain rate (:func:`~hpcrun.checkpoint.
+        drain.drain_wait_s`: twice that, at least 10 s, at most :data:`TIER1_WAIT_S`, and
+        within :meth:`time_left` after a stop)."""
         if self.node.node_local_root is None:
             return
-        from hpcrun.checkpoint.drain import DrainRound, drain_to_tier1
+        from hpcrun.checkpoint.drain import (
+            DrainRound,
+            drain_rate,
+            drain_to_tier1,
+            drain_wait_s,
+            pending_bytes,
+        )
+        from hpcrun.checkpoint.tiers import fold_checkpoints
 
         # the supervisor commits on tier 1, whichever node of the allocation it runs on
         target = dataclasses.replace(self._drain(inc), supervisor=True)
-        deadline = self.clock.monotonic() + TIER1_WAIT_S
-        while self.clock.monotonic() < deadline:
+        self.view.refresh()
+        budget = drain_wait_s(pending_bytes(fold_checkpoints(self.view.valid)),
+                              drain_rate(self.view.valid), cap_s=self.time_left())
+        deadline = self.clock.monotonic() + budget
+        while True:
             drain_to_tier1(target, self.log, DrainRound.FINAL)
             self.view.refresh()
             commits = decoded(self.view.valid, CommitPayload)
             local = [c.ckpt_id for c in commits if c.tier == Tier.NODE_LOCAL]
             shared = {c.ckpt_id for c in commits if c.tier == Tier.SHARED}
-            if not local or local[-1] in shared:
+            if not local or local[-1] in shared or self.clock.monotonic() >= deadline:
                 return
             self.clock.sleep(0.5)
+
+    def time_left(self) -> float:
+        """How long the end of an incarnation may still drain: :data:`TIER1_WAIT_S`, and after
+        a stop signal the grace that is left of it (the site's preemption lead) less
+        :data:`REQUEUE_MARGIN_S`, so a drain never holds a preemption past its grace."""
+        at = self.stop.set_at
+        if at is None:
+            return TIER1_WAIT_S
+        left = self.grace_s - (self.clock.monotonic() - at) - REQUEUE_MARGIN_S
+        return max(0.0, min(TIER1_WAIT_S, left))
 
     # -- a job start after Slurm requeued the job ---------------------------------------------
     def record_slurm_requeue(self, generation: int, holder: str) -> None:

@@ -105,6 +105,37 @@ def test_partially_drained_checkpoint_is_finished_before_the_newest() -> None:
     assert pending_drains([_ck(1, drained=("a", "b"), shared=True)], "b") == []
 
 
+def test_the_final_drains_wait_follows_the_bytes_left_and_the_measured_rate(
+        log: RunLog) -> None:
+    """The bytes left are the newest tier-0 checkpoint's shards on nodes that have not drained
+    it; the rate is the median of the DRAINED entries' measurements (a prior before any); the
+    wait is twice their quotient, at least 10 s, at most what is left of the grace."""
+    from hpcrun.checkpoint.drain import (
+        DRAIN_RATE_PRIOR,
+        drain_rate,
+        drain_wait_s,
+        pending_bytes,
+    )
+
+    cks = [replace(_ck(1, drained=("a", "b"), shared=True), bytes=800),
+           replace(_ck(2, drained=("a",)), bytes=1000)]
+    assert pending_bytes(cks) == 500 and pending_bytes(cks, "b") == 500
+    assert pending_bytes(cks, "a") == 0 and pending_bytes(cks[:1]) == 0
+    gen = log.claim("h").generation
+    assert drain_rate(log.read()) == DRAIN_RATE_PRIOR
+    for nbytes, seconds in ((4e8, 2.0), (0, 0.0), (3e8, 1.0), (1e8, 1.0)):
+        log.publish(EntryKind.DRAINED, generation=gen, holder="h",
+                    payload={"ckpt_id": "c", "node": "a", "bytes": int(nbytes),
+                             "seconds": seconds})
+    log.publish(EntryKind.DRAINED, generation=gen, holder="h",
+                payload={"ckpt_id": "c", "node": "b"})  # written before the measurement
+    assert drain_rate(log.read()) == 2e8  # the median of 2e8, 3e8, 1e8
+    assert drain_wait_s(4_000_000_000, 2e8, cap_s=120.0) == 40.0
+    assert drain_wait_s(1_000, 2e8, cap_s=120.0) == 10.0  # the floor
+    assert drain_wait_s(4_000_000_000, 2e8, cap_s=25.0) == 25.0  # the grace left
+    assert drain_wait_s(4_000_000_000, 2e8, cap_s=-3.0) == 0.0
+
+
 @pytest.mark.parametrize("last", [False, True])
 def test_background_round_drains_one_and_the_last_round_everything(
         run_dir: Path, tmp_path: Path, log: RunLog, incarnation, last: bool) -> None:

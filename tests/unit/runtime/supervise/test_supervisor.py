@@ -410,3 +410,22 @@ def test_an_agent_watches_its_beat_peers_only(tmp_path: Path) -> None:
     sup.liveness = None  # as if n0 were the fifth node: it would watch the three watchers
     sup.watch_nodes(BeatBoard(), beat_peers("n0", ("n5", "n6", "n7", "n8", "n0")))
     assert sup.liveness is not None and sup.liveness.nodes == ("n5", "n6", "n7")
+
+
+def test_a_drain_after_a_stop_signal_keeps_within_the_preemptions_grace(tmp_path: Path) -> None:
+    """The end of an incarnation may drain for TIER1_WAIT_S; once a stop signal came, only
+    for what is left of the site's grace (its preemption lead) less the requeue's margin."""
+    from hpcrun.runtime.supervise.supervisor import REQUEUE_MARGIN_S, TIER1_WAIT_S
+
+    s = Setup(tmp_path)
+    clock = s.clock
+    stop = StopFlag(clock=clock)
+    sup = Supervisor(run_dir=s.run_dir, node=s.sup.node, spec=SPEC, log=s.log,
+                     view=LogView(s.log), requeuer=s.requeuer, stop=stop,
+                     preempt_signal=int(signal.SIGUSR1), clock=clock, grace_s=60.0)
+    assert sup.time_left() == TIER1_WAIT_S
+    stop.set(int(signal.SIGUSR1))
+    clock.advance(20.0)
+    assert sup.time_left() == pytest.approx(60.0 - 20.0 - REQUEUE_MARGIN_S)
+    clock.advance(45.0)
+    assert sup.time_left() == 0.0
