@@ -72,6 +72,21 @@ def test_the_rto_projection_adds_what_grows_with_the_gang_to_the_per_node_figure
     assert big["total_s"] - echo["total_s"] == pytest.approx(NODE_STALE_S - NODE_STALE_ECHO_S)
 
 
+def test_a_restarts_metadata_operations_are_charged_at_the_servers_rate() -> None:
+    from benchmarks.scale.rto import MDS_OPS_S, project
+
+    measured = {"store_rendezvous": [(16, 0.01)], "store_server_cpu": [(256, 1e-6)],
+                "hop_latency_s": 1e-6, "liveness_nodes": 100, "liveness_read_s": 0.002}
+    plain = project(measured, ranks=16384)["phases"]
+    counted = project({**measured, "metaops": {"restart_per_rank": 3.4,
+                                               "swap_decision_ops": 86}}, ranks=16384)
+    restore, swap = counted["phases"]["restore"], counted["phases"]["swap"]
+    assert restore["grows_s"] - plain["restore"]["grows_s"] == pytest.approx(
+        3.4 * 16384 / MDS_OPS_S)
+    assert swap["grows_s"] == pytest.approx(86 / MDS_OPS_S)
+    assert counted["but_restore_s"] == pytest.approx(counted["total_s"] - restore["total_s"])
+
+
 def test_a_measured_gloo_fit_raises_the_start_phase_when_it_outgrows_the_store_model() -> None:
     from benchmarks.scale.gloo import fit
     from benchmarks.scale.rto import project
