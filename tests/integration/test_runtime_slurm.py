@@ -208,11 +208,19 @@ def test_a_notice_as_the_agents_start_is_a_stop_and_a_requeue_not_a_failed_job(
         time.sleep(1.0)
         sent = slurm.run("scancel", "--signal=USR1", run.job_id)
         assert sent.returncode == 0, sent.stderr
+    # Both notices reached the first allocation when it had not been requeued once the second
+    # was sent. On a loaded machine the first allocation (stopped before its first step) can
+    # be requeued within that second: the second notice then stops the next allocation, a
+    # preemption of its own, and the run is requeued twice.
+    both_in_first = scontrol_job(slurm, run.job_id).get("Restarts") == "0"
     rec = run.wait({"SUCCEEDED"}, timeout=240)
-    assert rec.step == 40 and rec.requeues == 1 and rec.job_ids == (run.job_id,)
-    assert [f.fault for f in rec.faults] == ["preemption"]
+    requeues = 1 if both_in_first else rec.requeues
+    assert rec.step == 40 and rec.requeues == requeues and requeues in (1, 2), \
+        (rec.requeues, both_in_first)
+    assert rec.job_ids == (run.job_id,)
+    assert [f.fault for f in rec.faults] == ["preemption"] * requeues
     history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
-    assert [r.state for r in history] == ["REQUEUED", "COMPLETED"]
+    assert [r.state for r in history] == ["REQUEUED"] * requeues + ["COMPLETED"]
 
 
 @pytest.mark.slow
