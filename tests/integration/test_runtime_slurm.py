@@ -218,7 +218,11 @@ def test_a_notice_as_the_agents_start_is_a_stop_and_a_requeue_not_a_failed_job(
     assert rec.step == 40 and rec.requeues == requeues and requeues in (1, 2), \
         (rec.requeues, both_in_first)
     assert rec.job_ids == (run.job_id,)
-    assert [f.fault for f in rec.faults] == ["preemption"] * requeues
+    # each requeue is a preemption, or a segment where the stop committed progress (a loaded
+    # machine can see the step late: the gang may already train when the first notice comes)
+    faults = [(f.fault, f.node, f.rank, f.step, f.detail) for f in rec.faults]
+    assert all(f.fault == "preemption" for f in rec.faults), faults
+    assert len(rec.faults) + rec.segments == requeues, (faults, rec.segments)
     history = slurm.wait_for_accounting(int(run.job_id), {"REQUEUED", "COMPLETED"}, timeout=30)
     assert [r.state for r in history] == ["REQUEUED"] * requeues + ["COMPLETED"]
 
