@@ -9,6 +9,11 @@ checksums, then appends a DRAINED entry. The node-0 agent appends the tier-1 COM
 node has drained (:func:`finalize_tier1`); :func:`drain_to_tier1` is the one entry that runs a
 drain round, copy then commit. Everything here is idempotent: rerunning after a crash
 redoes at most the copy that was interrupted.
+
+A node lost before it drained leaves its shards on its partner (``hpcrun.checkpoint.peer``):
+before a requeue the partner drains that copy on the lost node's behalf
+(:func:`salvage_lost`), so the newest commit becomes whole on tier 1 and the next allocation
+restores it rather than an older one.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -26,8 +31,9 @@ from typing import Protocol
 import numpy as np
 
 from hpcrun.checkpoint.commit import commit_entry, read_manifest
-from hpcrun.checkpoint.manifest import ShardRecord
+from hpcrun.checkpoint.manifest import Manifest, ShardRecord
 from hpcrun.checkpoint.pacing import DrainPacer, active_pacer
+from hpcrun.checkpoint.peer.ledger import complete_copy, fold_partner_copies, partner_root
 from hpcrun.checkpoint.rawio import (
     Extent,
     aligned_buffer,
@@ -152,14 +158,81 @@ def _drain_one(run_dir: Path, local_root: Path, ckpt: CommittedCheckpoint, node:
                run_id: str | None, storage: Storage) -> int | None:
     """Copy this node's shards of ``ckpt``; the bytes copied (None: no complete copy here)."""
     m = read_manifest(run_dir, ckpt, storage=storage)
-    src_dir = local_ckpt_root(local_root, run_id or m.run_id) / ckpt.ckpt_id
-    mine = [s for s in m.shards if s.node == node]
+    return _copy_owned(run_dir, local_ckpt_root(local_root, run_id or m.run_id) / ckpt.ckpt_id,
+                       m, owner=node, storage=storage)
+
+
+def _copy_owned(run_dir: Path, src_dir: Path, m: Manifest, *, owner: str,
+                storage: Storage) -> int | None:
+    """Copy ``owner``'s shards of ``m`` from ``src_dir`` (laid out as the checkpoint directory:
+    ``<node>/rank-NNNNN.h5``) to tier 1, verified; the bytes copied (None: ``src_dir`` holds no
+    complete copy of them)."""
+    mine = [s for s in m.shards if s.node == owner]
     if not mine or not all((src_dir / s.path).exists() for s in mine):
-        return None  # this node holds no complete tier-0 copy (lost, or never written here)
+        return None  # no complete copy here (lost, retired, or never written here)
     for s in mine:
-        copy_verified(src_dir / s.path, shared_root(run_dir) / ckpt.ckpt_id / s.path, s,
+        copy_verified(src_dir / s.path, shared_root(run_dir) / m.ckpt_id / s.path, s,
                       ckpt_id=m.ckpt_id, algorithm=m.checksum, storage=storage)
     return sum(s.bytes for s in mine)
+
+
+def newest_undrained(committed: list[CommittedCheckpoint]) -> CommittedCheckpoint | None:
+    """The newest tier-0 checkpoint newer than the newest one on tier 1 (pure): the one a final
+    drain makes whole on tier 1; None when tier 1 is up to date."""
+    floor = max((c.slot for c in committed if Tier.SHARED in c.tiers), default=-1)
+    local = [c for c in committed if Tier.NODE_LOCAL in c.tiers and c.slot > floor]
+    return local[-1] if local else None
+
+
+def salvageable(entries: list[LogEntry], *, node: str, lost: Collection[str]
+                ) -> tuple[CommittedCheckpoint | None, list[str]]:
+    """The newest checkpoint not yet on tier 1 and the ``lost`` nodes whose shards of it this
+    node holds a complete partner copy of, not drained yet (pure)."""
+    newest = newest_undrained(fold_checkpoints(entries))
+    if newest is None:
+        return None, []
+    copies = fold_partner_copies(entries)
+    owners = [o for o in sorted(set(lost)) if o in newest.nodes and o not in newest.drained
+              and complete_copy(copies, newest.ckpt_id, o, holders=(node,)) is not None]
+    return newest, owners
+
+
+def salvage_lost(run_dir: Path, node_local_root: Path, *, node: str, lost: Collection[str],
+                 log: RunLog, generation: int, holder: str,
+                 storage: Storage = LOCAL_STORAGE) -> list[str]:
+    """Drain the partner copies this node holds of ``lost`` nodes' shards of the newest
+    checkpoint not yet on tier 1, each verified as the owner's own drain would be, with a
+    DRAINED entry on the owner's behalf: the checkpoint becomes whole on tier 1 although its
+    tier-0 copy died with its node.
+
+    Returns:
+        The owners whose shards were drained by this call.
+
+    Raises:
+        StaleGenerationError: a newer generation fenced this agent out.
+    """
+    newest, owners = salvageable(log.read(), node=node, lost=lost)
+    if newest is None or not owners:
+        return []
+    m = read_manifest(run_dir, newest, storage=storage)
+    src = partner_root(node_local_root, m.run_id or Path(run_dir).name) / newest.ckpt_id
+    done = []
+    for owner in owners:
+        t0 = time.monotonic()
+        try:
+            copied = _copy_owned(Path(run_dir), src, m, owner=owner, storage=storage)
+        except HpcrunError as exc:
+            log.append_entry(DrainErrorNote(node=node, step=newest.step, ckpt_id=newest.ckpt_id,
+                                            detail=f"salvage of {owner}'s copy: {exc}"[:2000]),
+                             generation=generation, holder=holder)
+            continue
+        if copied is None:
+            continue
+        log.publish_entry(DrainedPayload(ckpt_id=newest.ckpt_id, node=owner, bytes=copied,
+                                         seconds=time.monotonic() - t0),
+                          generation=generation, holder=holder)
+        done.append(owner)
+    return done
 
 
 DRAIN_RATE_PRIOR = 100e6
@@ -196,11 +269,9 @@ def pending_bytes(committed: list[CommittedCheckpoint], node: str | None = None)
     """Bytes still to copy before the newest tier-0 checkpoint is whole on tier 1 (pure): its
     shards on the nodes that have not drained it (``node``: that node's share alone); 0 when
     it is on tier 1 already."""
-    floor = max((c.slot for c in committed if Tier.SHARED in c.tiers), default=-1)
-    local = [c for c in committed if Tier.NODE_LOCAL in c.tiers and c.slot > floor]
-    if not local:
+    newest = newest_undrained(committed)
+    if newest is None:
         return 0
-    newest = local[-1]
     left = [n for n in newest.nodes if n not in newest.drained and node in (None, n)]
     return newest.bytes * len(left) // max(1, len(newest.nodes))
 
@@ -318,7 +389,8 @@ class DrainScope(Protocol):
 
 
 def drain_to_tier1(scope: DrainScope, log: RunLog,
-                   kind: DrainRound = DrainRound.BACKGROUND) -> list[str]:
+                   kind: DrainRound = DrainRound.BACKGROUND,
+                   lost: Collection[str] = ()) -> list[str]:
     """Drain a node's tier-0 checkpoints to tier 1: the one entry of a drain, so the walk from
     a tier-0 COMMIT to the tier-1 COMMIT stays in this module until it returns.
 
@@ -326,6 +398,8 @@ def drain_to_tier1(scope: DrainScope, log: RunLog,
        are copied and verified by cold reads, a DRAINED entry each (:func:`drain_pending`):
        one checkpoint in a background round, so the next round sees the log afresh; every
        pending one in the final round. None at a commit-only start.
+       In a final round before a requeue that lost nodes (``lost``), the partner copies this
+       node holds of their shards of the newest checkpoint follow (:func:`salvage_lost`).
     2. **Commit.** On the supervising node, every checkpoint each of its nodes has drained is
        committed on tier 1 (:func:`finalize_tier1`).
     3. **A failure** of a background or final round is a background incident: a
@@ -345,6 +419,10 @@ def drain_to_tier1(scope: DrainScope, log: RunLog,
                       generation=scope.generation, holder=scope.holder,
                       limit=None if kind is DrainRound.FINAL else 1,
                       storage=scope.storage(log))
+        if lost and kind is DrainRound.FINAL:
+            salvage_lost(scope.run_dir, scope.node_local_root, node=scope.node, lost=lost,
+                         log=log, generation=scope.generation, holder=scope.holder,
+                         storage=scope.storage(log))
         return _commit_tier1(scope, log)
     except StaleGenerationError:
         raise

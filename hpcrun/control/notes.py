@@ -36,6 +36,7 @@ __all__ = [
     "RequeueLeftToSlurmNote",
     "RequeueSentNote",
     "RestoreFellBackNote",
+    "SalvageNote",
     "SegmentNote",
     "TrackerNote",
     "UnknownNote",
@@ -66,6 +67,7 @@ class NoteEvent(StrEnum):
     NO_RESTORE = "no_restore"                        # steps ran with no state registered
     INIT_FROM = "init_from"                          # a run started from an outside checkpoint
     DDP_REBUILDS = "ddp_rebuilds"                    # a bitwise run's DDP rebuilds its buckets
+    SALVAGE = "salvage"                              # survivors drain before a requeue
 
 
 class DebrisKind(StrEnum):
@@ -184,6 +186,24 @@ class RequeueSentNote(NotePayload):
     @classmethod
     def read_fields(cls, f: FieldReader) -> dict[str, Any]:
         return {"op_id": f.text("op_id"), "detail": f.text("detail")}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SalvageNote(NotePayload):
+    """The supervisor requeues a gang that lost nodes: before the allocation ends, every
+    surviving node drains its own shards of the newest tier-0 checkpoint and the partner copies
+    it holds of the lost nodes' shards, so that checkpoint becomes whole on tier 1."""
+
+    EVENT: ClassVar[NoteEvent] = NoteEvent.SALVAGE
+    lost: tuple[str, ...]
+    """The nodes lost with their tier 0."""
+
+    def fields(self) -> dict[str, Any]:
+        return {"lost": list(self.lost)}
+
+    @classmethod
+    def read_fields(cls, f: FieldReader) -> dict[str, Any]:
+        return {"lost": f.texts("lost")}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -567,6 +587,7 @@ _BY_EVENT[NoteEvent.TRACKER.value] = TrackerNote
 _BY_EVENT[NoteEvent.NO_RESTORE.value] = NoRestoreNote
 _BY_EVENT[NoteEvent.REPLICA_CHECK_OFF.value] = ReplicaCheckOffNote
 _BY_EVENT[NoteEvent.DDP_REBUILDS.value] = DdpRebuildsNote
+_BY_EVENT[NoteEvent.SALVAGE.value] = SalvageNote
 
 
 def decode_note(raw: Mapping[str, Any]) -> NotePayload:

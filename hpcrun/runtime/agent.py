@@ -53,7 +53,7 @@ from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir
 from hpcrun.runtime.node.image import rank_argv, rank_image, rank_python
 from hpcrun.runtime.node.info import NodeInfo
 from hpcrun.runtime.node.logview import LogView, decoded
-from hpcrun.runtime.node.membership import node_liveness
+from hpcrun.runtime.node.membership import node_liveness, watches_liveness
 from hpcrun.runtime.node.rankwatch import FAULT_KILL_GRACE_S, RankWatch, Watched
 from hpcrun.runtime.node.requeue import Requeuer, requeuer_for
 from hpcrun.runtime.node.stepio import detach_stdio
@@ -127,7 +127,7 @@ class Agent:
                 fabric = self._fabric()
             except ConfigError as exc:
                 return self._refuse_fabric(exc)
-            if survives_node_loss(self.spec):
+            if watches_liveness(self.spec, self.node.backend):
                 if self.node.backend == Backend.SLURM:
                     detach_stdio(node_logs_dir(self.run_dir, self.node.node))
                 # every agent beats from its start, whatever its incarnation does, so the

@@ -1,6 +1,7 @@
 """Checkpoint plane on the real Slurm testbed: a multi-node checkpoint commits on each node's own
-node-local tier and drains to the shared tier; after a node is lost, the run restores from the
-shared tier on other nodes and finishes.
+node-local tier and drains to the shared tier; after a node is lost, its partner drains the lost
+node's copy of the newest commit, and the run restores that commit from the shared tier on other
+nodes and finishes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tests.integration.helpers import (
     TestbedRun,
     baseline_run,
     first_after,
+    paced,
     slurm_spec,
     wait_until,
 )
@@ -67,38 +69,67 @@ def test_multi_node_checkpoint_commits_on_node_local_tiers_and_drains_to_shared(
     assert all(e.slot < tier1.slot for e in drains)  # tier 1 is committed after every drain
 
 
+def _newest_tier0(run: TestbedRun) -> tuple[str, int, int]:
+    """(ckpt id, step, newest tier-1 step) of the newest tier-0 commit."""
+    commits = run.valid(EntryKind.COMMIT)
+    local = [e for e in commits if e.payload["tier"] == "node_local"]
+    shared = [int(e.payload["step"]) for e in commits if e.payload["tier"] == "shared"]
+    return (str(local[-1].payload["ckpt_id"]) if local else "",
+            int(local[-1].payload["step"]) if local else -1, max(shared, default=-1))
+
+
+def _copy_complete(run: TestbedRun, ckpt_id: str, owner: str) -> bool:
+    return any(e.payload.get("event") == "partner_copy" and e.payload["ckpt_id"] == ckpt_id
+               and e.payload["owner"] == owner and e.payload["complete"]
+               for e in run.valid(EntryKind.NOTE))
+
+
 @pytest.mark.slow
-def test_restore_after_node_crash_comes_from_the_shared_tier(
-        testbed: Testbed, runs: RunFactory, slurm: JobClient) -> None:
-    run = runs.submit(slurm_spec(testbed, steps=1500, every_steps=20))
+def test_a_node_crash_loses_no_commit_whose_shards_survive_on_the_partner(
+        testbed: Testbed, runs: RunFactory, slurm: JobClient, job_dir: Path) -> None:
+    """2 nodes x 2 ranks, no spare. Drains to tier 1 are held back (a failing shared tier), so
+    the newest commit is on tier 0 only, with the second node's shards copied to its partner.
+    The second node loses power: the allocation outlives it, the survivor drains its own shards
+    and the lost node's copy to tier 1 before the requeue, and the next allocation restores
+    that newest commit from tier 1, not the older one tier 1 had."""
+    hold = job_dir / "hold-drains"
+    run = runs.submit(slurm_spec(testbed, steps=240, every_steps=40),
+                      inject=paced(0.2, 4) + f";storage@mode=fail,while={hold},ops=rename")
     run.wait_for("a checkpoint on the shared tier",
-                 lambda: any(c.tier == "shared" and c.step >= 20
-                             for c in run.record().checkpoints), timeout=120)
+                 lambda: _newest_tier0(run)[2] >= 40, timeout=180)
+    hold.touch()
     first = run.record()
     victim = first.membership[1]  # never the batch host
+    ckpt_id, step, _ = run.wait_for(
+        "a newer commit on tier 0 only, its copy on the partner",
+        lambda: ((n := _newest_tier0(run))[1] > n[2] and _copy_complete(run, n[0], victim)
+                 and n), timeout=180)
     try:
         crashed = run.cli("testbed", "crash", victim, "--state-dir",
                           str(testbed.config.state_dir))
         assert crashed.returncode == 0, crashed.stderr
-        rec = run.wait({"SUCCEEDED"}, timeout=300)
+        at_crash = _newest_tier0(run)
+        hold.unlink()
+        assert at_crash[:2] == (ckpt_id, step) and at_crash[2] < step, \
+            "a commit landed between the check and the crash: the test saw nothing"
+        rec = run.wait({"SUCCEEDED"}, timeout=400)
     finally:
+        hold.unlink(missing_ok=True)
         testbed.boot(victim)
-    assert rec.step == 1500 and rec.requeues == 1 and rec.job_ids == (run.job_id,)
+    assert rec.step == 240 and rec.requeues == 1 and rec.job_ids == (run.job_id,)
+    assert rec.faults[0].fault == "node_failure" and victim in rec.faults[0].detail
+    salvage = [e for e in run.valid(EntryKind.NOTE) if e.payload.get("event") == "salvage"]
+    assert [e.payload["lost"] for e in salvage] == [[victim]]
+    drained = [e for e in run.valid(EntryKind.DRAINED) if e.payload["ckpt_id"] == ckpt_id]
+    assert victim in {e.payload["node"] for e in drained if e.slot > salvage[0].slot}
     states = run.states()
     restarted = [e for s, e in states if s == "STARTING" and e.generation > first.generation]
     resumed = first_after(states, "RUNNING", restarted[0].slot)
-    assert resumed.payload["restored_tier"] == "shared"
-    assert resumed.payload["restored_step"] >= 20
+    # no committed step lost: the newest commit, not the older one tier 1 had at the crash
+    assert (resumed.payload["restored_step"], resumed.payload["restored_tier"]) == \
+        (step, "shared")
     allocations = [e.payload["nodes"] for e in run.valid(EntryKind.JOB) if "nodes" in e.payload]
     assert victim in allocations[0] and victim not in allocations[-1]
-    restored = [e for e in run.rank_events("restored") if e["generation"] > first.generation]
-    assert restored and all(e["data"]["tier"] == "shared" for e in restored)
-    history = slurm.wait_for_accounting(int(run.job_id), {"NODE_FAIL", "COMPLETED"}, timeout=30)
-    assert [r.state for r in history] == ["NODE_FAIL", "COMPLETED"]
-    # Slurm requeued by itself; the next gang logged why, from Slurm's account of the run
-    assert rec.faults[0].fault == "node_failure" and victim in rec.faults[0].detail
-    # the rest: the newest checkpoint, whose tier-0 copy died with the node, was skipped
-    assert {f.fault for f in rec.faults[1:]} <= {"storage_error"}
     wait_until(f"{victim} back in service", lambda: _idle(slurm, victim), timeout=60)
 
 

@@ -6,7 +6,9 @@ warm as spares. When an active node is lost, a spare takes its place in the same
 every rank keeps its rank id, the world size stays ``resources.nodes x tasks_per_node`` and the
 global sample order is unchanged. An elastic gang (``membership: elastic``) with no spare left
 goes on without the lost node instead (:func:`shrink_gang`: the survivors, node ranks dense).
-Whether a run survives a node loss at all is :func:`survives_node_loss` (spares or elastic).
+Whether a run survives a node loss at all is :func:`survives_node_loss` (spares or elastic);
+whether its agents watch each other's liveness is :func:`watches_liveness` (those runs, and every
+multi-node gang on Slurm, whose survivors drain a lost node's partner copy before a requeue).
 
 Pure planning (:func:`initial_gang`, :func:`swap_in`, :func:`usable_spares`, kept in
 :mod:`hpcrun.control.elastic` and re-exported here) and the liveness
@@ -75,8 +77,10 @@ from hpcrun.runtime.node.netbeat import (
     publish_endpoint,
 )
 from hpcrun.storage import LOCAL_STORAGE, Storage
+from hpcrun.vocab import Backend
 
 if TYPE_CHECKING:
+    from hpcrun.control.elastic import GangSpec
     from hpcrun.runtime.node.info import NodeInfo
 
 __all__ = [
@@ -95,7 +99,18 @@ __all__ = [
     "survives_node_loss",
     "swap_in",
     "usable_spares",
+    "watches_liveness",
 ]
+
+def watches_liveness(spec: GangSpec, backend: Backend) -> bool:
+    """Whether a run's agents beat liveness and its supervisor watches them: a run that
+    survives a node loss, and on Slurm every gang of several nodes. Without a spare such a gang
+    still requeues after a node loss, but its survivors learn of it in seconds, long before
+    Slurm marks the node down and ends the job, and drain the lost node's partner copy of the
+    newest commit to tier 1 first. (On the local backend nothing ends the other nodes'
+    processes; such a run finds a silent node by the exit wait.)"""
+    return survives_node_loss(spec) or (backend == Backend.SLURM and spec.resources.nodes > 1)
+
 
 ALIVE_DIR = "alive"
 """Subdirectory of the run directory holding one liveness file (and beat endpoint) per node."""

@@ -366,8 +366,17 @@ def run(environ: Mapping[str, str]) -> int:
             return EXIT_USER_ERROR
         raise
     finally:
-        stop_tickers()
-        destroy_process_group()
+        _leave_group(stop_tickers, destroy_process_group)
+
+
+def _leave_group(*steps: Callable[[], None]) -> None:
+    """The teardown after the exit report: a failure here (a peer already gone) is printed but
+    never changes how the rank ended, which the report and the status already say."""
+    for step in steps:
+        try:
+            step()
+        except Exception:  # the rank's ending is decided
+            traceback.print_exc()
 
 
 def main() -> None:

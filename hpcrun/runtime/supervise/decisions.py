@@ -161,6 +161,12 @@ class Requeue:
     preemption fault."""
     rollback: bool = False
     """Restore the newest *known-good* checkpoint, not merely the newest (an ``sdc`` fault)."""
+    lost: tuple[str, ...] = ()
+    """Gang nodes lost with their tier 0: before the requeue the survivors drain the partner
+    copies they hold of those nodes' newest shards."""
+    fault: GangFault | None = None
+    """The root cause of a requeue after a fault (logged unless a node logged it already: a
+    vanished node logs nothing itself)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -301,7 +307,8 @@ def retry_decision(obs: Observations, record: RunRecord, fault: GangFault,
     # ExcNodeList keeps it out even when Slurm returns it to service)
     exclude = tuple(sorted({*rd.exclude, *lost, *((faulty,) if faulty else ())}))
     return Requeue(delay_s=rd.delay_s, exclude=exclude, reason=_rollback(rd.reason, sdc),
-                   preempted=preempted, rollback=sdc)
+                   preempted=preempted, rollback=sdc, lost=lost,
+                   fault=None if preempted else fault)
 
 
 def _rollback(reason: str, sdc: bool) -> str:

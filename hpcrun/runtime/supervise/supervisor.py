@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrun.clock import SYSTEM_CLOCK, Clock
-from hpcrun.control.elastic import survives_node_loss, usable_spares
+from hpcrun.control.elastic import usable_spares
 from hpcrun.control.ending import EndPublisher, publish_ending
 from hpcrun.control.entries import (
     ActionKind,
@@ -57,6 +57,7 @@ from hpcrun.control.entries import (
     RequeueLeftToSlurmNote,
     RequeueSentNote,
     ResultPayload,
+    SalvageNote,
     SegmentNote,
     StatePayload,
     SupervisionClaimPayload,
@@ -81,6 +82,7 @@ from hpcrun.runtime.node.membership import (
     NODE_STALE_S,
     LivenessWatch,
     read_liveness,
+    watches_liveness,
 )
 from hpcrun.runtime.node.rankwatch import Watched
 from hpcrun.runtime.supervise.decide import (
@@ -162,7 +164,7 @@ class Supervisor:
         self.clock = clock
         self.rng = rng or random.Random()
         self.on_end = on_end if on_end is not None else post_run_publisher(clock=clock)
-        self.survives_node_loss = survives_node_loss(spec)
+        self.watches_liveness = watches_liveness(spec, node.backend)
         self.liveness: LivenessWatch | None = None
         self._board: BeatBoard | None = None
         self._stall_reported = float("-inf")
@@ -182,7 +184,7 @@ class Supervisor:
             watched: the nodes this agent watches (:func:`~hpcrun.runtime.node.netbeat.
                 beat_peers`); default every other node.
         """
-        if self.survives_node_loss and self.liveness is None:
+        if self.watches_liveness and self.liveness is None:
             others = [n for n in (watched if watched is not None else self.node.nodes)
                       if n != self.node.node]
             self.liveness = LivenessWatch(others, clock=self.clock)
@@ -438,8 +440,11 @@ class Supervisor:
                 if decision.preempted:
                     self._record_preempted(inc, segment=decision.segment)
                 else:
+                    if decision.fault is not None:
+                        self._log_fault_once(inc, decision.fault)
                     self._publish(inc, StatePayload(state=RunState.RECOVERING,
                                                     reason=decision.reason))
+                    self._salvage(inc, decision.lost)
                 return AgentExit(status=self._requeue(inc, decision))
 
     def _release_if_orphaned(self) -> None:
@@ -494,11 +499,24 @@ class Supervisor:
             self.requeuer.outlive()
         return preemption.requeued_exit(self.node.backend)
 
-    def _await_tier1(self, inc: Incarnation) -> None:
+    def _salvage(self, inc: Incarnation, lost: tuple[str, ...]) -> None:
+        """Before a requeue that lost nodes: ask every surviving node to drain its share of the
+        newest tier-0 checkpoint and the partner copies it holds of the lost nodes' shards
+        (:class:`~hpcrun.control.entries.SalvageNote`, followed in :meth:`follow`), do the same
+        here, and commit it on tier 1 once whole, within the tier-1 wait."""
+        if not lost or self.node.node_local_root is None:
+            return
+        self._append(inc, SalvageNote(lost=lost))
+        self._await_tier1(inc, lost=lost)
+
+    def _await_tier1(self, inc: Incarnation, *, lost: tuple[str, ...] = (),
+                     commit_tier1: bool = True) -> None:
         """Drain until the newest tier-0 commit is committed on tier 1, for as long as its
         remaining bytes take at the run's measured drain rate (:func:`~hpcrun.checkpoint.
         drain.drain_wait_s`: twice that, at least 10 s, at most :data:`TIER1_WAIT_S`, and
-        within :meth:`time_left` after a stop)."""
+        within :meth:`time_left` after a stop). ``lost``: nodes whose partner copies held here
+        are drained too; ``commit_tier1``: whether this node appends the tier-1 commit (the
+        supervisor; a follower salvaging only drains)."""
         if self.node.node_local_root is None:
             return
         from hpcrun.checkpoint.drain import (
@@ -511,13 +529,13 @@ class Supervisor:
         from hpcrun.checkpoint.tiers import fold_checkpoints
 
         # the supervisor commits on tier 1, whichever node of the allocation it runs on
-        target = dataclasses.replace(self._drain(inc), supervisor=True)
+        target = dataclasses.replace(self._drain(inc), supervisor=commit_tier1)
         self.view.refresh()
         budget = drain_wait_s(pending_bytes(fold_checkpoints(self.view.valid)),
                               drain_rate(self.view.valid), cap_s=self.time_left())
         deadline = self.clock.monotonic() + budget
         while True:
-            drain_to_tier1(target, self.log, DrainRound.FINAL)
+            drain_to_tier1(target, self.log, DrainRound.FINAL, lost=lost)
             self.view.refresh()
             commits = decoded(self.view.valid, CommitPayload)
             local = [c.ckpt_id for c in commits if c.tier == Tier.NODE_LOCAL]
@@ -569,10 +587,16 @@ class Supervisor:
                 on (a hot spare idles through the whole incarnation).
         """
         deadline = None if wait_s is None else self.clock.monotonic() + wait_s
+        salvaged = False
         while deadline is None or self.clock.monotonic() < deadline:
             self.view.refresh()
             if self.view.fence.generation != inc.generation:
                 return rejoin(self.view, self.node, inc)
+            lost = self._salvage_asked(inc)
+            if lost and not salvaged and self.node.node_local_root is not None:
+                salvaged = True
+                self._await_tier1(inc, lost=lost, commit_tier1=False)
+                continue
             states = self.view.valid_of(inc.generation, inc.holder, EntryKind.STATE)
             last = next((p.state.value for p in decoded(states[-1:], StatePayload)), "")
             if last in TERMINAL_STATES:
@@ -585,6 +609,12 @@ class Supervisor:
                 return self._conclude_taken_over(inc, last)
             self.clock.sleep(POLL_S)
         return AgentExit(status=EXIT_USER_ERROR)
+
+    def _salvage_asked(self, inc: Incarnation) -> tuple[str, ...]:
+        """The lost nodes the supervisor of ``inc`` asked the survivors to salvage, if it did."""
+        asked = decoded(self.view.valid_of(inc.generation, inc.holder, EntryKind.NOTE),
+                        SalvageNote)
+        return asked[-1].lost if asked else ()
 
     def _conclude_taken_over(self, inc: Incarnation, last_state: str) -> AgentExit:
         """This agent took over supervising ``inc``: decide how it ended, unless the lost

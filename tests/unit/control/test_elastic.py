@@ -25,6 +25,7 @@ from hpcrun.control.spec import RunSpec
 from hpcrun.data.batches import replica_rows
 from hpcrun.errors import DataError, MembershipError, SpecError
 from hpcrun.runtime.node import membership
+from hpcrun.vocab import Backend
 
 BASE = {"name": "tiny", "entrypoint": "examples.tiny_lm.train:main"}
 
@@ -45,6 +46,16 @@ def test_one_predicate_says_whether_a_run_survives_a_node_loss() -> None:
     assert survives_node_loss(spec(min_nodes=2))
     assert not survives_node_loss(spec(min_nodes=None))
     assert membership.survives_node_loss is survives_node_loss, "the runtime's name for it"
+
+
+def test_every_multi_node_gang_on_slurm_watches_liveness_for_the_salvage() -> None:
+    """Without a spare a lost node still ends the gang, but the survivors must learn of it
+    before Slurm ends the job, to drain its partner copy first."""
+    plain = spec(nodes=2, min_nodes=None)
+    assert membership.watches_liveness(plain, Backend.SLURM)
+    assert not membership.watches_liveness(plain, Backend.LOCAL)  # nothing ends the others
+    assert not membership.watches_liveness(spec(nodes=1, min_nodes=None), Backend.SLURM)
+    assert membership.watches_liveness(spec(nodes=2, min_nodes=None, spares=1), Backend.LOCAL)
 
 
 def test_a_shrunk_gang_keeps_the_survivors_in_order_with_dense_node_ranks() -> None:

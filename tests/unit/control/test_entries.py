@@ -58,7 +58,13 @@ from hpcrun.control.entries import (
 )
 from hpcrun.control.fencing import UNFENCED
 from hpcrun.control.log import RunLog
-from hpcrun.control.notes import DdpRebuildsNote, NoRestoreNote, ReplicaCheckOffNote, TrackerNote
+from hpcrun.control.notes import (
+    DdpRebuildsNote,
+    NoRestoreNote,
+    ReplicaCheckOffNote,
+    SalvageNote,
+    TrackerNote,
+)
 from hpcrun.control.record import fold_record
 from hpcrun.errors import RecordError
 from hpcrun.vocab import CheckpointFormat, FaultClass, RunState, Tier
@@ -134,6 +140,7 @@ PAYLOADS: dict[str, EntryPayload] = {
                                 closed=True),
     "note_no_restore": NoRestoreNote(step=1),
     "note_ddp_rebuilds": DdpRebuildsNote(modules=("model",)),
+    "note_salvage": SalvageNote(lost=("n2",)),
     "note_replica_check_off": ReplicaCheckOffNote(
         detail="no replicas to compare: replica check off"),
     "fault_sdc": FaultPayload(fault=FaultClass.SDC, node="n2", rank=3, step=40,

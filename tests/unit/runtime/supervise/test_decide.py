@@ -84,7 +84,7 @@ def test_a_crash_after_the_in_allocation_restarts_requeues_with_backoff() -> Non
     record = replace(RECORD, restarts=2)
     d = decide(obs(faults=(CRASH,)), record, POLICY, now=FakeClock().now())
     assert d == Requeue(delay_s=10.0, exclude=(), preempted=False,
-                        reason="process_crash: requeue after 10 s (attempt 1 of 3)")
+                        reason="process_crash: requeue after 10 s (attempt 1 of 3)", fault=CRASH)
 
 
 def test_backoff_jitter_comes_from_the_injected_rng() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hpcrun.control.entries import SalvageNote
 from hpcrun.control.log import EntryKind, RunLog
 from hpcrun.control.record import create_run, read_record
 from hpcrun.control.spec import RunSpec
@@ -55,14 +56,14 @@ class RecordingRequeuer:
 
 
 class Setup:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, node_local_root: Path | None = None) -> None:
         self.run_dir = create_run(tmp_path, SPEC, run_id="r1")
         self.log = RunLog(self.run_dir)
         self.clock = FakeClock()
         self.stop = StopFlag()
         self.requeuer = RecordingRequeuer()
         node = NodeInfo(node="n0", node_rank=0, nodes=("n0", "n1"), job_id="local-1",
-                        restart_count=0, node_local_root=None, backend="local")
+                        restart_count=0, node_local_root=node_local_root, backend="local")
         fence = self.log.claim("joblocal-1.r0.a0.x")
         self.inc = Incarnation(run_dir=self.run_dir, run_id="r1", generation=fence.generation,
                                holder=fence.holder, fence_slot=fence.slot, job_id="local-1",
@@ -129,6 +130,40 @@ def test_a_silent_node_is_waited_for_then_counted_lost(s: Setup) -> None:
     assert "node_failure" in record.state_info["reason"]  # type: ignore[index]
     assert record.quarantined == ("n1",)
     assert s.requeuer.calls == [(10.0, ("n1",))] and ended == AgentExit(status=EXIT_PREEMPTED)
+
+
+def _salvage_asked(log: RunLog) -> list[list[str]]:
+    return [e.payload["lost"] for e in log.read()
+            if e.kind == EntryKind.NOTE and e.payload.get("event") == "salvage"]
+
+
+def test_a_requeue_after_a_node_loss_asks_the_survivors_to_salvage_its_partner_copy(
+        tmp_path: Path) -> None:
+    """With a tier 0 the supervisor asks every survivor to drain the lost node's copy before
+    the requeue, and a follower does so once before it follows the requeue."""
+    s = Setup(tmp_path, node_local_root=tmp_path / "nvme")
+    s.note("n0", "failed")
+    s.sup.conclude(s.inc)
+    assert _salvage_asked(s.log) == [["n1"]]
+    faults = read_record(s.run_dir).faults  # the lost node logs nothing: the supervisor does
+    assert [(f.fault, f.node) for f in faults] == [("node_failure", "n1")]
+    assert s.states() == ["RECOVERING", "REQUEUED"] and len(s.requeuer.calls) == 1
+    follower = Setup(tmp_path / "f", node_local_root=tmp_path / "nvme")
+    drained: list[tuple[str, ...]] = []
+    follower.sup._await_tier1 = (  # type: ignore[method-assign]
+        lambda inc, *, lost=(), commit_tier1=True: drained.append((tuple(lost), commit_tier1)))
+    follower.log.append_entry(SalvageNote(lost=("n1",)), generation=follower.inc.generation,
+                              holder=follower.inc.holder)
+    follower.log.publish(EntryKind.STATE, generation=follower.inc.generation,
+                         holder=follower.inc.holder, payload={"state": "REQUEUED", "reason": "x"})
+    assert follower.sup.follow(follower.inc) == AgentExit(status=EXIT_PREEMPTED)
+    assert drained == [(("n1",), False)], "once, draining without committing"
+
+
+def test_without_a_tier_0_a_requeue_after_a_node_loss_salvages_nothing(s: Setup) -> None:
+    s.note("n0", "failed")
+    s.sup.conclude(s.inc)
+    assert _salvage_asked(s.log) == [] and s.states() == ["RECOVERING", "REQUEUED"]
 
 
 def test_after_a_fault_silent_nodes_get_a_short_settle_time(s: Setup) -> None:

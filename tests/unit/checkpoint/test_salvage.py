@@ -1,0 +1,75 @@
+"""A node lost before it drained: its partner drains the copy it holds on the lost node's behalf,
+so the newest checkpoint becomes whole on tier 1 and a restore on other nodes reads it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from hpcrun.checkpoint import Tier, finalize_tier1, fold_checkpoints
+from hpcrun.checkpoint.drain import salvage_lost, salvageable
+from hpcrun.checkpoint.peer.ledger import partner_root
+from hpcrun.control.entries import PartnerCopyNote
+from hpcrun.control.log import EntryKind, RunLog
+
+from .conftest import same_state, trained
+
+
+def _lost_node_with_a_partner_copy(run_dir: Path, tmp_path: Path, log: RunLog, incarnation,
+                                   *, complete: bool = True) -> tuple[object, str, Path]:
+    """node0 commits step 3 on its tier 0, its partner node1 holds a copy, node0 is lost."""
+    nvme, partner = tmp_path / "nvme0", tmp_path / "nvme1"
+    ck = incarnation(node_local_root=nvme)
+    model, opt = trained(3)
+    ckpt_id = ck.save(3, {"model": model, "optim": opt}, blocking=True).ckpt_id
+    shutil.copytree(nvme / "run1" / "ckpt" / ckpt_id, partner_root(partner, "run1") / ckpt_id)
+    log.append_entry(PartnerCopyNote(ckpt_id=ckpt_id, owner="node0", held_by="node1", bytes=1,
+                                     complete=complete),
+                     generation=ck.id.generation, holder=ck.id.holder)
+    shutil.rmtree(nvme)  # the node is gone, and its tier 0 with it
+    return ck, ckpt_id, partner
+
+
+def test_the_partner_drains_a_lost_nodes_copy_and_tier_1_restores_the_newest_commit(
+        run_dir: Path, tmp_path: Path, log: RunLog, incarnation) -> None:
+    ck, ckpt_id, partner = _lost_node_with_a_partner_copy(run_dir, tmp_path, log, incarnation)
+    gen, holder = ck.id.generation, ck.id.holder
+    kw = {"node": "node1", "log": log, "generation": gen, "holder": holder}
+    assert salvage_lost(run_dir, partner, lost=["node2"], **kw) == []  # not a node it holds
+    assert salvage_lost(run_dir, partner, lost=["node0"], **kw) == ["node0"]
+    drained = [e for e in log.read() if e.kind == EntryKind.DRAINED]
+    assert [e.payload["node"] for e in drained] == ["node0"]  # on the owner's behalf
+    assert salvage_lost(run_dir, partner, lost=["node0"], **kw) == []  # idempotent
+    assert finalize_tier1(run_dir, log=log, generation=gen, holder=holder) == [ckpt_id]
+    assert fold_checkpoints(log.read())[0].tiers == {Tier.NODE_LOCAL, Tier.SHARED}
+
+    model, opt = trained(9)
+    result = incarnation(node_local_root=tmp_path / "fresh").restore(
+        {"model": model, "optim": opt})
+    assert result is not None and (result.ckpt_id, result.tier, result.step) == \
+        (ckpt_id, "shared", 3)
+    assert same_state(model.state_dict(), trained(3)[0].state_dict())
+
+
+def test_an_incomplete_copy_is_not_salvaged(run_dir: Path, tmp_path: Path, log: RunLog,
+                                            incarnation) -> None:
+    ck, _, partner = _lost_node_with_a_partner_copy(run_dir, tmp_path, log, incarnation,
+                                                    complete=False)
+    assert salvageable(log.read(), node="node1", lost=["node0"])[1] == []
+    assert salvage_lost(run_dir, partner, node="node1", lost=["node0"], log=log,
+                        generation=ck.id.generation, holder=ck.id.holder) == []
+    assert EntryKind.DRAINED not in [e.kind for e in log.read()]
+
+
+def test_a_corrupt_copy_is_noted_not_drained(run_dir: Path, tmp_path: Path, log: RunLog,
+                                            incarnation) -> None:
+    ck, ckpt_id, partner = _lost_node_with_a_partner_copy(run_dir, tmp_path, log, incarnation)
+    [shard] = (partner_root(partner, "run1") / ckpt_id).rglob("rank-*.h5")
+    data = bytearray(shard.read_bytes())
+    data[len(data) * 2 // 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert salvage_lost(run_dir, partner, node="node1", lost=["node0"], log=log,
+                        generation=ck.id.generation, holder=ck.id.holder) == []
+    last = log.read()[-1]
+    assert EntryKind.DRAINED not in [e.kind for e in log.read()]
+    assert last.payload["event"] == "drain_error" and "node0" in last.payload["detail"]
