@@ -76,6 +76,16 @@ class Storage(Protocol):
 
     def rmtree(self, path: PathLike) -> None: ...
 
+    def data(self, op: str, path: PathLike, fn: Callable[[], T]) -> T:
+        """Run ``fn``, a data operation on ``path`` (a shard's bytes written or read back:
+        ``op`` is one of :data:`DATA_OPS`), under this tier's rules, as every metadata
+        operation runs: a drill's stall, the deadline, an injected fault."""
+        ...
+
+
+DATA_OPS: tuple[str, ...] = ("write_data", "read_data")
+"""The data operations a :class:`Storage` runs (:meth:`Storage.data`)."""
+
 
 def _wrap(op: str, path: PathLike, exc: OSError) -> StorageError:
     return StorageError(f"{op} {os.fspath(path)!r} failed: {exc.strerror or exc}; "
@@ -302,6 +312,14 @@ class LocalStorage:
     def rmtree(self, path: PathLike) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
+    def data(self, op: str, path: PathLike, fn: Callable[[], T]) -> T:
+        start = time.monotonic()
+        self._gate.wait_out(path)
+        try:
+            return fn()
+        finally:
+            self._slow.note(op, path, time.monotonic() - start)
+
 
 _O, _S, _L, _M, _R, _U, _F = (MetaOp.OPEN, MetaOp.STAT, MetaOp.LISTDIR, MetaOp.MKDIR,
                                MetaOp.RENAME, MetaOp.UNLINK, MetaOp.FSYNC)
@@ -352,6 +370,10 @@ class CountingStorage:
 
         return counted
 
+    def data(self, op: str, path: PathLike, fn: Callable[[], T]) -> T:
+        """Data operations cost no metadata operation: passed on uncounted."""
+        return self.inner.data(op, path, fn)
+
     def meta_ops(self) -> collections.Counter[MetaOp]:
         """The metadata operations of every call so far, by kind."""
         with self._lock:
@@ -374,7 +396,9 @@ class CountingStorage:
 LOCAL_STORAGE = LocalStorage(SHARED_TIER_STALL, SHARED_TIER_SLOW)
 
 STORAGE_OPS: tuple[str, ...] = CountingStorage._OPS
-"""The names of every :class:`Storage` operation."""
+"""The names of every :class:`Storage` metadata operation."""
+FAULTABLE_OPS: tuple[str, ...] = STORAGE_OPS + DATA_OPS
+"""What a drill's storage fault can name: every metadata and data operation."""
 
 
 class DeadlineStorage:
@@ -407,6 +431,10 @@ class DeadlineStorage:
             raise AttributeError(name)
         fn = getattr(self.inner, name)
         return lambda *args, **kwargs: self.call(name, fn, *args, **kwargs)
+
+    def data(self, op: str, path: PathLike, fn: Callable[[], T]) -> T:
+        """A data operation under the deadline, as every metadata operation."""
+        return self.call(op, lambda where: self.inner.data(op, where, fn), path)
 
     def call(self, op: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` under the deadline (``op`` names it in errors)."""
@@ -452,7 +480,7 @@ class FaultyStorage:
     mount does). Other operations go straight to ``inner``."""
 
     def __init__(self, inner: Storage, *, mode: str, while_path: str,
-                 ops: tuple[str, ...] = STORAGE_OPS) -> None:
+                 ops: tuple[str, ...] = FAULTABLE_OPS) -> None:
         if mode not in ("fail", "stall"):
             raise ConfigError(f"storage fault mode must be fail or stall, found {mode!r}")
         self.inner, self.mode, self.while_path, self.ops = inner, mode, while_path, ops
@@ -469,6 +497,11 @@ class FaultyStorage:
             return fn(*args, **kwargs)
 
         return faulty
+
+    def data(self, op: str, path: PathLike, fn: Callable[[], T]) -> T:
+        if op in self.ops:
+            self._inject(op, path)
+        return self.inner.data(op, path, fn)
 
     def _inject(self, op: str, path: Any) -> None:
         if not os.path.exists(self.while_path):

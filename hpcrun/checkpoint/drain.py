@@ -110,11 +110,12 @@ def _copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algo
     want = checksum(algorithm, data)
     storage.makedirs(dst.parent)
     tmp = dst.with_name(f".{dst.name}.drain")
-    tmp.touch()
-    _write(tmp, data, pacer)
+    # the bytes too go through the seam: a hung OST fails the copy at the tier's deadline
+    # (retried later) instead of hanging the drain and the end of the incarnation with it
+    storage.data("write_data", tmp, lambda: _write(tmp, data, pacer))
     storage.rename(tmp, dst)
     storage.fsync_path(dst.parent)
-    back = _read_cold(dst, pacer)
+    back = storage.data("read_data", dst, lambda: _read_cold(dst, pacer))
     if checksum(algorithm, back) != want:
         raise CorruptCheckpointError(f"drained copy {dst} differs from its source {src} when "
                                      "read back past the page cache; check the shared tier")
@@ -135,7 +136,9 @@ def _read_cold(path: Path, pacer: DrainPacer | None) -> np.ndarray:
 
 
 def _write(path: Path, data: np.ndarray, pacer: DrainPacer | None) -> None:
-    """Write ``data`` into ``path`` durably; paced chunks leave nothing in the page cache."""
+    """Write ``data`` into a new file ``path`` durably; paced chunks leave nothing in the page
+    cache."""
+    path.touch()
     if pacer is None:
         write_extents(path, [Extent(file_offset=0, buffer=data.data)])
         return

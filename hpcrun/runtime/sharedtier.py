@@ -32,7 +32,7 @@ from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.storage import (
     LOCAL_STORAGE,
     SHARED_TIER_STALL,
-    STORAGE_OPS,
+    FAULTABLE_OPS,
     DeadlineStorage,
     FaultyStorage,
     StallGate,
@@ -65,7 +65,7 @@ class StorageInjection:
     """``fail`` or ``stall``."""
     while_path: str
     """The fault is active while this path exists (a FIFO for ``stall``)."""
-    ops: tuple[str, ...] = STORAGE_OPS
+    ops: tuple[str, ...] = FAULTABLE_OPS
     """Storage operations it affects."""
 
 
@@ -80,11 +80,11 @@ def parse_storage_injection(text: str) -> StorageInjection | None:
         if kind != STORAGE_FAULT_KIND:
             continue
         fields = dict(kv.split("=", 1) for kv in args.split(",") if "=" in kv)
-        ops = tuple(fields.get("ops", "+".join(STORAGE_OPS)).split("+"))
+        ops = tuple(fields.get("ops", "+".join(FAULTABLE_OPS)).split("+"))
         if fields.get("mode") not in ("fail", "stall") or not fields.get("while") \
-                or not set(ops) <= set(STORAGE_OPS):
+                or not set(ops) <= set(FAULTABLE_OPS):
             raise SpecError(f"fault injection part {part!r}: expected storage@mode=fail|stall,"
-                            f"while=PATH[,ops=OP+OP] with OP among {', '.join(STORAGE_OPS)}")
+                            f"while=PATH[,ops=OP+OP] with OP among {', '.join(FAULTABLE_OPS)}")
         return StorageInjection(mode=fields["mode"], while_path=fields["while"], ops=ops)
     return None
 

@@ -161,3 +161,10 @@ def test_a_run_on_a_striped_site_without_lfs_is_created_with_a_warning(
     assert out.exit_code == 0, out.output
     assert "striping (-c 4 -S 4M) but `lfs` is not on PATH" in out.output
     assert len(list((tmp_path / "runs").glob("striped-*/ckpt"))) == 1
+
+
+def test_a_storage_fault_can_name_the_data_operations() -> None:
+    injection = parse_storage_injection("storage@mode=stall,while=/x,ops=write_data+read_data")
+    assert injection is not None and injection.ops == ("write_data", "read_data")
+    default = parse_storage_injection("storage@mode=fail,while=/x")
+    assert default is not None and {"write_data", "read_data", "rename"} <= set(default.ops)

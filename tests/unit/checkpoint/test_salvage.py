@@ -1,16 +1,24 @@
 """A node lost before it drained: its partner drains the copy it holds on the lost node's behalf,
-so the newest checkpoint becomes whole on tier 1 and a restore on other nodes reads it."""
+so the newest checkpoint becomes whole on tier 1 and a restore on other nodes reads it; every
+drain copy's bytes are under the shared tier's deadline."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
+import pytest
+
 from hpcrun.checkpoint import Tier, finalize_tier1, fold_checkpoints
-from hpcrun.checkpoint.drain import salvage_lost, salvageable
+from hpcrun.checkpoint.commit import read_manifest
+from hpcrun.checkpoint.drain import copy_verified, salvage_lost, salvageable
 from hpcrun.checkpoint.peer.ledger import partner_root
 from hpcrun.control.entries import PartnerCopyNote
 from hpcrun.control.log import EntryKind, RunLog
+from hpcrun.errors import StorageTimeoutError
+from hpcrun.storage import LOCAL_STORAGE, DeadlineStorage, FaultyStorage
 
 from .conftest import same_state, trained
 
@@ -73,3 +81,33 @@ def test_a_corrupt_copy_is_noted_not_drained(run_dir: Path, tmp_path: Path, log:
     last = log.read()[-1]
     assert EntryKind.DRAINED not in [e.kind for e in log.read()]
     assert last.payload["event"] == "drain_error" and "node0" in last.payload["detail"]
+
+
+def test_a_drain_copy_blocked_writing_its_bytes_fails_at_the_deadline_and_retries_clean(
+        run_dir: Path, tmp_path: Path, log: RunLog, incarnation) -> None:
+    """A hung OST stalls the shard's bytes, not only the metadata around them: the copy fails
+    at the tier's deadline (the drain retries it next round), nothing lands at the target, and
+    the same copy succeeds once the tier answers."""
+    nvme = tmp_path / "nvme0"
+    ck = incarnation(node_local_root=nvme)
+    model, opt = trained(3)
+    ckpt_id = ck.save(3, {"model": model, "optim": opt}, blocking=True).ckpt_id
+    [ckpt] = fold_checkpoints(log.read())
+    m = read_manifest(run_dir, ckpt)
+    [rec] = m.shards
+    src, dst = nvme / "run1" / "ckpt" / ckpt_id / rec.path, tmp_path / "tier1" / rec.path
+    fifo = tmp_path / "hung-ost"
+    os.mkfifo(fifo)
+    stalled = FaultyStorage(LOCAL_STORAGE, mode="stall", while_path=str(fifo),
+                            ops=("write_data",))
+    started = time.monotonic()
+    with pytest.raises(StorageTimeoutError, match=r"write_data .* did not finish within"):
+        copy_verified(src, dst, rec, ckpt_id=ckpt_id, algorithm=m.checksum,
+                      storage=DeadlineStorage(stalled, deadline_s=0.5))
+    assert time.monotonic() - started < 5.0 and not dst.exists()
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the tier answers again
+    fifo.unlink()
+    os.close(writer)
+    copy_verified(src, dst, rec, ckpt_id=ckpt_id, algorithm=m.checksum,
+                  storage=DeadlineStorage(stalled, deadline_s=30))
+    assert dst.read_bytes() == src.read_bytes()
