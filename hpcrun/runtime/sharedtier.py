@@ -30,9 +30,9 @@ from hpcrun.control.log import RunLog
 from hpcrun.errors import ConfigError, SpecError
 from hpcrun.runtime.incarnation import Incarnation
 from hpcrun.storage import (
+    FAULTABLE_OPS,
     LOCAL_STORAGE,
     SHARED_TIER_STALL,
-    FAULTABLE_OPS,
     DeadlineStorage,
     FaultyStorage,
     StallGate,
