@@ -60,3 +60,21 @@ def test_pmix_ranks_are_placed_by_mpi_and_a_preemption_requeues_the_run_to_succe
     preempted = first_after(states, "PREEMPTED")  # the stop committed at a step boundary
     resumed = first_after(states, "RUNNING", preempted.slot)
     assert resumed.payload["restored_step"] >= 20
+
+
+def test_a_crashed_pmix_rank_restarts_the_gang_as_a_new_step_inside_the_allocation(
+        testbed: Testbed, runs: RunFactory) -> None:
+    """Rank 1 crashes at step 25: its agent reads the crash from its exit report, the gang is
+    restarted inside the allocation as a new pmix step, and the run succeeds on one job."""
+    run = runs.submit(slurm_spec(testbed, tasks_per_node=1, steps=40, every_steps=10,
+                                 dist={"rank_launcher": "pmix"}),
+                      inject="crash@step=25,rank=1")
+    rec = run.wait({"SUCCEEDED"}, timeout=240)
+    assert rec.step == 40 and (rec.restarts, rec.requeues) == (1, 0)
+    assert rec.job_ids == (run.job_id,)
+    crash = [f for f in rec.faults if f.fault == "process_crash"]
+    assert len(crash) == 1 and crash[0].rank == 1 and crash[0].node == rec.membership[1]
+    starts = run.rank_events("rank_start")
+    assert len(starts) == 4 and {e["data"]["launcher"] for e in starts} == {"mpi"}, starts
+    steps = sorted((run.run_dir / "logs").glob("*/mpi-step-*.out"))
+    assert [p.name for p in steps] == ["mpi-step-g0001.a0.out", "mpi-step-g0002.a1.out"], steps
