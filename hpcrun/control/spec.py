@@ -237,7 +237,7 @@ class DistSpec:
     rank_launcher: RankLauncher | None = field(default=None, metadata=ADDITIVE)
     """``agent`` (each node's agent forks its ranks) or ``pmix`` (one ``srun --mpi=pmix`` step
     per incarnation; ranks take rank, world size and the rendezvous from ``MPI.COMM_WORLD``;
-    Slurm only, not with ``script:``/``command:``); None: the site default."""
+    Slurm only, not with a site container or ``script:``/``command:``); None: the site default."""
 
     def __post_init__(self) -> None:
         checks = Checks()
