@@ -41,9 +41,9 @@ def rank_launcher_problem(spec: RunSpec, site: SiteConfig, backend: Backend) -> 
         return (f"{source} is pmix but the run's backend is {backend}: `srun --mpi=pmix` needs "
                 "Slurm; submit to a Slurm site, or set dist.rank_launcher: agent")
     if site.container is not None:
-        return (f"{source} is pmix but site {site.name!r} runs its ranks in a "
-                f"{site.container.runtime} image, which the pmix step does not enter; set "
-                "dist.rank_launcher: agent, or use a site without a container")
+        return (f"{source} is pmix but site {site.name!r} runs its ranks in a container "
+                f"({site.container.runtime} image {site.container.image}), which the pmix step "
+                "does not enter; set dist.rank_launcher: agent, or use a site without one")
     if spec.script_mode:
         return (f"{source} is pmix but the spec runs a script (script:/command:), which its "
                 "node's agent starts as torchrun would; set dist.rank_launcher: agent, or run "

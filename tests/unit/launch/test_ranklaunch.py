@@ -43,6 +43,8 @@ def test_a_spec_without_the_choice_keeps_its_digest() -> None:
     (RunSpec.from_dict({"name": "t", "script": "train.py", **PMIX}), _site(), Backend.SLURM,
      r"runs a script.*set dist.rank_launcher: agent"),
     (_spec(), _site(rank_launcher="pmix"), Backend.LOCAL, r"site 's' rank_launcher is pmix"),
+    (_spec(**PMIX), _site(container={"runtime": "apptainer", "image": "/i.sif"}), Backend.SLURM,
+     r"in a container \(apptainer image /i.sif\).*dist.rank_launcher: agent"),
 ])
 def test_submit_refuses_pmix_where_it_cannot_run(spec: RunSpec, site: SiteConfig,
                                                  backend: Backend, match: str) -> None:
