@@ -8,7 +8,7 @@ TORCH_PIN := torch==2.13.0
 PYTEST_ARGS ?=
 BACKEND ?= local
 
-.PHONY: venv lint test test-quick test-unit test-full chromium demo bench gpu-check testbed-up testbed-down clean spec-docs
+.PHONY: venv lint test test-quick test-unit test-full chromium mpi demo bench gpu-check testbed-up testbed-down clean spec-docs
 
 # The venv is rebuilt only when the package metadata changes.
 $(STAMP): setup.cfg pyproject.toml
@@ -42,7 +42,7 @@ test-unit: venv
 # clusters side by side (testbed lanes 0 and 1, a test module per lane), the unit and
 # local-backend tests in the other (three xdist workers); most testbed time is waiting on Slurm
 # (grace times, requeues), so they overlap.
-test: lint chromium
+test: lint chromium mpi
 	HPCRUN_REQUIRE_BROWSER=1 tests/suite.sh $(PY) $(PYTEST_ARGS)
 
 # The fast set for iterating (about 10 minutes): unit tests and the integration tests that do not
@@ -69,6 +69,23 @@ chromium:
 	test -x $(CHROMIUM) || { echo "make test: $(CHROMIUM) still missing after" \
 	  "apt-get install $(CHROMIUM_PACKAGES); check that the Debian packages provide it" >&2; \
 	  exit 1; }
+
+# Open MPI (and, through libpmix-dev, the PMIx library Slurm's --mpi=pmix plugin loads) from
+# Debian, then mpi4py in the venv (the `mpi` extra): the MPI bootstrap tests and the
+# rank_launcher: pmix runs need them. Installed like Chromium; fails loudly when it cannot.
+MPI_PACKAGES := openmpi-bin libopenmpi-dev
+mpi: venv
+	@if ! command -v mpiexec >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make test: mpiexec is missing and installing it needs root;" \
+	         "run as root or: sudo apt-get install $(MPI_PACKAGES)" >&2; exit 1; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update && apt-get install -y --no-install-recommends $(MPI_PACKAGES) || { \
+	    echo "make test: apt-get install $(MPI_PACKAGES) failed (see above);" \
+	         "install them by hand and retry" >&2; exit 1; }; \
+	fi
+	@$(PY) -c "import mpi4py" 2>/dev/null || \
+	  $(PY) -m pip install -q --disable-pip-version-check -e '.[mpi]'
 
 demo: venv
 	$(PY) -m examples.tiny_lm.demo --backend $(BACKEND)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = ["TERMINAL", "AsyncPolicy", "Backend", "CadenceKind", "CheckpointFormat",
-           "ChecksumAlgorithm", "DistBackend", "FaultClass", "MetaOp", "ResumeContract", "RunState",
-           "SdcAction", "Tier"]
+           "ChecksumAlgorithm", "DistBackend", "FaultClass", "MetaOp", "RankLauncher",
+           "ResumeContract", "RunState", "SdcAction", "Tier"]
 
 
 class RunState(StrEnum):
@@ -132,6 +132,13 @@ class DistBackend(StrEnum):
     AUTO = "auto"    # NCCL when the run has GPUs, else gloo
     NCCL = "nccl"    # GPU collectives; hpcrun's own small collectives still use a gloo group
     GLOO = "gloo"    # CPU collectives
+
+
+class RankLauncher(StrEnum):
+    """What starts a run's ranks (a site's ``rank_launcher``, the spec's ``dist.rank_launcher``)."""
+
+    AGENT = "agent"  # each node's agent forks its ranks and gives them their HPCRUN_* places
+    PMIX = "pmix"    # one `srun --mpi=pmix` step per incarnation; ranks learn their place from MPI
 
 
 class SdcAction(StrEnum):

@@ -51,6 +51,7 @@ from hpcrun.vocab import (
     ChecksumAlgorithm,
     DistBackend,
     FaultClass,
+    RankLauncher,
     ResumeContract,
     SdcAction,
     Tracker,
@@ -233,6 +234,10 @@ class DistSpec:
     """Seconds one training or step-agreement collective may wait before it is a hang."""
     checkpoint_timeout_s: float | None = field(default=None, metadata=above(0))
     """Seconds one checkpoint collective (save agreement, restore exchange) may wait."""
+    rank_launcher: RankLauncher | None = field(default=None, metadata=ADDITIVE)
+    """``agent`` (each node's agent forks its ranks) or ``pmix`` (one ``srun --mpi=pmix`` step
+    per incarnation; ranks take rank, world size and the rendezvous from ``MPI.COMM_WORLD``;
+    Slurm only, not with a site container or ``script:``/``command:``); None: the site default."""
 
     def __post_init__(self) -> None:
         checks = Checks()

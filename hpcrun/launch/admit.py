@@ -61,7 +61,7 @@ from hpcrun.launch.admission import (
 from hpcrun.launch.site import SiteConfig, expand_path, load_site
 from hpcrun.runner import CommandRunner
 from hpcrun.storage import LOCAL_STORAGE, Storage
-from hpcrun.vocab import Backend
+from hpcrun.vocab import Backend, RankLauncher
 
 if TYPE_CHECKING:
     from hpcrun.control.spec import RunSpec
@@ -165,6 +165,7 @@ def admit(request: AdmissionRequest, *, environ: Mapping[str, str], runner: Comm
                                 "checked: the spec did not load (see its problem)"))
     if spec is not None and site is not None:
         findings += backend_findings(spec, site)
+        findings += rank_launcher_findings(spec, site, backend)
     if site is not None:
         findings += container_findings(site, backend)
         findings += _storage_findings(site, backend, runs_root, environ, storage)
@@ -436,6 +437,19 @@ def backend_findings(spec: RunSpec, site: SiteConfig) -> list[Finding]:
         return [Problem(check=CheckKind.SITE, what=problem)]
     chosen = resolve_backend(requested_backend(spec, site), gpus=run_gpus(spec, site))
     return [Passed(check=CheckKind.SITE, what=f"process group backend {chosen}")]
+
+
+def rank_launcher_findings(spec: RunSpec, site: SiteConfig, backend: Backend) -> list[Finding]:
+    """``pmix`` ranks only where Slurm starts them, and only for an entrypoint run."""
+    from hpcrun.launch.ranklaunch import rank_launcher, rank_launcher_problem
+
+    problem = rank_launcher_problem(spec, site, backend)
+    if problem is not None:
+        return [Problem(check=CheckKind.SITE, what=problem)]
+    if rank_launcher(spec, site) is RankLauncher.PMIX:
+        return [Passed(check=CheckKind.SITE, what="ranks started by `srun --mpi=pmix`, placed "
+                       "by MPI.COMM_WORLD")]
+    return []
 
 
 # -- scheduler ----------------------------------------------------------------------------------

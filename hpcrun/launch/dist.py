@@ -228,7 +228,7 @@ def rendezvous_over_mpi(env: DistEnv, *, comm: Any = None) -> DistEnv:
         EnvError: mpi4py is not installed, or the communicator disagrees with ``env``.
     """
     if comm is None:
-        comm = _comm_world()
+        comm = comm_world()
     rank, size = int(comm.Get_rank()), int(comm.Get_size())
     if size != env.world_size:
         raise EnvError(f"MPI.COMM_WORLD has {size} ranks but the environment says "
@@ -242,7 +242,12 @@ def rendezvous_over_mpi(env: DistEnv, *, comm: Any = None) -> DistEnv:
                    local_rank=local.index(rank), local_world_size=len(local))
 
 
-def _comm_world() -> Any:
+def comm_world() -> Any:
+    """``MPI.COMM_WORLD`` (importing mpi4py initialises MPI).
+
+    Raises:
+        EnvError: mpi4py is not installed.
+    """
     try:
         from mpi4py import MPI  # type: ignore[import-not-found]
     except ImportError as exc:

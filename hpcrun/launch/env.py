@@ -8,9 +8,12 @@
 4. ``mpi`` — ``OMPI_COMM_WORLD_*`` (Open MPI), ``PMI_RANK``/``PMI_SIZE`` (MPICH, Intel MPI),
    ``PMIX_RANK`` (PMIx; the size then comes from ``mpi4py``).
 
-One exception to the order: a process started by ``torchrun`` inside a Slurm step inherits the
+Two exceptions to the order: a process started by ``torchrun`` inside a Slurm step inherits the
 step's ``SLURM_PROCID`` (one per node, not per rank); ``TORCHELASTIC_RUN_ID`` marks such a process
-and makes the torchrun variables win.
+and makes the torchrun variables win. A task of ``srun --mpi=pmix`` (or ``pmi2``) carries both
+``SLURM_PROCID`` and ``PMIX_RANK`` (``PMI_RANK``): it is an MPI program, and the MPI runtime wins
+(its size, when PMIx does not export one, is the step's ``SLURM_NTASKS`` until ``MPI.COMM_WORLD``
+confirms it).
 
 The master port is derived, not negotiated: :func:`derive_master_port` maps (job id, restart
 count, in-allocation attempt) to a port, so every rank computes the same one without talking, and
@@ -200,6 +203,9 @@ def detect_launcher(env: Mapping[str, str]) -> Launcher | None:
     """The launcher family whose variables are present, by precedence (see module doc)."""
     if "HPCRUN_RANK" not in env and "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
         return Launcher.TORCHRUN
+    if "HPCRUN_RANK" not in env and "SLURM_PROCID" in env and (
+            "PMIX_RANK" in env or "PMI_RANK" in env):
+        return Launcher.MPI
     for family, markers in _MARKERS:
         if any(m in env for m in markers):
             return family
@@ -302,17 +308,25 @@ def _read_mpi(v: _Vars) -> DistEnv:
     """
     rank_var = v.first(*_MPI_NAMES)
     size_var, local_var, local_size_var = _MPI_NAMES[rank_var]
-    world = v.integer(size_var)
-    local_size = v.integer(local_size_var, 1 if world == 1 else None)
+    in_step = "SLURM_PROCID" in v.env  # srun --mpi=pmix: the step's own counts stand in
+    world = v.integer(size_var, v.integer("SLURM_NTASKS") if in_step else None)
+    local_size = v.integer(local_size_var, 1 if world == 1 else (
+        _step_local_size(v) if in_step else None))
     job_id = v.text("SLURM_JOB_ID", "mpi")
     port = derive_master_port(job_id, v.integer("SLURM_RESTART_COUNT", 0), 0)
-    return DistEnv(rank=v.integer(rank_var), local_rank=v.integer(local_var, 0),
+    local = v.integer(local_var, v.integer("SLURM_LOCALID", 0) if in_step else 0)
+    return DistEnv(rank=v.integer(rank_var), local_rank=local,
                    node_rank=v.integer(rank_var) // local_size, world_size=world,
                    local_world_size=local_size, num_nodes=max(1, -(-world // local_size)),
                    nodes=(), master_addr=v.env.get("MASTER_ADDR", ""),
                    master_port=v.integer("MASTER_PORT", port), job_id=job_id,
                    restart_count=v.integer("SLURM_RESTART_COUNT", 0), attempt=0,
                    launcher=Launcher.MPI)
+
+
+def _step_local_size(v: _Vars) -> int:
+    per_node_var = v.first("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    return _tasks_on_node(v.text(per_node_var), v.integer("SLURM_NODEID"), per_node_var)
 
 
 _READERS: dict[Launcher, Callable[[_Vars], DistEnv]] = {

@@ -38,7 +38,7 @@ from hpcrun.launch.shipped import shipped_dir
 from hpcrun.launch.signals import signal_number
 from hpcrun.launch.striping import SharedTierConfig, shared_tier_from_dict
 from hpcrun.storage import LOCAL_STORAGE, Storage
-from hpcrun.vocab import Backend, DistBackend
+from hpcrun.vocab import Backend, DistBackend, RankLauncher
 
 SITE_SCHEMA_VERSION = 1
 SITE_CONFIGS_ENV = "HPCRUN_SITE_CONFIGS"
@@ -109,6 +109,10 @@ class SiteConfig:
     """Whether jobs may be requeued on this site (``--requeue``, ``scontrol requeue``)."""
     dist_backend: DistBackend = DistBackend.AUTO
     """Default process group backend of this site's runs (a spec's ``dist.backend`` wins)."""
+    rank_launcher: RankLauncher = RankLauncher.AGENT
+    """What starts the ranks: ``agent`` (each node's agent forks them) or ``pmix`` (one
+    ``srun --mpi=pmix`` step per incarnation, ranks placed by MPI: needs Slurm's PMIx plugin,
+    Open MPI and mpi4py on the nodes); a spec's ``dist.rank_launcher`` wins."""
     pg_init_timeout_s: float = 300.0
     """Seconds the rendezvous and process-group init may wait for every rank."""
     step_timeout_s: float = 120.0
@@ -215,6 +219,7 @@ _SCALAR_TYPES: dict[str, tuple[type, ...]] = {
     "constraint": (str,), "gpus_per_node": (int,), "gres": (str,), "preempt_signal": (str, int),
     "preempt_lead_s": (int,), "preempt_mode": (str,), "python": (str,),
     "mtbf_prior_h": (int, float), "requeue_allowed": (bool,), "dist_backend": (str,),
+    "rank_launcher": (str,),
     "pg_init_timeout_s": (int, float), "step_timeout_s": (int, float),
     "checkpoint_timeout_s": (int, float), "sweep_max_points": (int,), "fabric_interface": (str,),
 }
@@ -224,7 +229,7 @@ _NULLABLE = frozenset({"partition", "high_partition", "account", "qos", "constra
                        "python"})
 _REQUIRED = ("name", "node_local_path", "shared_path")
 _ENUMS: dict[str, type[StrEnum]] = {"backend": Backend, "preempt_mode": PreemptMode,
-                                     "dist_backend": DistBackend}
+                                     "dist_backend": DistBackend, "rank_launcher": RankLauncher}
 _ENV_KEYS = frozenset({"env", "nccl_env"})
 
 

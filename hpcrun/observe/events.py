@@ -63,7 +63,7 @@ class EventKind(StrEnum):
     STRAGGLER = "straggler"      # data: score, straggler_rank, straggler_node
     HANG = "hang"                # data: stalled_s, hang_rank, hang_node
     STATE = "state"              # data: state, nodes (STARTING marks an allocation's start)
-    RANK_START = "rank_start"    # data: backend, device, cpus (binding), collective timeouts,
+    RANK_START = "rank_start"    # data: backend, launcher, device, cpus (binding), timeouts,
     #                              image_root, image_root_id (in an image: what / is)
     REGISTERED = "registered"    # data: families (preflight's probe: ctx.restore accepted them)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
@@ -33,6 +34,7 @@ from hpcrun.control.log import EntryKind, RunLog, new_holder, write_log_copy
 from hpcrun.control.states import RunState
 from hpcrun.control.sweep import ARRAY_TASK_ENV, array_task_run_dir, point_environ
 from hpcrun.errors import ConfigError, EnvError, HpcrunError, StaleGenerationError
+from hpcrun.launch.ranklaunch import rank_launcher
 from hpcrun.launch.signals import StopFlag, ignored_from_exec, signal_number
 from hpcrun.runtime import preemption
 from hpcrun.runtime.incarnation import (
@@ -48,7 +50,7 @@ from hpcrun.runtime.incarnation import (
 )
 from hpcrun.runtime.node.drainproc import DrainProcess
 from hpcrun.runtime.node.faultlog import FaultLog
-from hpcrun.runtime.node.gang import Gang, node_ending
+from hpcrun.runtime.node.gang import Gang, RankGang, node_ending
 from hpcrun.runtime.node.gpus import NodeGpus, diagnostics_dir
 from hpcrun.runtime.node.image import rank_argv, rank_image, rank_python
 from hpcrun.runtime.node.info import NodeInfo
@@ -61,13 +63,14 @@ from hpcrun.runtime.node.upstream import cancel_if_upstream_broken
 from hpcrun.runtime.rank import script
 from hpcrun.runtime.supervise.decisions import Fail
 from hpcrun.runtime.supervise.supervisor import Supervisor
-from hpcrun.vocab import Backend
+from hpcrun.vocab import Backend, RankLauncher
 
 if TYPE_CHECKING:
     from hpcrun.control.log import LogEntry
     from hpcrun.control.spec import RunSpec
     from hpcrun.launch.fabric import FabricChoice
     from hpcrun.launch.site import SiteConfig
+    from hpcrun.runtime.node.mpigang import AdoptedGang, MpiStep
     from hpcrun.runtime.node.observations import NodeObserver
     from hpcrun.runtime.rank.warm import WarmPool
 
@@ -100,6 +103,7 @@ class Agent:
         # what the ranks are sent on a stop: a script's own choice in script mode
         self.rank_signal = script.rank_signal(spec) if spec.script_mode else self.preempt_signal
         self.stop = StopFlag(clock=clock)
+        self.rank_launcher = RankLauncher.AGENT if spec.script_mode else rank_launcher(spec, site)
         self.gpus = NodeGpus(spec=spec, site=site, environ=self.environ)
         self.image = rank_image(site.container, spec, run_dir=run_dir,
                                 node_local_root=node.node_local_root, environ=self.environ,
@@ -377,7 +381,7 @@ class Agent:
     def _moved_on(self, inc: Incarnation) -> Watched | AgentExit | None:
         return self.supervisor.moved_on(inc, peer_faulted=self.faults.peer_faulted)
 
-    def _observer(self, inc: Incarnation, gang: Gang) -> NodeObserver:
+    def _observer(self, inc: Incarnation, gang: RankGang) -> NodeObserver:
         from hpcrun.runtime.node.observations import NodeObserver
 
         # the run summary is node rank 0's duty: it moves with that position, a swap included
@@ -385,11 +389,13 @@ class Agent:
                             supervisor=self.node.placed(inc.gang).node_rank == 0, clock=self.clock)
 
     # -- processes ---------------------------------------------------------------------------
-    def _gang(self, inc: Incarnation) -> Gang:
+    def _gang(self, inc: Incarnation) -> RankGang:
         # one reader of the log per node: the ranks start from what this view already read
         write_log_copy(inc.log_copy(), self.view.entries)
         k = self.spec.resources.tasks_per_node
         first = self.node.placed(inc.gang).node_rank * k
+        if self.rank_launcher is RankLauncher.PMIX:
+            return self._mpi_gang(inc, list(range(first, first + k)))
         scripted = self.spec.script_mode
         argv = (script.rank_argv(self.spec, rank_python(self.image, self.python)) if scripted
                 else ["-m", "hpcrun.runtime.rank.worker"])
@@ -399,6 +405,40 @@ class Agent:
                     preempt_signal=self.rank_signal, warm=self.warm,
                     argv=self._rank_argv(argv),
                     read_exit=self._script_exit if scripted else None)
+
+    def _mpi_gang(self, inc: Incarnation, ranks: list[int]) -> AdoptedGang:
+        """This node's ranks as tasks of the incarnation's ``srun --mpi=pmix`` step, which the
+        supervising agent starts (:mod:`hpcrun.runtime.node.mpigang`)."""
+        from hpcrun.launch.gpu import resolve_timeouts
+        from hpcrun.runtime.node.mpigang import AdoptedGang
+        from hpcrun.runtime.rank.mpitask import pid_path, rank_env_path
+
+        # the rendezvous' own wait, plus an interpreter's start on a loaded node
+        wait_s = resolve_timeouts(self.spec, self.site).init_s + 60.0
+        return AdoptedGang(
+            ranks=ranks, env_for=lambda r: self._rank_env(inc, r),
+            env_path_for=lambda r: rank_env_path(self.run_dir, self.node.node,
+                                                 generation=inc.generation,
+                                                 attempt=inc.attempt, rank=r),
+            exit_report_for=inc.exit_report, pid_path_for=lambda r: pid_path(inc, r),
+            start_wait_s=wait_s,
+            step=self._mpi_step(inc, wait_s) if self.supervisor.supervising else None)
+
+    def _mpi_step(self, inc: Incarnation, wait_s: float) -> MpiStep:
+        from hpcrun.launch.ranklaunch import mpi_step_argv
+        from hpcrun.runtime.node.mpigang import MpiStep
+
+        held = signal.Signals(self.preempt_signal).name.removeprefix("SIG")
+        argv = mpi_step_argv(
+            job_id=self.node.job_id, nodes=self.node.placed(inc.gang).nodes,
+            tasks_per_node=self.spec.resources.tasks_per_node,
+            # each task starts with the preemption signal ignored until its handler holds it
+            python=["/bin/sh", "-c", f'trap "" {held}; exec "$@"', "hpcrun-rank", self.python],
+            run_dir=str(self.run_dir), generation=inc.generation, attempt=inc.attempt,
+            output=str(self.run_dir / "logs" / "%N" / "rank-%5t.out"), wait_s=wait_s)
+        return MpiStep(argv=argv, env=self.environ,
+                       log=inc.logs_dir() / f"mpi-step-g{inc.generation:04d}.a{inc.attempt}.out",
+                       cwd=self.environ.get("HPCRUN_CODE_PATH") or None)
 
     def _rank_argv(self, argv: list[str]) -> list[str]:
         return rank_argv(self.image, self.python, argv)
@@ -412,8 +452,8 @@ class Agent:
         from hpcrun.runtime.rank.warm import ENTRYPOINT_ENV, WARM_ENV, WarmPool, warm_fits
 
         setting = self.environ.get(WARM_ENV, "")
-        if setting == "0" or self.spec.script_mode:
-            return None  # a script's imports are its own
+        if setting == "0" or self.spec.script_mode or self.rank_launcher is RankLauncher.PMIX:
+            return None  # a script's imports are its own; an MPI launcher starts its own tasks
         # the local backend's emulated nodes all run on this machine's cores
         sharing = len(self.node.nodes) if self.node.backend == Backend.LOCAL else 1
         if setting != "1" and not warm_fits(

@@ -113,6 +113,11 @@ class TestbedConfig:
         return self.state_dir / "etc" / "slurm.conf"
 
     @property
+    def mpi_conf(self) -> Path:
+        """Slurm reads ``mpi.conf`` beside ``slurm.conf``."""
+        return self.state_dir / "etc" / "mpi.conf"
+
+    @property
     def slurmdbd_conf(self) -> Path:
         return self.state_dir / "etc" / "slurmdbd.conf"
 
@@ -282,6 +287,14 @@ def render_slurm_conf(config: TestbedConfig) -> str:
     lines = [*_header("slurm.conf"), *_daemon_lines(config), *_behaviour_lines(config),
              *_node_lines(config)]
     return "\n".join(lines) + "\n"
+
+
+def render_mpi_conf(config: TestbedConfig) -> str:
+    """The testbed's ``mpi.conf``: each PMIx step's client directory on the node's own
+    node-local path. The nodes share ``/tmp``, where two nodes' tasks of one ``srun --mpi=pmix``
+    step would both create ``spmix_appdir_<uid>_<step>`` and the second node's launch fail."""
+    return "\n".join([*_header("mpi.conf"),
+                      f"PMIxCliTmpDirBase={config.node_local_path}"]) + "\n"
 
 
 def render_slurmdbd_conf(config: TestbedConfig) -> str:

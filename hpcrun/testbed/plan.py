@@ -15,11 +15,15 @@ from pathlib import Path
 from hpcrun.errors import ArgumentError
 from hpcrun.testbed.config import CONTROLLER_HOSTNAME, TestbedConfig
 
-PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server", "charliecloud-runtime")
+PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server", "charliecloud-runtime",
+            "openmpi-bin", "libopenmpi-dev")
 """Debian packages ``up`` installs when one of :data:`REQUIRED_BINARIES` is missing
 (``charliecloud-runtime``: ``ch-run``, which the container tests start ranks with; the
-``charliecloud`` meta package would pull in its image builders and docker.io)."""
-REQUIRED_BINARIES = ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd", "ch-run")
+``charliecloud`` meta package would pull in its image builders and docker.io; ``openmpi-bin``
+and ``libopenmpi-dev``: Open MPI for mpi4py and, through ``libpmix-dev``, the PMIx library
+Slurm's ``--mpi=pmix`` plugin loads)."""
+REQUIRED_BINARIES = ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd", "ch-run",
+                     "mpiexec")
 SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_RUN_DIR = Path("/run/munge")

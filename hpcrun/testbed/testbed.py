@@ -26,6 +26,7 @@ from hpcrun.testbed.config import (
     node_index,
     render_db_init_sql,
     render_hosts,
+    render_mpi_conf,
     render_slurm_conf,
     render_slurmdbd_conf,
     sibling_lane_dirs,
@@ -191,6 +192,7 @@ class Testbed:
             d.write_text(c.hosts_file(node), render_hosts(c, node))
         Path(c.node_local_path).mkdir(parents=True, exist_ok=True)  # the mount point
         d.write_text(c.slurm_conf, render_slurm_conf(c))
+        d.write_text(c.mpi_conf, render_mpi_conf(c))
         d.write_text(c.slurmdbd_conf, render_slurmdbd_conf(c), mode=0o600)
         d.write_text(c.db_init_sql, render_db_init_sql(c), mode=0o600)
         d.write_text(c.testbed_json, config_to_json(c))

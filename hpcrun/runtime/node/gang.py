@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from hpcrun.launch.signals import ignored_from_exec
 from hpcrun.runtime.incarnation import Ending, RankExit
@@ -35,6 +35,33 @@ def read_exit_report(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return raw if isinstance(raw, dict) else {}
+
+
+class RankGang(Protocol):
+    """What an agent does with its node's ranks: :class:`Gang` (ranks it forks) or
+    :class:`~hpcrun.runtime.node.mpigang.AdoptedGang` (ranks an MPI launcher started)."""
+
+    ranks: list[int]
+    exits: dict[int, RankExit]
+
+    def start(self) -> None: ...
+
+    def poll(self) -> list[RankExit]: ...
+
+    @property
+    def pending(self) -> list[int]: ...
+
+    @property
+    def live_ranks(self) -> list[int]: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def signal(self, signum: int) -> None: ...
+
+    def kill(self, *, grace_s: float = 5.0) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Gang:

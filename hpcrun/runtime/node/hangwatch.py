@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from hpcrun.observe.culprit import Culprit
     from hpcrun.observe.heartbeat import NodeHeartbeat, RankBeat
     from hpcrun.runtime.incarnation import Incarnation
-    from hpcrun.runtime.node.gang import Gang
+    from hpcrun.runtime.node.gang import RankGang
 
 START_GRACE_S = 600.0  # a rank with no finished step after this (or 2x the hang threshold) hung
 EVIDENCE_WAIT_S = 15.0
@@ -55,7 +55,7 @@ def hang_threshold(spec: RunSpec) -> float:
     return float(rto) if rto else 600.0
 
 
-def hang_watch(inc: Incarnation, gang: Gang, *, spec: RunSpec, environ: Mapping[str, str],
+def hang_watch(inc: Incarnation, gang: RankGang, *, spec: RunSpec, environ: Mapping[str, str],
                node: str, clock: Clock,
                record_fault: Callable[[Mapping[str, Any]], None]) -> Callable[[], bool]:
     """A check the agent calls every poll: whether a rank hung (and was dealt with)."""

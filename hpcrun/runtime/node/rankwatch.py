@@ -41,7 +41,7 @@ from hpcrun.runtime import faults, preemption
 from hpcrun.runtime.incarnation import AgentExit, Incarnation
 from hpcrun.runtime.node.budget_watch import BudgetWatch
 from hpcrun.runtime.node.faultlog import FaultLog
-from hpcrun.runtime.node.gang import Gang
+from hpcrun.runtime.node.gang import RankGang
 from hpcrun.runtime.node.hangwatch import hang_watch
 from hpcrun.runtime.rank import script
 from hpcrun.runtime.rank.warm import all_stepped
@@ -91,7 +91,7 @@ class RankWatch:
         self.environ = environ
         self.clock = clock
 
-    def watch(self, inc: Incarnation, gang: Gang, obs: NodeObserver,
+    def watch(self, inc: Incarnation, gang: RankGang, obs: NodeObserver,
               moved_on: MovedOn) -> Watched | AgentExit:
         """Watch ``inc``'s ranks until they all end, one fails, or the run moves on."""
         hang = hang_watch(inc, gang, spec=self.spec, environ=self.environ, node=self.node,
@@ -119,7 +119,7 @@ class RankWatch:
 
         return tick
 
-    def _poll_until_ended(self, inc: Incarnation, gang: Gang, obs: NodeObserver,
+    def _poll_until_ended(self, inc: Incarnation, gang: RankGang, obs: NodeObserver,
                           hang: Callable[[], bool], moved_on: MovedOn) -> Watched | AgentExit:
         relay = preemption.Relay(self.stop, self.rank_signal, clock=self.clock)
         grace = script.Grace(script.grace_s(self.site))

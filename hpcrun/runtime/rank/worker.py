@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from hpcrun.checkpoint.peer.read import PeerShards
     from hpcrun.control.log import RunLog
     from hpcrun.control.spec import RunSpec
+    from hpcrun.launch.env import DistEnv
     from hpcrun.launch.signals import StopFlag
     from hpcrun.runtime.rank.context import Context
 
@@ -145,11 +146,12 @@ def cadence_factory(run_dir: Path, policy: Any, log: Any, *,
 
 
 def build_context(environ: Mapping[str, str], stop: StopFlag,
-                  marks: StartMarks | None = None) -> Context:
+                  marks: StartMarks | None = None, dist: DistEnv | None = None) -> Context:
     """Wire a Context from the environment around the process's stop flag.
 
     ``marks`` records where the start went (imports, process groups, context) and is bound to
-    the rank's event writer.
+    the rank's event writer; ``dist``: this rank's place when its launcher gave it (an MPI
+    task, :mod:`hpcrun.runtime.rank.mpitask`), else read from ``environ``.
     """
     from hpcrun.checkpoint import Checkpointer, CheckpointIdentity, Layout, TierLayout
     from hpcrun.control.log import RunLog, read_log_copy
@@ -172,7 +174,7 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     mark = marks.mark if marks is not None else (lambda name: None)
     mark("imports")
     image_root = check_image(environ)
-    env = DistEnv.from_environ(environ)
+    env = dist if dist is not None else DistEnv.from_environ(environ)
     inc = Incarnation.from_environ(environ)
     spec = load_run_spec(inc.run_dir)
     preempt = signal_number(environ.get("HPCRUN_PREEMPT_SIGNAL", "USR1"))
@@ -210,7 +212,8 @@ def build_context(environ: Mapping[str, str], stop: StopFlag,
     events = EventWriter(rank_events_path(inc, env.rank), run_id=inc.run_id,
                          generation=inc.generation, rank=env.rank, node=inc.node,
                          dataset_id=spec.data.dataset_id or "", observer=tracker)
-    events.emit(EventKind.RANK_START, 0, backend=groups.backend, device=str(groups.device),
+    events.emit(EventKind.RANK_START, 0, backend=groups.backend, launcher=str(env.launcher),
+                 device=str(groups.device),
                  cpus=bound, pg_init_timeout_s=settings.timeouts.init_s,
                  step_timeout_s=settings.timeouts.step_s,
                  checkpoint_timeout_s=settings.timeouts.checkpoint_s,
@@ -328,8 +331,9 @@ def _registered(report_path: Path, rank: int) -> Callable[[int], None]:
     return done
 
 
-def run(environ: Mapping[str, str]) -> int:
-    """Run one rank to completion; return its exit status."""
+def run(environ: Mapping[str, str], *, dist: DistEnv | None = None) -> int:
+    """Run one rank to completion; return its exit status (``dist``: see
+    :func:`build_context`)."""
     from hpcrun.launch.dist import destroy_process_group
     from hpcrun.launch.signals import StopFlag, signal_number
     from hpcrun.runtime import preemption
@@ -343,7 +347,7 @@ def run(environ: Mapping[str, str]) -> int:
     stop = StopFlag()
     try:
         with preemption.rank_stop_signals(preempt, stop):
-            ctx = build_context(environ, stop, marks)
+            ctx = build_context(environ, stop, marks, dist)
             fn = resolve_entrypoint(ctx.spec.entrypoint, environ.get("HPCRUN_CODE_PATH"))
             marks.mark("entrypoint")
             marks.emit()

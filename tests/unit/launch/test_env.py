@@ -162,3 +162,15 @@ def test_port_inputs_are_validated() -> None:
         derive_master_port("1", -1, 0)
     with pytest.raises(ValueError, match=r"1\.\.65535"):
         derive_master_port("1", 0, 0, base=60000, span=10000)
+
+
+def test_a_task_of_srun_mpi_pmix_is_an_mpi_program() -> None:
+    """``srun --mpi=pmix`` sets the step's variables and PMIx's rank, but no PMIx size: the MPI
+    runtime wins, with the step's counts standing in until COMM_WORLD confirms them."""
+    task = {**SLURM_RANK5, "PMIX_RANK": "5"}
+    env = DistEnv.from_environ(task)
+    slurm = DistEnv.from_environ(SLURM_RANK5)
+    assert env.launcher is Launcher.MPI and env.master_addr == "", "filled over MPI at init"
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (
+        slurm.rank, slurm.world_size, slurm.local_rank, slurm.local_world_size)
+    assert DistEnv.from_environ({**task, **HPCRUN_RANK3}).launcher is Launcher.HPCRUN

@@ -54,6 +54,9 @@ CASES = {
     "nccl-without-gpus": ({"dist": {"backend": "nccl"}},
                           "site: dist.backend is nccl but site 'local' has no GPUs "
                           "(gpus_per_node: 0); NCCL needs a GPU per rank; set dist.backend: gloo"),
+    "pmix-on-the-local-backend": ({"dist": {"rank_launcher": "pmix"}},
+                                  "site: dist.rank_launcher is pmix but the run's backend is "
+                                  "local: `srun --mpi=pmix` needs Slurm"),
     "negative-spares": ({"resources": {"spare_nodes": -1}},
                         "run.yaml: resources.spare_nodes: expected an integer >= 0"),
     "min-nodes-above-nodes": ({"membership": {"mode": "elastic", "min_nodes": 3}},

@@ -43,12 +43,12 @@ def test_missing_packages_that_apt_cannot_install_fail_clearly(tmp_path: Path) -
         tb.up()
     message = str(err.value)
     assert "\n" not in message
-    assert "needs slurmctld, slurmd, munged, slurmdbd, mariadbd, ch-run" in message
+    assert "needs slurmctld, slurmd, munged, slurmdbd, mariadbd, ch-run, mpiexec" in message
     assert "exited 100: E: Unable to locate package slurm-wlm" in message
     install = runner.calls[1]
     assert install[:5] == ("apt-get", "install", "-y", "--no-install-recommends", "slurm-wlm")
     assert set(install[5:]) == {"munge", "slurmdbd", "mariadb-server",
-                                "charliecloud-runtime"}
+                                "charliecloud-runtime", "openmpi-bin", "libopenmpi-dev"}
 
 
 def test_down_is_idempotent_and_wipes_only_what_the_testbed_owns(tmp_path: Path) -> None:
