@@ -363,7 +363,7 @@ class Agent:
             failed = outcome in (Watched.FAILED, Watched.PEER_FAILED)
             grace = float(self.environ.get("HPCRUN_KILL_GRACE_S", "5"))
             gang.kill(grace_s=min(grace, FAULT_KILL_GRACE_S) if failed else grace)
-            self.drains.end(drainer, failed=failed)
+            self.drains.end(drainer, failed=failed, wait_s=self.supervisor.time_left())
             obs.close()  # the node stream's last lines, once the ranks are gone
         if isinstance(outcome, AgentExit):
             obs.finish()

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,12 @@ from hpcrun.storage import Storage
 
 if TYPE_CHECKING:
     from hpcrun.checkpoint.peer.push import PushTarget
+
+
+OP_FLOOR_S = 5.0
+"""The shortest deadline an operation of a final drain gets (a healthy tier answers in far less;
+the supervisor keeps :data:`~hpcrun.runtime.supervise.supervisor.REQUEUE_MARGIN_S` of a grace
+for what follows)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +80,12 @@ class DrainTarget:
                 "--interval", str(interval_s),
                 "--deadline", str(self.deadline_s), "--inject", self.injection,
                 "--partner", self.partner] + (["--supervisor"] if self.supervisor else [])
+
+    def within(self, seconds: float) -> DrainTarget:
+        """The same drain with each shared-tier operation bounded by ``seconds`` as well (at
+        least :data:`OP_FLOOR_S`): the end of an incarnation, whose time left after a stop is
+        the preemption's grace, never waits out the site's longer deadline on a hung tier."""
+        return replace(self, deadline_s=max(OP_FLOOR_S, min(self.deadline_s, seconds)))
 
     def push_target(self) -> PushTarget:
         """This node's partner copies, pushed under the same fencing token."""

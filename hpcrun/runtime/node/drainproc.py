@@ -36,6 +36,10 @@ INTERVAL_S = 2.0
 """Seconds between two background drain rounds."""
 RETRY_S = 1.0
 """Pause between retries of a final drain round that left this node's share undrained."""
+STOP_WAIT_S = 30.0
+"""How long a stopped drain may finish its round in flight before it is killed."""
+STOP_WAIT_FLOOR_S = 2.0
+"""The least of it, whatever the time left (a healthy round ends in far less)."""
 
 
 class DrainProcess:
@@ -81,14 +85,17 @@ class DrainProcess:
         finally:
             out.close()
 
-    def end(self, proc: subprocess.Popen[bytes] | None, *, failed: bool) -> None:
+    def end(self, proc: subprocess.Popen[bytes] | None, *, failed: bool,
+            wait_s: float = STOP_WAIT_S) -> None:
         """End ``inc``'s drain process once its ranks are gone: after a failure without
         waiting for the round in flight (no final round follows; reaped before the next drain
-        starts), otherwise stopped and waited for."""
+        starts), otherwise stopped and waited for, at most ``wait_s`` (a preemption's time
+        left: a round blocked on a hung tier must not hold the stop past its grace; a drain
+        killed mid-copy leaves only a temporary file, and the final round redoes the copy)."""
         if failed:
             self.terminate(proc)
         else:
-            self.stop(proc)
+            self.stop(proc, wait_s=max(STOP_WAIT_FLOOR_S, min(STOP_WAIT_S, wait_s)))
 
     def final_round(self, inc: Incarnation, *, time_left: Callable[[], float],
                     clock: Clock = SYSTEM_CLOCK) -> None:
@@ -105,7 +112,7 @@ class DrainProcess:
         )
         from hpcrun.checkpoint.tiers import fold_checkpoints
 
-        target, deadline = self.target(inc), None
+        target, deadline = self.target(inc).within(time_left()), None
         while True:
             drain_to_tier1(target, self.log, DrainRound.FINAL)
             entries = self.log.read()
@@ -159,13 +166,13 @@ class DrainProcess:
         self.stop(proc)
 
     @staticmethod
-    def stop(proc: subprocess.Popen[bytes] | None) -> None:
-        """Stop a drain and wait for it (killed after 30 s)."""
+    def stop(proc: subprocess.Popen[bytes] | None, *, wait_s: float = STOP_WAIT_S) -> None:
+        """Stop a drain and wait for it (killed after ``wait_s``)."""
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -529,7 +529,8 @@ class Supervisor:
         from hpcrun.checkpoint.tiers import fold_checkpoints
 
         # the supervisor commits on tier 1, whichever node of the allocation it runs on
-        target = dataclasses.replace(self._drain(inc), supervisor=commit_tier1)
+        target = dataclasses.replace(self._drain(inc), supervisor=commit_tier1).within(
+            self.time_left())
         self.view.refresh()
         budget = drain_wait_s(pending_bytes(fold_checkpoints(self.view.valid)),
                               drain_rate(self.view.valid), cap_s=self.time_left())
