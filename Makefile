@@ -58,32 +58,14 @@ test-full: test
 CHROMIUM ?= /usr/bin/chromium
 CHROMIUM_PACKAGES := chromium chromium-driver
 chromium:
-	@test -x $(CHROMIUM) && exit 0; \
-	if [ "$$(id -u)" != 0 ]; then \
-	  echo "make test: $(CHROMIUM) is missing and installing it needs root;" \
-	       "run as root or: sudo apt-get install $(CHROMIUM_PACKAGES)" >&2; exit 1; fi; \
-	export DEBIAN_FRONTEND=noninteractive; \
-	apt-get update && apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES) || { \
-	  echo "make test: apt-get install $(CHROMIUM_PACKAGES) failed (see above);" \
-	       "install them by hand and retry" >&2; exit 1; }; \
-	test -x $(CHROMIUM) || { echo "make test: $(CHROMIUM) still missing after" \
-	  "apt-get install $(CHROMIUM_PACKAGES); check that the Debian packages provide it" >&2; \
-	  exit 1; }
+	@.ci/apt-ensure $(CHROMIUM) $(CHROMIUM_PACKAGES)
 
 # Open MPI (and, through libpmix-dev, the PMIx library Slurm's --mpi=pmix plugin loads) from
 # Debian, then mpi4py in the venv (the `mpi` extra): the MPI bootstrap tests and the
 # rank_launcher: pmix runs need them. Installed like Chromium; fails loudly when it cannot.
 MPI_PACKAGES := openmpi-bin libopenmpi-dev
 mpi: venv
-	@if ! command -v mpiexec >/dev/null; then \
-	  if [ "$$(id -u)" != 0 ]; then \
-	    echo "make test: mpiexec is missing and installing it needs root;" \
-	         "run as root or: sudo apt-get install $(MPI_PACKAGES)" >&2; exit 1; fi; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get update && apt-get install -y --no-install-recommends $(MPI_PACKAGES) || { \
-	    echo "make test: apt-get install $(MPI_PACKAGES) failed (see above);" \
-	         "install them by hand and retry" >&2; exit 1; }; \
-	fi
+	@.ci/apt-ensure mpiexec $(MPI_PACKAGES)
 	@$(PY) -c "import mpi4py" 2>/dev/null || \
 	  $(PY) -m pip install -q --disable-pip-version-check -e '.[mpi]'
 
