@@ -12,7 +12,8 @@ as :data:`~hpcrun.storage.META_COST` prices each seam call), on a real run direc
    hot spares, the liveness file each agent replaces every ``FILE_EVERY_S`` (the fallback of
    the network beat, ``LivenessBeat``) and the watchers' read of the files they watch
    (``read_liveness``: a watcher every node's, every other agent the watchers'), and node 0's
-   run summary every 5 s;
+   run summary every 5 s (a gang without spares beats on the network only, no file:
+   ``node_liveness(files=False)``);
 2. **a checkpoint**: save metadata ops per rank and per node, from the scale benchmark's real
    Checkpointer (:func:`benchmarks.scale.__main__.run_one`), with a handful of tensors;
 3. **a restart**: what each rank's start reads of the log (one ``RunLog`` per rank, read three

@@ -137,7 +137,8 @@ class Agent:
                 # every agent beats from its start, whatever its incarnation does, so the
                 # supervisor tells a vanished node from a busy one
                 board, watched = stack.enter_context(node_liveness(
-                    self.run_dir, self.node, host=fabric.address if fabric is not None else None))
+                    self.run_dir, self.node, host=fabric.address if fabric is not None else None,
+                    files=survives_node_loss(self.spec)))
                 self.supervisor.watch_nodes(board, watched)
             if self._serves_peers:
                 stack.enter_context(self._partner_server(fabric))

@@ -227,8 +227,10 @@ class LivenessBeat:
     not published yet."""
 
     def __init__(self, run_dir: Path, node: str, *, every_s: float = ALIVE_EVERY_S,
-                 file_every_s: float = FILE_EVERY_S, sender: BeatSender | None = None,
+                 file_every_s: float | None = FILE_EVERY_S, sender: BeatSender | None = None,
                  storage: Storage = LOCAL_STORAGE) -> None:
+        """``file_every_s`` None: no liveness file, the network beat alone (a run that only
+        needs to learn of a lost node quickly; see :func:`node_liveness`)."""
         self._path = alive_path(run_dir, node)
         self._node, self._every_s, self._file_every_s = node, every_s, file_every_s
         self._sender, self._storage = sender, storage
@@ -266,11 +268,12 @@ class LivenessBeat:
 
     def _file_loop(self) -> None:
         written = float("-inf")
-        tick = min(self._file_every_s, ENDPOINT_RETRY_S)
+        every = self._file_every_s
+        tick = ENDPOINT_RETRY_S if every is None else min(every, ENDPOINT_RETRY_S)
         while not self._stop.is_set():
             if self._sender is not None and self._sender.missing:
                 self._sender.resolve()
-            if time.monotonic() - written >= self._file_every_s:
+            if every is not None and time.monotonic() - written >= every:
                 written = time.monotonic()
                 body = {"schema_version": ALIVE_SCHEMA_VERSION, "node": self._node,
                         "beat": self._next()}
@@ -281,12 +284,18 @@ class LivenessBeat:
 
 
 @contextlib.contextmanager
-def node_liveness(run_dir: Path, node: NodeInfo, *, host: str | None = None
-                  ) -> Iterator[tuple[BeatBoard | None, tuple[str, ...]]]:
+def node_liveness(run_dir: Path, node: NodeInfo, *, host: str | None = None,
+                  files: bool = True) -> Iterator[tuple[BeatBoard | None, tuple[str, ...]]]:
     """This agent's liveness for the job start: its beat receiver (bound to ``host``, the
     node's fabric address; default the node's own), its endpoint published once, its beats
-    (network and file); yields the board of beats heard (None when the network beat could not
-    start: the files alone then) and the nodes this agent watches."""
+    (network and, with ``files``, file); yields the board of beats heard (None when the network
+    beat could not start: the files alone then) and the nodes this agent watches.
+
+    ``files`` False: no liveness file while the network beat runs. A run that survives a node
+    loss keeps the file, the fallback that tells a node the network went quiet on from a dead
+    one; a gang that requeues after a node loss anyway beats only to learn of it before Slurm
+    ends the job, and spares the shared filesystem a file per node every 5 s (819 metadata
+    operations a second at 2,048 nodes)."""
     from hpcrun.checkpoint.peer.server import node_address, run_secret
 
     peers = beat_peers(node.node, node.nodes)
@@ -307,5 +316,6 @@ def node_liveness(run_dir: Path, node: NodeInfo, *, host: str | None = None
         sender = BeatSender(run_dir, beat=Beat(run_id=run_dir.name, job_start=node.job_start_key,
                                                node=node.node, counter=0),
                             peers=peers, secret=secret)
-        with LivenessBeat(run_dir, node.node, sender=sender):
+        with LivenessBeat(run_dir, node.node, sender=sender,
+                          file_every_s=FILE_EVERY_S if files else None):
             yield receiver.board, peers

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcrun.errors import FormatError
-from hpcrun.runtime.node.membership import LivenessBeat, LivenessWatch
+from hpcrun.runtime.node.membership import LivenessBeat, LivenessWatch, alive_path
 from hpcrun.runtime.node.netbeat import (
     MAX_BEAT_BYTES,
     WATCHERS,
@@ -160,3 +160,23 @@ def test_an_agent_beat_keeps_its_watcher_alive_while_its_file_is_stuck(
             assert watch.stale(0.5) == ()
         finally:
             beat._stop.set()
+
+
+def test_a_network_only_beat_writes_no_file_and_still_keeps_its_watcher_alive(
+        tmp_path: Path) -> None:
+    """A gang that requeues after a node loss beats only to learn of it quickly: no liveness
+    file on the shared filesystem, the network beat alone; silent, it goes stale."""
+    board = BeatBoard()
+    with BeatReceiver("127.0.0.1", scope=SCOPE, secret=SECRET, board=board) as receiver:
+        publish_endpoint(tmp_path, "n0", receiver.address, job_start="job7.r0.")
+        sender = BeatSender(tmp_path, beat=BEAT, peers=["n0"], secret=SECRET)
+        sender.resolve()
+        watch = LivenessWatch(["n2"])
+        with LivenessBeat(tmp_path, "n2", every_s=0.05, file_every_s=None, sender=sender):
+            time.sleep(1.0)
+            watch.observe_net(board.heard())
+            assert watch.stale(0.5) == ()
+        assert not alive_path(tmp_path, "n2").exists()
+        time.sleep(0.7)
+        watch.observe_net(board.heard())
+        assert watch.stale(0.5) == ("n2",)
