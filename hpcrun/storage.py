@@ -174,12 +174,7 @@ def _at_seam(fn: Callable[Concatenate[_LS, PathLike, P], T]
 
     @functools.wraps(fn)
     def op(self: _LS, path: PathLike, *args: P.args, **kwargs: P.kwargs) -> T:
-        start = time.monotonic()
-        self._gate.wait_out(path)
-        try:
-            return fn(self, path, *args, **kwargs)
-        finally:
-            self._slow.note(fn.__name__.strip("_"), path, time.monotonic() - start)
+        return self.data(fn.__name__.strip("_"), path, lambda: fn(self, path, *args, **kwargs))
 
     return op
 
@@ -313,6 +308,8 @@ class LocalStorage:
         shutil.rmtree(path, ignore_errors=True)
 
     def data(self, op: str, path: PathLike, fn: Callable[[], T]) -> T:
+        """Any operation at this seam, metadata (:func:`_at_seam`) or data: wait out a drill's
+        stall, then run it; either way, a slow one is recorded."""
         start = time.monotonic()
         self._gate.wait_out(path)
         try:

@@ -594,7 +594,7 @@ class Supervisor:
             if self.view.fence.generation != inc.generation:
                 return rejoin(self.view, self.node, inc)
             lost = self._salvage_asked(inc)
-            if lost and not salvaged and self.node.node_local_root is not None:
+            if lost and not salvaged:
                 salvaged = True
                 self._await_tier1(inc, lost=lost, commit_tier1=False)
                 continue
