@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -110,17 +110,26 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
-                  threads: int = IO_THREADS, sync: bool = True) -> None:
+                  threads: int = IO_THREADS, sync: bool = True,
+                  before: Callable[[int], None] | None = None) -> None:
     """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
+
+    ``before(i)`` runs before extent ``i``'s requests are queued (it may block until the
+    extent's bytes exist, so writes of earlier extents overlap their making; it may raise).
 
     Raises:
         StorageError: the write or the fsync failed (disk full, I/O error).
     """
-    chunks = [c for e in extents for c in _split(e)]
     try:
         with open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            list(pool.map(lambda c: _write_one(fd, direct, c), chunks))
+            futures = []
+            for i, e in enumerate(extents):
+                if before is not None:
+                    before(i)
+                futures += [pool.submit(_write_one, fd, direct, c) for c in _split(e)]
+            for f in futures:
+                f.result()
             if sync:
                 os.fsync(fd)
     except OSError as exc:

@@ -14,6 +14,7 @@ CPU tensors are copied as before.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +22,13 @@ import numpy as np
 import torch
 
 from hpcrun.checkpoint.device import DeviceCopies, is_pinned, on_device, pinned_bytes
-from hpcrun.checkpoint.keys import META_KEY, NATIVE_DTYPES, UINT_OF_WIDTH, Placement
+from hpcrun.checkpoint.keys import (
+    META_KEY,
+    NATIVE_DTYPES,
+    SMALL_DATASET,
+    UINT_OF_WIDTH,
+    Placement,
+)
 from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
 from hpcrun.checkpoint.state import FlatState, TensorLeaf
 from hpcrun.errors import CheckpointError
@@ -230,6 +237,73 @@ def tensor_view(buf: np.ndarray, piece: Piece) -> torch.Tensor:
     return torch.from_numpy(buf).view(torch_dtype(piece.dtype)).view(piece.shape)
 
 
+class StageProgress:
+    """Which staged pieces have landed in the buffer, shared by the staging and writing threads.
+
+    The writer starts before staging ends: it lays the shard out and writes (and hashes) each
+    piece as soon as :meth:`land` says its bytes are in the buffer, so the copy of piece k+1
+    overlaps the write of piece k. :meth:`seal` says staging is over (the save may commit);
+    :meth:`abandon` says it failed, and every waiter raises.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._landed = [threading.Event() for _ in range(count)]
+        self._sealed = threading.Event()
+        self._failed = False
+
+    def land(self, index: int) -> None:
+        """Piece ``index`` (of the staged list) is in the buffer."""
+        self._landed[index].set()
+
+    def seal(self) -> None:
+        """Every piece is in the buffer and the save goes on."""
+        for e in self._landed:
+            e.set()
+        self._sealed.set()
+
+    def abandon(self) -> None:
+        """Staging failed: waiters raise :class:`~hpcrun.errors.CheckpointError`."""
+        self._failed = True
+        self.seal()
+
+    def wait(self, index: int) -> None:
+        """Block until piece ``index`` is in the buffer.
+
+        Raises:
+            CheckpointError: staging was abandoned.
+        """
+        self._landed[index].wait()
+        self._check()
+
+    def wait_sealed(self) -> None:
+        """Block until staging is over (raises CheckpointError when it was abandoned)."""
+        self._sealed.wait()
+        self._check()
+
+    def _check(self) -> None:
+        if self._failed:
+            raise CheckpointError("staging failed before this piece was copied; the save is "
+                                  "abandoned (the training thread raised the cause)")
+
+
+def prepare(pieces: Sequence[Piece], meta_json: bytes, buffer: StagingBuffer,
+            *, device: bool = False) -> list[StagedPiece]:
+    """Where each piece and the meta JSON will land in ``buffer``; grows the buffer if needed
+    (``device``: pinned, for device tensors). Nothing is copied yet."""
+    meta = Piece(key=META_KEY, placement=Placement.LOCAL, dtype="uint8",
+                 global_shape=(len(meta_json),), row_start=0, row_stop=len(meta_json))
+    staged, total = layout([*pieces, meta])
+    buffer.reserve(total, pinned=device)
+    return staged
+
+
+def copy_order(staged: Sequence[StagedPiece]) -> list[int]:
+    """Indices in copy order (pure): the small pieces HDF5 stores inside the layout first, then
+    the large ones in file order, the order the writer writes them."""
+    small = [k for k, sp in enumerate(staged) if sp.piece.nbytes < SMALL_DATASET]
+    return small + [k for k, sp in enumerate(staged) if sp.piece.nbytes >= SMALL_DATASET]
+
+
 def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
           buffer: StagingBuffer) -> list[StagedPiece]:
     """Copy this rank's pieces and its meta JSON into ``buffer``; return where each landed.
@@ -237,23 +311,40 @@ def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
     This is the exposed pause: it runs on the training thread; the write runs afterwards in the
     background from the immutable copy.
     """
-    meta = Piece(key=META_KEY, placement=Placement.LOCAL, dtype="uint8",
-                 global_shape=(len(meta_json),), row_start=0, row_stop=len(meta_json))
-    staged, total = layout([*pieces, meta])
-    device = any(on_device(flat.leaves[p.key].tensor) for p in pieces)
-    buffer.reserve(total, pinned=device)
-    copies = DeviceCopies()
-    for sp in staged[:-1]:
+    staged = prepare(pieces, meta_json, buffer, device=has_device(flat, pieces))
+    copy_staged(flat, staged, meta_json, buffer, StageProgress(len(staged)))
+    return staged
+
+
+def has_device(flat: FlatState, pieces: Sequence[Piece]) -> bool:
+    """Whether any piece is copied from accelerator memory."""
+    return any(on_device(flat.leaves[p.key].tensor) for p in pieces)
+
+
+def copy_staged(flat: FlatState, staged: Sequence[StagedPiece], meta_json: bytes,
+                buffer: StagingBuffer, progress: StageProgress) -> None:
+    """Copy the pieces :func:`prepare` placed (the last is the meta JSON), in
+    :func:`copy_order`, telling ``progress`` as each lands. Device copies land together, once
+    their event completes."""
+    copies, on_gpu = DeviceCopies(), []
+    for k in copy_order(staged):
+        sp = staged[k]
+        if k == len(staged) - 1:  # the meta JSON
+            buffer.view(sp.offset, len(meta_json))[:] = np.frombuffer(meta_json, dtype=np.uint8)
+            progress.land(k)
+            continue
         src = _rows(flat.leaves[sp.piece.key], sp.piece)
         dst = tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
         if on_device(src):
             copies.copy(dst, src)
+            on_gpu.append(k)
         else:
             dst.copy_(src)
-    if device:
+            progress.land(k)
+    if on_gpu:
         copies.wait()
-    buffer.view(staged[-1].offset, len(meta_json))[:] = np.frombuffer(meta_json, dtype=np.uint8)
-    return staged
+        for k in on_gpu:
+            progress.land(k)
 
 
 def _rows(leaf: TensorLeaf, piece: Piece) -> torch.Tensor:
@@ -274,10 +365,14 @@ def is_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list[str]:
-    """Keys of staged floating-point pieces that hold NaN or Inf."""
+def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece],
+                   progress: StageProgress | None = None) -> list[str]:
+    """Keys of staged floating-point pieces that hold NaN or Inf (each scanned once
+    ``progress`` says it landed)."""
     bad = []
-    for sp in staged:
+    for k, sp in enumerate(staged):
+        if progress is not None:
+            progress.wait(k)
         dt = torch_dtype(sp.piece.dtype)
         floating = dt.is_floating_point or dt.is_complex
         if floating and sp.piece.nbytes and not is_finite(
