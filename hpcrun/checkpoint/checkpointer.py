@@ -200,7 +200,7 @@ class Checkpointer:
         writer writes each piece as it lands, so the copy of piece k+1 overlaps the write of
         piece k; it seals the shard only once staging (and its fault stage) is over."""
         staged = prepare(pieces, meta_json, self._buffer, device=has_device(flat, pieces))
-        landing = StageProgress(len(staged))
+        landing = StageProgress([sp.piece.nbytes for sp in staged])
         future = self._pool.submit(self._write, info, staged, landing)
         try:
             copy_staged(flat, staged, meta_json, self._buffer, landing)

@@ -111,11 +111,12 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
                   threads: int = IO_THREADS, sync: bool = True,
-                  before: Callable[[int], None] | None = None) -> None:
+                  before: Callable[[int, int], None] | None = None) -> None:
     """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
 
-    ``before(i)`` runs before extent ``i``'s requests are queued (it may block until the
-    extent's bytes exist, so writes of earlier extents overlap their making; it may raise).
+    ``before(i, end)`` runs before each request is queued: extent ``i``, up to byte ``end`` of
+    it (it may block until those bytes exist, so earlier writes overlap their making; it may
+    raise).
 
     Raises:
         StorageError: the write or the fsync failed (disk full, I/O error).
@@ -125,9 +126,10 @@ def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             futures = []
             for i, e in enumerate(extents):
-                if before is not None:
-                    before(i)
-                futures += [pool.submit(_write_one, fd, direct, c) for c in _split(e)]
+                for c in _split(e):
+                    if before is not None:
+                        before(i, c.file_offset - e.file_offset + len(c.buffer))
+                    futures.append(pool.submit(_write_one, fd, direct, c))
             for f in futures:
                 f.result()
             if sync:

@@ -31,8 +31,8 @@ import xxhash
 from hpcrun.checkpoint.blocks import block_ranges, digest_spans, rows_per_block
 from hpcrun.checkpoint.keys import SMALL_DATASET, Placement, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
-from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
-from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
+from hpcrun.checkpoint.rawio import ALIGN, CHUNK, Extent, read_extents, write_extents
+from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, new_hasher, read_verified
 from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
@@ -46,6 +46,8 @@ attributes; version-1 shards read unchanged."""
 CHECKSUMS = ("xxh3", "sha256")
 
 FaultHook = Callable[[str], None]
+Ready = Callable[..., None]
+"""``ready(piece index, upto=None)``: block until that many bytes of the staged piece landed."""
 
 
 def checksum(algorithm: str, data: Any) -> str:
@@ -115,7 +117,7 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray) -> int:
 
 
 def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
-                 staged: Sequence[StagedPiece], ready: Callable[[int], None]) -> list[int]:
+                 staged: Sequence[StagedPiece], ready: Ready) -> list[int]:
     offsets = []
     with h5py.File(tmp, "w", locking=False, libver="latest", alignment_threshold=SMALL_DATASET,
                    alignment_interval=ALIGN) as f:
@@ -146,7 +148,7 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
         StorageError: the tier failed (full, unwritable).
         CheckpointError: staging was abandoned.
     """
-    ready = progress.wait if progress is not None else (lambda k: None)
+    ready: Ready = progress.wait if progress is not None else _landed
     storage.makedirs(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
     with ThreadPoolExecutor(max_workers=1) as hashing:
@@ -162,7 +164,8 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
                           buffer=buffer.view(staged[k].offset, staged[k].piece.nbytes).data)
                    for k in large]
         write_extents(tmp, extents, sync=False,
-                      before=lambda i: _before_extent(i, len(large) // 2, large, ready, fault))
+                      before=lambda i, end: _before_write(i, end, len(large) // 2, large, ready,
+                                                          fault))
         if not large:
             fault("shard_write")
         digests = pending.result()
@@ -178,12 +181,13 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
                        bytes=storage.size(path), datasets=records)
 
 
-def _before_extent(i: int, half: int, large: Sequence[int], ready: Callable[[int], None],
-                   fault: FaultHook) -> None:
-    """Before extent ``i`` is queued: the mid-write fault stage, then wait for its bytes."""
-    if i == half:
+def _before_write(i: int, end: int, half: int, large: Sequence[int], ready: Ready,
+                  fault: FaultHook) -> None:
+    """Before a request of extent ``i`` up to byte ``end`` is queued: the mid-write fault stage
+    (at the first request of the middle extent), then wait for those bytes to land."""
+    if i == half and end <= CHUNK:
         fault("shard_write")
-    ready(large[i])
+    ready(large[i], end)
 
 
 _Digests = tuple[str, int, tuple[str, ...]]
@@ -191,18 +195,27 @@ _Digests = tuple[str, int, tuple[str, ...]]
 
 
 def _digests(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece],
-             ready: Callable[[int], None]) -> list[_Digests]:
-    out = []
-    for k, sp in enumerate(staged):
-        ready(k)
-        out.append(_digest(algorithm, buffer.view(sp.offset, sp.piece.nbytes), sp.piece))
-    return out
+             ready: Ready) -> list[_Digests]:
+    return [_digest(algorithm, buffer.view(sp.offset, sp.piece.nbytes), sp.piece, ready, k)
+            for k, sp in enumerate(staged)]
 
 
-def _digest(algorithm: str, raw: np.ndarray, p: Any) -> _Digests:
-    """The whole piece's checksum and, for a large DTensor box, its row blocks'
+def _landed(index: int, upto: int | None = None) -> None:
+    """No staging in flight: every byte is in the buffer already."""
+
+
+def _digest(algorithm: str, raw: np.ndarray, p: Any, ready: Ready = _landed,
+            index: int = 0) -> _Digests:
+    """The whole piece's checksum, hashed chunk by chunk as ``ready(index, upto)`` says the
+    bytes landed, and, for a large DTensor box, its row blocks'
     (:mod:`~hpcrun.checkpoint.blocks`: what a resharding restore reads and verifies)."""
-    whole = checksum(algorithm, raw)
+    h = new_hasher(algorithm)
+    for a in range(0, len(raw), CHUNK):
+        b = min(a + CHUNK, len(raw))
+        ready(index, b)
+        h.update(raw[a:b])
+    ready(index)
+    whole = f"{algorithm}:{h.hexdigest()}"
     per = rows_per_block(p.lengths, p.nbytes) if p.placement is Placement.CHUNK else 0
     if not per:
         return whole, 0, ()

@@ -29,7 +29,7 @@ from hpcrun.checkpoint.keys import (
     UINT_OF_WIDTH,
     Placement,
 )
-from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
+from hpcrun.checkpoint.rawio import ALIGN, CHUNK, align_up, aligned_buffer
 from hpcrun.checkpoint.state import FlatState, TensorLeaf
 from hpcrun.errors import CheckpointError
 
@@ -238,46 +238,58 @@ def tensor_view(buf: np.ndarray, piece: Piece) -> torch.Tensor:
 
 
 class StageProgress:
-    """Which staged pieces have landed in the buffer, shared by the staging and writing threads.
+    """How far each staged piece has landed in the buffer, shared by the staging and writing
+    threads.
 
     The writer starts before staging ends: it lays the shard out and writes (and hashes) each
-    piece as soon as :meth:`land` says its bytes are in the buffer, so the copy of piece k+1
-    overlaps the write of piece k. :meth:`seal` says staging is over (the save may commit);
-    :meth:`abandon` says it failed, and every waiter raises.
+    slice of a piece as soon as :meth:`land` says its bytes are in the buffer, so the copy of
+    slice k+1 overlaps the write of slice k. :meth:`seal` says staging is over (the save may
+    commit); :meth:`abandon` says it failed, and every waiter raises.
     """
 
-    def __init__(self, count: int) -> None:
-        self._landed = [threading.Event() for _ in range(count)]
-        self._sealed = threading.Event()
+    def __init__(self, sizes: Sequence[int]) -> None:
+        """Args:
+            sizes: bytes of each staged piece, in the staged list's order.
+        """
+        self._sizes = list(sizes)
+        self._landed = [0] * len(self._sizes)
+        self._cond = threading.Condition()
+        self._sealed = False
         self._failed = False
 
-    def land(self, index: int) -> None:
-        """Piece ``index`` (of the staged list) is in the buffer."""
-        self._landed[index].set()
+    def land(self, index: int, upto: int | None = None) -> None:
+        """The first ``upto`` bytes (None: all) of piece ``index`` are in the buffer."""
+        with self._cond:
+            self._landed[index] = self._sizes[index] if upto is None else upto
+            self._cond.notify_all()
 
     def seal(self) -> None:
         """Every piece is in the buffer and the save goes on."""
-        for e in self._landed:
-            e.set()
-        self._sealed.set()
+        with self._cond:
+            self._landed = list(self._sizes)
+            self._sealed = True
+            self._cond.notify_all()
 
     def abandon(self) -> None:
         """Staging failed: waiters raise :class:`~hpcrun.errors.CheckpointError`."""
         self._failed = True
         self.seal()
 
-    def wait(self, index: int) -> None:
-        """Block until piece ``index`` is in the buffer.
+    def wait(self, index: int, upto: int | None = None) -> None:
+        """Block until the first ``upto`` bytes (None: all) of piece ``index`` are in the buffer.
 
         Raises:
             CheckpointError: staging was abandoned.
         """
-        self._landed[index].wait()
+        need = self._sizes[index] if upto is None else upto
+        with self._cond:
+            self._cond.wait_for(lambda: self._landed[index] >= need)
         self._check()
 
     def wait_sealed(self) -> None:
         """Block until staging is over (raises CheckpointError when it was abandoned)."""
-        self._sealed.wait()
+        with self._cond:
+            self._cond.wait_for(lambda: self._sealed)
         self._check()
 
     def _check(self) -> None:
@@ -312,7 +324,8 @@ def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
     background from the immutable copy.
     """
     staged = prepare(pieces, meta_json, buffer, device=has_device(flat, pieces))
-    copy_staged(flat, staged, meta_json, buffer, StageProgress(len(staged)))
+    copy_staged(flat, staged, meta_json, buffer,
+                StageProgress([sp.piece.nbytes for sp in staged]))
     return staged
 
 
@@ -324,8 +337,8 @@ def has_device(flat: FlatState, pieces: Sequence[Piece]) -> bool:
 def copy_staged(flat: FlatState, staged: Sequence[StagedPiece], meta_json: bytes,
                 buffer: StagingBuffer, progress: StageProgress) -> None:
     """Copy the pieces :func:`prepare` placed (the last is the meta JSON), in
-    :func:`copy_order`, telling ``progress`` as each lands. Device copies land together, once
-    their event completes."""
+    :func:`copy_order`, row slice by row slice (:func:`row_slices`), telling ``progress`` as
+    each lands. Device copies land together, once their event completes."""
     copies, on_gpu = DeviceCopies(), []
     for k in copy_order(staged):
         sp = staged[k]
@@ -338,13 +351,28 @@ def copy_staged(flat: FlatState, staged: Sequence[StagedPiece], meta_json: bytes
         if on_device(src):
             copies.copy(dst, src)
             on_gpu.append(k)
-        else:
-            dst.copy_(src)
-            progress.land(k)
+            continue
+        for a, b, upto in row_slices(sp.piece):
+            if sp.piece.shape:
+                dst[a:b].copy_(src[a:b])
+            else:
+                dst.copy_(src)
+            progress.land(k, upto)
     if on_gpu:
         copies.wait()
         for k in on_gpu:
             progress.land(k)
+
+
+def row_slices(piece: Piece, nbytes: int = CHUNK) -> list[tuple[int, int, int]]:
+    """``(first row, end row, bytes up to the end row)`` slices of about ``nbytes`` that cover
+    the piece in order (pure; one slice for a 0-d or small piece)."""
+    if not piece.shape or piece.nbytes < SMALL_DATASET:
+        return [(0, rows_of(piece.shape), piece.nbytes)]
+    rows = piece.shape[0]
+    width = piece.nbytes // rows if rows else 0
+    step = max(1, nbytes // width) if width else rows or 1
+    return [(a, min(a + step, rows), min(a + step, rows) * width) for a in range(0, rows, step)]
 
 
 def _rows(leaf: TensorLeaf, piece: Piece) -> torch.Tensor:
@@ -367,15 +395,19 @@ def is_finite(t: torch.Tensor) -> bool:
 
 def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece],
                    progress: StageProgress | None = None) -> list[str]:
-    """Keys of staged floating-point pieces that hold NaN or Inf (each scanned once
+    """Keys of staged floating-point pieces that hold NaN or Inf (each row slice scanned once
     ``progress`` says it landed)."""
     bad = []
     for k, sp in enumerate(staged):
-        if progress is not None:
-            progress.wait(k)
         dt = torch_dtype(sp.piece.dtype)
-        floating = dt.is_floating_point or dt.is_complex
-        if floating and sp.piece.nbytes and not is_finite(
-                tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)):
+        if not (dt.is_floating_point or dt.is_complex) or not sp.piece.nbytes:
+            continue
+        t = tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
+        finite = True
+        for a, b, upto in row_slices(sp.piece):
+            if progress is not None:
+                progress.wait(k, upto)
+            finite = finite and is_finite(t[a:b] if sp.piece.shape else t)
+        if not finite:
             bad.append(sp.piece.key)
     return bad

@@ -3,6 +3,7 @@ staging leaves nothing a restore could take."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from hpcrun.checkpoint.stage import (
     copy_staged,
     plan_pieces,
     prepare,
+    row_slices,
 )
 from hpcrun.checkpoint.state import flatten_state
 from hpcrun.errors import CheckpointError
@@ -48,20 +50,32 @@ def test_small_pieces_are_copied_first_then_the_large_in_file_order() -> None:
     assert order[small:] == sorted(order[small:])
 
 
+def test_row_slices_cover_a_piece_in_order_at_about_the_asked_size() -> None:
+    flat = flatten_state(_big_state())
+    pieces = {p.key: p for p in plan_pieces(flat, rank=0, world_size=1)}
+    big = pieces["a"]  # 300 rows of 514 bytes
+    slices = row_slices(big, nbytes=10_000)
+    assert slices[0] == (0, 19, 19 * 514) and slices[-1][1:] == (300, big.nbytes)
+    assert all(b == c for (_, b, _), (c, _, _) in itertools.pairwise(slices))
+    assert row_slices(pieces["scalar"]) == [(0, 1, pieces["scalar"].nbytes)]
+    assert row_slices(pieces["norm"]) == [(0, 33, 132)]  # small: one slice
+
+
 def test_a_shard_written_while_its_pieces_land_late_holds_every_byte(tmp_path: Path) -> None:
     state = _big_state()
     flat = flatten_state(state)
     buffer = StagingBuffer()
     staged = prepare(plan_pieces(flat, rank=0, world_size=1), b'{"m": 1}', buffer)
-    progress = StageProgress(len(staged))
+    sizes = [sp.piece.nbytes for sp in staged]
+    progress = StageProgress(sizes)
 
     class SlowProgress(StageProgress):
-        def land(self, index: int) -> None:
-            time.sleep(0.02)  # the writer is always waiting for the next piece
-            progress.land(index)
+        def land(self, index: int, upto: int | None = None) -> None:
+            time.sleep(0.02)  # the writer is always waiting for the next slice
+            progress.land(index, upto)
 
     copier = threading.Thread(target=lambda: (copy_staged(
-        flat, staged, b'{"m": 1}', buffer, SlowProgress(0)), progress.seal()))
+        flat, staged, b'{"m": 1}', buffer, SlowProgress(sizes)), progress.seal()))
     copier.start()
     record = write_shard(tmp_path / "s.h5", HEADER, buffer, staged, progress=progress)
     copier.join()
@@ -76,7 +90,7 @@ def test_an_abandoned_staging_fails_the_writer_and_leaves_no_shard(tmp_path: Pat
     flat = flatten_state(_big_state())
     buffer = StagingBuffer()
     staged = prepare(plan_pieces(flat, rank=0, world_size=1), b"{}", buffer)
-    progress = StageProgress(len(staged))
+    progress = StageProgress([sp.piece.nbytes for sp in staged])
     progress.land(0)
     progress.abandon()
     with pytest.raises(CheckpointError, match="staging failed"):
