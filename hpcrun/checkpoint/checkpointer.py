@@ -230,7 +230,7 @@ class Checkpointer:
         # writes, so the scan costs no time. A refused shard is never committed; it is debris
         # that retention removes.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-finite") as scan:
-            scanning = scan.submit(nonfinite_keys, self._buffer, staged, progress)
+            scanning = scan.submit(self._scan_staged, staged, progress)
             report = self._write_shard(info, staged, progress)
             try:
                 bad = scanning.result()
@@ -239,6 +239,12 @@ class Checkpointer:
         if bad:
             return protocol.ShardReport(rank=report.rank, record=None, nonfinite=tuple(bad))
         return report
+
+    def _scan_staged(self, staged: list[Any], progress: StageProgress) -> list[str]:
+        # Once staging is over: on a node with few CPUs the scan would compete with the
+        # staging copy and lengthen the exposed pause; it overlaps the write backlog instead.
+        progress.wait_sealed()
+        return nonfinite_keys(self._buffer, staged)
 
     def _write_shard(self, info: protocol.CheckpointInfo, staged: list[Any],
                      progress: StageProgress) -> protocol.ShardReport:

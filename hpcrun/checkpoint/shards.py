@@ -32,7 +32,7 @@ from hpcrun.checkpoint.blocks import block_ranges, digest_spans, rows_per_block
 from hpcrun.checkpoint.keys import SMALL_DATASET, Placement, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import ALIGN, CHUNK, Extent, read_extents, write_extents
-from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, new_hasher, read_verified
+from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
 from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
@@ -152,9 +152,9 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
     storage.makedirs(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
     with ThreadPoolExecutor(max_workers=1) as hashing:
-        # the checksums (xxhash and hashlib release the GIL) are computed while HDF5 lays the
-        # file out and the bytes are written; they are set as attributes once both are done
-        pending = hashing.submit(_digests, algorithm, buffer, staged, ready)
+        # the checksums (xxhash and hashlib release the GIL) are computed while the bytes are
+        # written; they are set as attributes once both are done
+        pending = hashing.submit(_digests_staged, algorithm, buffer, staged, progress)
         try:
             offsets = _create_file(tmp, header, buffer, staged, ready)
         except OSError as exc:
@@ -194,28 +194,24 @@ _Digests = tuple[str, int, tuple[str, ...]]
 """A piece's checksum, rows per row block (0: none) and each block's checksum."""
 
 
-def _digests(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece],
-             ready: Ready) -> list[_Digests]:
-    return [_digest(algorithm, buffer.view(sp.offset, sp.piece.nbytes), sp.piece, ready, k)
-            for k, sp in enumerate(staged)]
+def _digests_staged(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece],
+                    progress: StageProgress | None) -> list[_Digests]:
+    """Every piece's digests, once staging is over: hashing during the staging copy would
+    compete with it for the CPUs (a longer exposed pause); it overlaps the write backlog."""
+    if progress is not None:
+        progress.wait_sealed()
+    return [_digest(algorithm, buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
+            for sp in staged]
 
 
 def _landed(index: int, upto: int | None = None) -> None:
     """No staging in flight: every byte is in the buffer already."""
 
 
-def _digest(algorithm: str, raw: np.ndarray, p: Any, ready: Ready = _landed,
-            index: int = 0) -> _Digests:
-    """The whole piece's checksum, hashed chunk by chunk as ``ready(index, upto)`` says the
-    bytes landed, and, for a large DTensor box, its row blocks'
+def _digest(algorithm: str, raw: np.ndarray, p: Any) -> _Digests:
+    """The whole piece's checksum and, for a large DTensor box, its row blocks'
     (:mod:`~hpcrun.checkpoint.blocks`: what a resharding restore reads and verifies)."""
-    h = new_hasher(algorithm)
-    for a in range(0, len(raw), CHUNK):
-        b = min(a + CHUNK, len(raw))
-        ready(index, b)
-        h.update(raw[a:b])
-    ready(index)
-    whole = f"{algorithm}:{h.hexdigest()}"
+    whole = checksum(algorithm, raw)
     per = rows_per_block(p.lengths, p.nbytes) if p.placement is Placement.CHUNK else 0
     if not per:
         return whole, 0, ()

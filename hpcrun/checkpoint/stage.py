@@ -393,21 +393,13 @@ def is_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
-def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece],
-                   progress: StageProgress | None = None) -> list[str]:
-    """Keys of staged floating-point pieces that hold NaN or Inf (each row slice scanned once
-    ``progress`` says it landed)."""
+def nonfinite_keys(buffer: StagingBuffer, staged: Sequence[StagedPiece]) -> list[str]:
+    """Keys of staged floating-point pieces that hold NaN or Inf."""
     bad = []
-    for k, sp in enumerate(staged):
+    for sp in staged:
         dt = torch_dtype(sp.piece.dtype)
-        if not (dt.is_floating_point or dt.is_complex) or not sp.piece.nbytes:
-            continue
-        t = tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
-        finite = True
-        for a, b, upto in row_slices(sp.piece):
-            if progress is not None:
-                progress.wait(k, upto)
-            finite = finite and is_finite(t[a:b] if sp.piece.shape else t)
-        if not finite:
+        floating = dt.is_floating_point or dt.is_complex
+        if floating and sp.piece.nbytes and not is_finite(
+                tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)):
             bad.append(sp.piece.key)
     return bad
