@@ -140,9 +140,9 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
                 progress: StageProgress | None = None) -> ShardRecord:
     """Write a rank's staged pieces as a durable shard at ``path`` and describe it.
 
-    With ``progress`` the pieces may still be staging: each is hashed and written once it has
-    landed, and the shard is sealed only once staging is over. The file exists under ``path``
-    only once every byte is written and fsynced.
+    With ``progress`` the pieces may still be staging: each 16 MiB request is written once its
+    bytes have landed; hashing starts, and the shard is sealed, only once staging is over. The
+    file exists under ``path`` only once every byte is written and fsynced.
 
     Raises:
         StorageError: the tier failed (full, unwritable).
