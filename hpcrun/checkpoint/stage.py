@@ -316,19 +316,6 @@ def copy_order(staged: Sequence[StagedPiece]) -> list[int]:
     return small + [k for k, sp in enumerate(staged) if sp.piece.nbytes >= SMALL_DATASET]
 
 
-def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
-          buffer: StagingBuffer) -> list[StagedPiece]:
-    """Copy this rank's pieces and its meta JSON into ``buffer``; return where each landed.
-
-    This is the exposed pause: it runs on the training thread; the write runs afterwards in the
-    background from the immutable copy.
-    """
-    staged = prepare(pieces, meta_json, buffer, device=has_device(flat, pieces))
-    copy_staged(flat, staged, meta_json, buffer,
-                StageProgress([sp.piece.nbytes for sp in staged]))
-    return staged
-
-
 def has_device(flat: FlatState, pieces: Sequence[Piece]) -> bool:
     """Whether any piece is copied from accelerator memory."""
     return any(on_device(flat.leaves[p.key].tensor) for p in pieces)
