@@ -9,8 +9,9 @@ Within about 8 minutes on one GPU it measures and writes down (``<out>/gpu-<date
    for ``--steps`` steps each, once uninterrupted and once preempted and resumed: the final
    parameters (for FSDP2, the DTensor model and optimizer state) must be bitwise-identical;
 3. **staging**: a ``--ckpt-gib`` checkpoint of CUDA bf16 tensors staged by hpcrun
-   (:func:`hpcrun.checkpoint.stage.stage`: pinned reused buffer, side stream, one event) against
-   a plain pinned device-to-host copy of the same bytes (target: exposed pause <= 1.2x);
+   (:func:`hpcrun.checkpoint.stage.copy_staged`: pinned reused buffer, side stream, one
+   event) against a plain pinned device-to-host copy of the same bytes (target: exposed pause
+   <= 1.2x);
 4. **restore to the device**: the same bytes landed in place by
    :class:`hpcrun.checkpoint.device.HostLanding` from pageable host memory, against a plain
    host-to-device copy from pinned memory (GB/s), and the peak extra GPU memory while landing
@@ -131,7 +132,14 @@ def measure_staging(state: Mapping[str, Any], repeats: int) -> dict[str, Any]:
     """hpcrun's staging pause against a plain pinned copy of the same bytes (medians)."""
     import torch
 
-    from hpcrun.checkpoint.stage import StagingBuffer, plan_pieces, stage
+    from hpcrun.checkpoint.stage import (
+        StageProgress,
+        StagingBuffer,
+        copy_staged,
+        has_device,
+        plan_pieces,
+        prepare,
+    )
     from hpcrun.checkpoint.state import flatten_state
 
     flat = flatten_state(dict(state))
@@ -140,10 +148,15 @@ def measure_staging(state: Mapping[str, Any], repeats: int) -> dict[str, Any]:
     cuda = any(t.is_cuda for t in state.values())
     pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in state.values()]
     samples = harness.Samples()
-    stage(flat, pieces, b"{}", buffer)  # first save allocates and pins the buffer
+
+    def stage() -> None:  # what a save's staging does (its writer aside)
+        staged = prepare(pieces, b"{}", buffer, device=has_device(flat, pieces))
+        copy_staged(flat, staged, b"{}", buffer, StageProgress([sp.piece.nbytes for sp in staged]))
+
+    stage()  # first save allocates and pins the buffer
     for _ in range(repeats):
         _sync(cuda)
-        samples.add("hpcrun_s", harness.timed(lambda: stage(flat, pieces, b"{}", buffer)))
+        samples.add("hpcrun_s", harness.timed(stage))
         _sync(cuda)
         samples.add("pinned_copy_s", harness.timed(lambda: _plain_copy(pinned, state, cuda)))
     out = samples.medians()

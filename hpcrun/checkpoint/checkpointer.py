@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,8 +30,18 @@ from hpcrun.checkpoint.restorer import Loaded, PeerSource, RestoreShell
 from hpcrun.checkpoint.retention import collect_run, restorable
 from hpcrun.checkpoint.sharded import wrap_sharded
 from hpcrun.checkpoint.shards import CHECKSUMS, ShardHeader, shard_relpath, write_shard
-from hpcrun.checkpoint.stage import StagingBuffer, nonfinite_keys, plan_pieces, stage
+from hpcrun.checkpoint.stage import (
+    Piece,
+    StageProgress,
+    StagingBuffer,
+    copy_staged,
+    has_device,
+    nonfinite_keys,
+    plan_pieces,
+    prepare,
+)
 from hpcrun.checkpoint.state import (
+    FlatState,
     Layout,
     RestoreResult,
     SaveResult,
@@ -177,13 +188,29 @@ class Checkpointer:
         flat = flatten_state(wrap_sharded(state))
         meta = {**flat.meta, RNG_FIELD: capture_rng()}
         pieces = plan_pieces(flat, rank=self.layout.rank, world_size=self.layout.world_size)
-        staged = stage(flat, pieces, canonical_json(meta), self._buffer)
-        self._fault_hook("staging", step)
+        future = self._stage_writing(info, flat, pieces, canonical_json(meta))
         pause = self._clock.monotonic() - t0
-        future = self._pool.submit(self._write, info, staged)
         self._inflight = _InFlight(info=info, pause_s=pause, future=future,
                                    staging_bytes=self._buffer.capacity)
         return self._finalize() if blocking else None
+
+    def _stage_writing(self, info: protocol.CheckpointInfo, flat: FlatState,
+                       pieces: list[Piece], meta_json: bytes) -> Future[protocol.ShardReport]:
+        """Stage this rank's share (the exposed pause) with its writer already started: the
+        writer writes each piece as it lands, so the copy of piece k+1 overlaps the write of
+        piece k; it seals the shard only once staging (and its fault stage) is over."""
+        staged = prepare(pieces, meta_json, self._buffer, device=has_device(flat, pieces))
+        landing = StageProgress([sp.piece.nbytes for sp in staged])
+        future = self._pool.submit(self._write, info, staged, landing)
+        try:
+            copy_staged(flat, staged, meta_json, self._buffer, landing)
+            self._fault_hook("staging", info.step)
+        except BaseException:
+            landing.abandon()  # the writer gives up; its temporary file is debris retention removes
+            futures_wait([future])
+            raise
+        landing.seal()
+        return future
 
     def _fault_at(self, step: int) -> Callable[[str], None]:
         """The fault hook for the stages of the save of ``step``."""
@@ -197,13 +224,14 @@ class Checkpointer:
             checksum=self.checksum, created=self._clock.now(), extra=dict(extra or {}),
             progress=progress)
 
-    def _write(self, info: protocol.CheckpointInfo, staged: list[Any]) -> protocol.ShardReport:
+    def _write(self, info: protocol.CheckpointInfo, staged: list[Any],
+               progress: StageProgress) -> protocol.ShardReport:
         # The NaN/Inf scan runs while the shard is written: the CPU is idle during O_DIRECT
         # writes, so the scan costs no time. A refused shard is never committed; it is debris
         # that retention removes.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-finite") as scan:
-            scanning = scan.submit(nonfinite_keys, self._buffer, staged)
-            report = self._write_shard(info, staged)
+            scanning = scan.submit(self._scan_staged, staged, progress)
+            report = self._write_shard(info, staged, progress)
             try:
                 bad = scanning.result()
             except HpcrunError as exc:
@@ -212,8 +240,14 @@ class Checkpointer:
             return protocol.ShardReport(rank=report.rank, record=None, nonfinite=tuple(bad))
         return report
 
-    def _write_shard(self, info: protocol.CheckpointInfo,
-                     staged: list[Any]) -> protocol.ShardReport:
+    def _scan_staged(self, staged: list[Any], progress: StageProgress) -> list[str]:
+        # Once staging is over: on a node with few CPUs the scan would compete with the
+        # staging copy and lengthen the exposed pause; it overlaps the write backlog instead.
+        progress.wait_sealed()
+        return nonfinite_keys(self._buffer, staged)
+
+    def _write_shard(self, info: protocol.CheckpointInfo, staged: list[Any],
+                     progress: StageProgress) -> protocol.ShardReport:
         t0 = self._clock.monotonic()
         rank = self.layout.rank
         try:
@@ -222,7 +256,8 @@ class Checkpointer:
                                  world_size=self.layout.world_size, node=self.layout.node)
             path = self._ckpt_dir(info.ckpt_id) / shard_relpath(self.layout.node, rank)
             record = write_shard(path, header, self._buffer, staged, algorithm=info.checksum,
-                                 fault=self._fault_at(info.step), storage=self._storage)
+                                 fault=self._fault_at(info.step), storage=self._storage,
+                                 progress=progress)
             return protocol.ShardReport(rank=rank, record=record,
                                         write_s=self._clock.monotonic() - t0)
         except StorageTimeoutError as exc:  # a hung tier: abandon this checkpoint, go on

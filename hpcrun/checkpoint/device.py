@@ -1,6 +1,6 @@
 """Device state to and from host memory: pinned reused buffers, a side stream, one event.
 
-Staging (:func:`hpcrun.checkpoint.stage.stage`) copies device tensors into the checkpoint's
+Staging (:func:`hpcrun.checkpoint.stage.copy_staged`) copies device tensors into the checkpoint's
 host buffer through a :class:`DeviceCopies`: every copy is issued non-blocking on one dedicated
 CUDA stream per device, after that stream waits for the training stream (so it copies the state
 the optimizer step left), and one event per device marks the end. :meth:`DeviceCopies.wait` is

@@ -12,6 +12,9 @@ META_KEY = "__meta__"
 """Logical key of each rank's JSON meta tree inside its shard."""
 RNG_FIELD = "__rng__"
 """Field of the meta tree that holds this rank's RNG streams."""
+SMALL_DATASET = 64 << 10
+"""Pieces below this many bytes are written through h5py, inside the shard's layout (not worth
+an aligned extent); staging copies them first, so the writer lays the file out at once."""
 
 
 class Placement(StrEnum):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -110,17 +110,28 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
-                  threads: int = IO_THREADS, sync: bool = True) -> None:
+                  threads: int = IO_THREADS, sync: bool = True,
+                  before: Callable[[int, int], None] | None = None) -> None:
     """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
+
+    ``before(i, end)`` runs before each request is queued: extent ``i``, up to byte ``end`` of
+    it (it may block until those bytes exist, so earlier writes overlap their making; it may
+    raise).
 
     Raises:
         StorageError: the write or the fsync failed (disk full, I/O error).
     """
-    chunks = [c for e in extents for c in _split(e)]
     try:
         with open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            list(pool.map(lambda c: _write_one(fd, direct, c), chunks))
+            futures = []
+            for i, e in enumerate(extents):
+                for c in _split(e):
+                    if before is not None:
+                        before(i, c.file_offset - e.file_offset + len(c.buffer))
+                    futures.append(pool.submit(_write_one, fd, direct, c))
+            for f in futures:
+                f.result()
             if sync:
                 os.fsync(fd)
     except OSError as exc:

@@ -29,25 +29,25 @@ import numpy as np
 import xxhash
 
 from hpcrun.checkpoint.blocks import block_ranges, digest_spans, rows_per_block
-from hpcrun.checkpoint.keys import Placement, stored_as
+from hpcrun.checkpoint.keys import SMALL_DATASET, Placement, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
-from hpcrun.checkpoint.rawio import ALIGN, Extent, read_extents, write_extents
+from hpcrun.checkpoint.rawio import ALIGN, CHUNK, Extent, read_extents, write_extents
 from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
 from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 if TYPE_CHECKING:
-    from hpcrun.checkpoint.stage import StagedPiece, StagingBuffer
+    from hpcrun.checkpoint.stage import StagedPiece, StageProgress, StagingBuffer
 
 SHARD_FORMAT = "hpcrun-shard"
 SHARD_SCHEMA_VERSION = 2
 """2: chunk datasets (DTensor boxes) carry ``offsets``, ``lengths`` and ``placements``
 attributes; version-1 shards read unchanged."""
-SMALL_DATASET = 64 << 10
-"""Datasets below this many bytes are written through h5py (not worth an aligned extent)."""
 CHECKSUMS = ("xxh3", "sha256")
 
 FaultHook = Callable[[str], None]
+Ready = Callable[..., None]
+"""``ready(piece index, upto=None)``: block until that many bytes of the staged piece landed."""
 
 
 def checksum(algorithm: str, data: Any) -> str:
@@ -117,14 +117,16 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray) -> int:
 
 
 def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
-                 staged: Sequence[StagedPiece]) -> list[int]:
+                 staged: Sequence[StagedPiece], ready: Ready) -> list[int]:
     offsets = []
     with h5py.File(tmp, "w", locking=False, libver="latest", alignment_threshold=SMALL_DATASET,
                    alignment_interval=ALIGN) as f:
         f.attrs.update({"format": SHARD_FORMAT, "schema_version": SHARD_SCHEMA_VERSION,
                         "keys": json.dumps([sp.piece.key for sp in staged]),
                         **{k: getattr(header, k) for k in header.__slots__}})  # type: ignore[attr-defined]
-        for sp in staged:
+        for k, sp in enumerate(staged):
+            if sp.piece.nbytes < SMALL_DATASET:
+                ready(k)  # its bytes go into the layout (staging copies these first)
             raw = buffer.view(sp.offset, sp.piece.nbytes)
             data = raw.view(stored_as(sp.piece.dtype)).reshape(sp.piece.shape)
             offsets.append(_create_dataset(f, sp, data))
@@ -134,31 +136,41 @@ def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
 def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
                 staged: Sequence[StagedPiece], *, algorithm: str = "xxh3",
                 fault: FaultHook = lambda stage: None,
-                storage: Storage = LOCAL_STORAGE) -> ShardRecord:
+                storage: Storage = LOCAL_STORAGE,
+                progress: StageProgress | None = None) -> ShardRecord:
     """Write a rank's staged pieces as a durable shard at ``path`` and describe it.
 
-    The file exists under ``path`` only once every byte is written and fsynced.
+    With ``progress`` the pieces may still be staging: each 16 MiB request is written once its
+    bytes have landed; hashing starts, and the shard is sealed, only once staging is over. The
+    file exists under ``path`` only once every byte is written and fsynced.
 
     Raises:
         StorageError: the tier failed (full, unwritable).
+        CheckpointError: staging was abandoned.
     """
+    ready: Ready = progress.wait if progress is not None else _landed
     storage.makedirs(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
     with ThreadPoolExecutor(max_workers=1) as hashing:
-        # the checksums (xxhash and hashlib release the GIL) are computed while HDF5 lays the
-        # file out and the bytes are written; they are set as attributes once both are done
-        pending = hashing.submit(_digests, algorithm, buffer, staged)
+        # the checksums (xxhash and hashlib release the GIL) are computed while the bytes are
+        # written; they are set as attributes once both are done
+        pending = hashing.submit(_digests_staged, algorithm, buffer, staged, progress)
         try:
-            offsets = _create_file(tmp, header, buffer, staged)
+            offsets = _create_file(tmp, header, buffer, staged, ready)
         except OSError as exc:
             raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
-        extents = [Extent(file_offset=o, buffer=buffer.view(sp.offset, sp.piece.nbytes).data)
-                   for sp, o in zip(staged, offsets, strict=True) if o >= 0]
-        half = len(extents) // 2
-        write_extents(tmp, extents[:half], sync=False)
-        fault("shard_write")
-        write_extents(tmp, extents[half:], sync=False)
+        large = [k for k, o in enumerate(offsets) if o >= 0]
+        extents = [Extent(file_offset=offsets[k],
+                          buffer=buffer.view(staged[k].offset, staged[k].piece.nbytes).data)
+                   for k in large]
+        write_extents(tmp, extents, sync=False,
+                      before=lambda i, end: _before_write(i, end, len(large) // 2, large, ready,
+                                                          fault))
+        if not large:
+            fault("shard_write")
         digests = pending.result()
+    if progress is not None:
+        progress.wait_sealed()
     _seal(tmp, staged, digests)
     storage.fsync_path(tmp)
     storage.rename(tmp, path)
@@ -169,14 +181,31 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
                        bytes=storage.size(path), datasets=records)
 
 
+def _before_write(i: int, end: int, half: int, large: Sequence[int], ready: Ready,
+                  fault: FaultHook) -> None:
+    """Before a request of extent ``i`` up to byte ``end`` is queued: the mid-write fault stage
+    (at the first request of the middle extent), then wait for those bytes to land."""
+    if i == half and end <= CHUNK:
+        fault("shard_write")
+    ready(large[i], end)
+
+
 _Digests = tuple[str, int, tuple[str, ...]]
 """A piece's checksum, rows per row block (0: none) and each block's checksum."""
 
 
-def _digests(algorithm: str, buffer: StagingBuffer,
-             staged: Sequence[StagedPiece]) -> list[_Digests]:
+def _digests_staged(algorithm: str, buffer: StagingBuffer, staged: Sequence[StagedPiece],
+                    progress: StageProgress | None) -> list[_Digests]:
+    """Every piece's digests, once staging is over: hashing during the staging copy would
+    compete with it for the CPUs (a longer exposed pause); it overlaps the write backlog."""
+    if progress is not None:
+        progress.wait_sealed()
     return [_digest(algorithm, buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
             for sp in staged]
+
+
+def _landed(index: int, upto: int | None = None) -> None:
+    """No staging in flight: every byte is in the buffer already."""
 
 
 def _digest(algorithm: str, raw: np.ndarray, p: Any) -> _Digests:

@@ -14,6 +14,7 @@ CPU tensors are copied as before.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,8 +22,14 @@ import numpy as np
 import torch
 
 from hpcrun.checkpoint.device import DeviceCopies, is_pinned, on_device, pinned_bytes
-from hpcrun.checkpoint.keys import META_KEY, NATIVE_DTYPES, UINT_OF_WIDTH, Placement
-from hpcrun.checkpoint.rawio import ALIGN, align_up, aligned_buffer
+from hpcrun.checkpoint.keys import (
+    META_KEY,
+    NATIVE_DTYPES,
+    SMALL_DATASET,
+    UINT_OF_WIDTH,
+    Placement,
+)
+from hpcrun.checkpoint.rawio import ALIGN, CHUNK, align_up, aligned_buffer
 from hpcrun.checkpoint.state import FlatState, TensorLeaf
 from hpcrun.errors import CheckpointError
 
@@ -230,30 +237,129 @@ def tensor_view(buf: np.ndarray, piece: Piece) -> torch.Tensor:
     return torch.from_numpy(buf).view(torch_dtype(piece.dtype)).view(piece.shape)
 
 
-def stage(flat: FlatState, pieces: Sequence[Piece], meta_json: bytes,
-          buffer: StagingBuffer) -> list[StagedPiece]:
-    """Copy this rank's pieces and its meta JSON into ``buffer``; return where each landed.
+class StageProgress:
+    """How far each staged piece has landed in the buffer, shared by the staging and writing
+    threads.
 
-    This is the exposed pause: it runs on the training thread; the write runs afterwards in the
-    background from the immutable copy.
+    The writer starts before staging ends: it lays the shard out and writes (and hashes) each
+    slice of a piece as soon as :meth:`land` says its bytes are in the buffer, so the copy of
+    slice k+1 overlaps the write of slice k. :meth:`seal` says staging is over (the save may
+    commit); :meth:`abandon` says it failed, and every waiter raises.
     """
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        """Args:
+            sizes: bytes of each staged piece, in the staged list's order.
+        """
+        self._sizes = list(sizes)
+        self._landed = [0] * len(self._sizes)
+        self._cond = threading.Condition()
+        self._sealed = False
+        self._failed = False
+
+    def land(self, index: int, upto: int | None = None) -> None:
+        """The first ``upto`` bytes (None: all) of piece ``index`` are in the buffer."""
+        with self._cond:
+            self._landed[index] = self._sizes[index] if upto is None else upto
+            self._cond.notify_all()
+
+    def seal(self) -> None:
+        """Every piece is in the buffer and the save goes on."""
+        with self._cond:
+            self._landed = list(self._sizes)
+            self._sealed = True
+            self._cond.notify_all()
+
+    def abandon(self) -> None:
+        """Staging failed: waiters raise :class:`~hpcrun.errors.CheckpointError`."""
+        self._failed = True
+        self.seal()
+
+    def wait(self, index: int, upto: int | None = None) -> None:
+        """Block until the first ``upto`` bytes (None: all) of piece ``index`` are in the buffer.
+
+        Raises:
+            CheckpointError: staging was abandoned.
+        """
+        need = self._sizes[index] if upto is None else upto
+        with self._cond:
+            self._cond.wait_for(lambda: self._landed[index] >= need)
+        self._check()
+
+    def wait_sealed(self) -> None:
+        """Block until staging is over (raises CheckpointError when it was abandoned)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._sealed)
+        self._check()
+
+    def _check(self) -> None:
+        if self._failed:
+            raise CheckpointError("staging failed before this piece was copied; the save is "
+                                  "abandoned (the training thread raised the cause)")
+
+
+def prepare(pieces: Sequence[Piece], meta_json: bytes, buffer: StagingBuffer,
+            *, device: bool = False) -> list[StagedPiece]:
+    """Where each piece and the meta JSON will land in ``buffer``; grows the buffer if needed
+    (``device``: pinned, for device tensors). Nothing is copied yet."""
     meta = Piece(key=META_KEY, placement=Placement.LOCAL, dtype="uint8",
                  global_shape=(len(meta_json),), row_start=0, row_stop=len(meta_json))
     staged, total = layout([*pieces, meta])
-    device = any(on_device(flat.leaves[p.key].tensor) for p in pieces)
     buffer.reserve(total, pinned=device)
-    copies = DeviceCopies()
-    for sp in staged[:-1]:
+    return staged
+
+
+def copy_order(staged: Sequence[StagedPiece]) -> list[int]:
+    """Indices in copy order (pure): the small pieces HDF5 stores inside the layout first, then
+    the large ones in file order, the order the writer writes them."""
+    small = [k for k, sp in enumerate(staged) if sp.piece.nbytes < SMALL_DATASET]
+    return small + [k for k, sp in enumerate(staged) if sp.piece.nbytes >= SMALL_DATASET]
+
+
+def has_device(flat: FlatState, pieces: Sequence[Piece]) -> bool:
+    """Whether any piece is copied from accelerator memory."""
+    return any(on_device(flat.leaves[p.key].tensor) for p in pieces)
+
+
+def copy_staged(flat: FlatState, staged: Sequence[StagedPiece], meta_json: bytes,
+                buffer: StagingBuffer, progress: StageProgress) -> None:
+    """Copy the pieces :func:`prepare` placed (the last is the meta JSON), in
+    :func:`copy_order`, row slice by row slice (:func:`row_slices`), telling ``progress`` as
+    each lands. Device copies land together, once their event completes."""
+    copies, on_gpu = DeviceCopies(), []
+    for k in copy_order(staged):
+        sp = staged[k]
+        if k == len(staged) - 1:  # the meta JSON
+            buffer.view(sp.offset, len(meta_json))[:] = np.frombuffer(meta_json, dtype=np.uint8)
+            progress.land(k)
+            continue
         src = _rows(flat.leaves[sp.piece.key], sp.piece)
         dst = tensor_view(buffer.view(sp.offset, sp.piece.nbytes), sp.piece)
         if on_device(src):
             copies.copy(dst, src)
-        else:
-            dst.copy_(src)
-    if device:
+            on_gpu.append(k)
+            continue
+        for a, b, upto in row_slices(sp.piece):
+            if sp.piece.shape:
+                dst[a:b].copy_(src[a:b])
+            else:
+                dst.copy_(src)
+            progress.land(k, upto)
+    if on_gpu:
         copies.wait()
-    buffer.view(staged[-1].offset, len(meta_json))[:] = np.frombuffer(meta_json, dtype=np.uint8)
-    return staged
+        for k in on_gpu:
+            progress.land(k)
+
+
+def row_slices(piece: Piece, nbytes: int = CHUNK) -> list[tuple[int, int, int]]:
+    """``(first row, end row, bytes up to the end row)`` slices of about ``nbytes`` that cover
+    the piece in order (pure; one slice for a 0-d or small piece)."""
+    if not piece.shape or piece.nbytes < SMALL_DATASET:
+        return [(0, rows_of(piece.shape), piece.nbytes)]
+    rows = piece.shape[0]
+    width = piece.nbytes // rows if rows else 0
+    step = max(1, nbytes // width) if width else rows or 1
+    return [(a, min(a + step, rows), min(a + step, rows) * width) for a in range(0, rows, step)]
 
 
 def _rows(leaf: TensorLeaf, piece: Piece) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -13,11 +15,27 @@ from hpcrun.checkpoint.device import (
     is_pinned,
     pinned_bytes,
 )
-from hpcrun.checkpoint.stage import StagingBuffer, plan_pieces, stage, tensor_view
+from hpcrun.checkpoint.stage import (
+    StagedPiece,
+    StageProgress,
+    StagingBuffer,
+    copy_staged,
+    has_device,
+    plan_pieces,
+    prepare,
+    tensor_view,
+)
 from hpcrun.checkpoint.state import flatten_state
 from hpcrun.errors import CheckpointError
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def stage(flat: Any, pieces: Any, meta: bytes, buffer: StagingBuffer) -> list[StagedPiece]:
+    """What a save's staging does, its writer aside."""
+    staged = prepare(pieces, meta, buffer, device=has_device(flat, pieces))
+    copy_staged(flat, staged, meta, buffer, StageProgress([sp.piece.nbytes for sp in staged]))
+    return staged
 
 
 def test_pinned_bytes_are_aligned_and_sized() -> None:

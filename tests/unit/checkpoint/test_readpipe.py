@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 import torch
 
+from hpcrun.checkpoint import readpipe
 from hpcrun.checkpoint.rawio import ALIGN
 from hpcrun.checkpoint.readpipe import (
+    ReadMode,
     Wanted,
     choose_direct,
+    faster_mode,
     plan_chunks,
     read_verified,
+    readahead_hints,
     resident_pages,
 )
 from hpcrun.checkpoint.shards import checksum
@@ -153,3 +157,45 @@ def _flip_in(shard: Path, h5path: str) -> None:
     data = bytearray(shard.read_bytes())
     data[offset + 1000] ^= 0x40
     shard.write_bytes(bytes(data))
+
+
+def test_buffered_cold_reads_are_chosen_only_when_measured_clearly_faster() -> None:
+    assert faster_mode({ReadMode.DIRECT: 1.0e9, ReadMode.BUFFERED: 1.2e9}) is ReadMode.BUFFERED
+    assert faster_mode({ReadMode.DIRECT: 1.0e9, ReadMode.BUFFERED: 1.04e9}) is ReadMode.DIRECT
+    assert faster_mode({ReadMode.DIRECT: 2.0e9, ReadMode.BUFFERED: 1.0e9}) is ReadMode.DIRECT
+    assert faster_mode({}) is ReadMode.DIRECT
+
+
+def test_readahead_is_asked_only_for_buffered_cold_chunks_ahead() -> None:
+    chunks = plan_chunks([Wanted(offset=0, dest=np.zeros(6 * 4096, np.uint8), digest="")], 4096)
+    hints = readahead_hints(chunks, [True, True, False, True, True, True], ahead=2)
+    assert hints == [None, (3 * 4096, 4096), None, (5 * 4096, 4096), None, None]
+
+
+@pytest.mark.parametrize("cache", [{}, {"preset": ReadMode.BUFFERED}], ids=["probe", "known"])
+def test_cold_chunks_land_bit_for_bit_whichever_mode_the_probe_picks(tmp_path, monkeypatch,
+                                                                     cache) -> None:
+    path, parts = _file(tmp_path, (40 * 8192, 3 * 8192 + 5, 9 * 8192))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        dev = os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+    modes = {dev: cache["preset"]} if cache else {}
+    monkeypatch.setattr(readpipe, "_COLD_MODE", modes)
+    raw = np.zeros(sum(len(d) for _, d in parts) + 64, np.uint8)
+    items, pos = [], 64
+    for off, data in parts:
+        items.append(Wanted(offset=off, dest=raw[pos:pos + len(data)],
+                            digest=checksum("xxh3", data)))
+        pos += len(data)
+    bad, phases = read_verified(path, items, algorithm="xxh3", chunk=8192)
+    assert bad == []
+    assert [w.dest.tobytes() for w in items] == [d for _, d in parts]
+    assert phases.direct_bytes + phases.buffered_bytes == sum(len(d) for _, d in parts)
+    if cache:
+        assert phases.direct_bytes == 0, "the device's kept mode is buffered"
+    elif readpipe._O_DIRECT and phases.direct_bytes:
+        assert modes.get(dev) in set(ReadMode), "the probe's choice is kept for the device"
