@@ -289,7 +289,7 @@ def summarize(size: int, s: Samples, repeats: int, how: str) -> dict[str, Any]:
                     h["read_gbps"], rows["safetensors + copy"]["read_gbps"]),
                 "first_restore_vs_raw": ratio(rows["hpcrun first restore"]["read_gbps"],
                                               raw["read"]),
-                "pause_vs_memcpy": ratio(med.get("hpcrun sync.pause_s"), med.get("memcpy_s"))}}
+                "pause_vs_memcpy": ratio(med.get("hpcrun async.pause_s"), med.get("memcpy_s"))}}
 
 
 PHASES = ("fault_s", "read_s", "checksum_s", "hash_s", "copy_s")
@@ -346,12 +346,16 @@ def render(name: str, r: dict[str, Any]) -> list[str]:
                 ["hpcrun first restore of a process (new reader) ≥ 0.8 × raw read",
                  q["first_restore_vs_raw"], verdict(q["first_restore_vs_raw"], 0.8,
                                                     at_least=True)],
-                [f"exposed pause ≤ 1.2 × warm memcpy ({r['pause_s']:.3f} s vs "
+                [f"exposed pause of a periodic save (`save()` returns) ≤ 1.2 × warm memcpy "
+                 f"({r['async_return_s']:.3f} s vs "
                  f"{r['memcpy_s']:.3f} s)", q["pause_vs_memcpy"],
                  verdict(q["pause_vs_memcpy"], 1.2, at_least=False)]]),
             "", *render_split(r), "",
             "", f"hpcrun async: `save()` returns after {r['async_return_s']:.3f} s (median); "
-                "the bytes are durable at the async write rate above.", "",
+                "the bytes are durable at the async write rate above. A blocking save stages "
+                "while its writer writes (the final save before a requeue, where the whole save "
+                f"holds the rank): its staging took {r['pause_s']:.3f} s of its end-to-end time.",
+            "",
             "safetensors `load_file` returned with "
             f"{r.get('safetensors_resident_at_return') or float('nan'):.0%} of the file's pages "
             "in the page cache (median; the rest is read when the tensors are touched).", ""]

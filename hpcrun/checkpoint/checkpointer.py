@@ -138,6 +138,9 @@ class Checkpointer:
                                       comm=self._comm, storage=storage, buffer=self._buffer,
                                       peers=peers)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-ckpt")
+        # retention on its own thread: deleting an old checkpoint must not delay the next
+        # save's writer (a blocking save right after a commit, as at a preemption)
+        self._gc = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcrun-gc")
         self._inflight: _InFlight | None = None
         self._parent: str | None = None
         self._closed = False
@@ -188,29 +191,37 @@ class Checkpointer:
         flat = flatten_state(wrap_sharded(state))
         meta = {**flat.meta, RNG_FIELD: capture_rng()}
         pieces = plan_pieces(flat, rank=self.layout.rank, world_size=self.layout.world_size)
-        future = self._stage_writing(info, flat, pieces, canonical_json(meta))
+        future = self._stage_writing(info, flat, pieces, canonical_json(meta), overlap=blocking)
         pause = self._clock.monotonic() - t0
         self._inflight = _InFlight(info=info, pause_s=pause, future=future,
                                    staging_bytes=self._buffer.capacity)
         return self._finalize() if blocking else None
 
     def _stage_writing(self, info: protocol.CheckpointInfo, flat: FlatState,
-                       pieces: list[Piece], meta_json: bytes) -> Future[protocol.ShardReport]:
-        """Stage this rank's share (the exposed pause) with its writer already started: the
-        writer writes each piece as it lands, so the copy of piece k+1 overlaps the write of
-        piece k; it seals the shard only once staging (and its fault stage) is over."""
+                       pieces: list[Piece], meta_json: bytes, *,
+                       overlap: bool) -> Future[protocol.ShardReport]:
+        """Stage this rank's share and start its writer; the shard is sealed only once staging
+        (and its fault stage) is over.
+
+        ``overlap`` (a blocking save, the whole of which holds the caller, as the final save
+        before a requeue does): the writer starts first and writes each piece as it lands, so
+        the copy of piece k+1 overlaps the write of piece k and the save ends sooner. Otherwise
+        (a periodic save) the writer starts once staging is over: its writes on the bytes just
+        copied would stretch the copy, which is the pause training sees.
+        """
         staged = prepare(pieces, meta_json, self._buffer, device=has_device(flat, pieces))
         landing = StageProgress([sp.piece.nbytes for sp in staged])
-        future = self._pool.submit(self._write, info, staged, landing)
+        future = self._pool.submit(self._write, info, staged, landing) if overlap else None
         try:
             copy_staged(flat, staged, meta_json, self._buffer, landing)
             self._fault_hook("staging", info.step)
         except BaseException:
             landing.abandon()  # the writer gives up; its temporary file is debris retention removes
-            futures_wait([future])
+            if future is not None:
+                futures_wait([future])
             raise
         landing.seal()
-        return future
+        return future or self._pool.submit(self._write, info, staged, landing)
 
     def _fault_at(self, step: int) -> Callable[[str], None]:
         """The fault hook for the stages of the save of ``step``."""
@@ -345,7 +356,7 @@ class Checkpointer:
             raise StaleGenerationError(verdict.message)
         if verdict.outcome is protocol.Outcome.COMMITTED:
             self._parent = ckpt_id
-            self._pool.submit(self._retain)
+            self._gc.submit(self._retain)
 
     def _retain(self) -> None:
         """Background retention after a commit: rank 0 the shared tier, one rank per node tier 0."""
@@ -443,6 +454,7 @@ class Checkpointer:
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True)
+            self._gc.shutdown(wait=True)
 
 
 def _slowest_tier(loaded: Loaded) -> Tier:

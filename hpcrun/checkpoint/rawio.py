@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -109,10 +109,12 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         view, offset = view[done:], offset + done
 
 
-def write_extents(path: str | os.PathLike[str], extents: Sequence[Extent], *,
+def write_extents(path: str | os.PathLike[str], extents: Iterable[Extent], *,
                   threads: int = IO_THREADS, sync: bool = True,
                   before: Callable[[int, int], None] | None = None) -> None:
     """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
+
+    ``extents`` may be produced as the writes go (a generator): each is queued once it is made.
 
     ``before(i, end)`` runs before each request is queued: extent ``i``, up to byte ``end`` of
     it (it may block until those bytes exist, so earlier writes overlap their making; it may

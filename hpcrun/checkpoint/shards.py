@@ -14,11 +14,12 @@ under a temporary name that is renamed into place only once complete and fsynced
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,21 +117,32 @@ def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray) -> int:
     return int(offset)
 
 
-def _create_file(tmp: Path, header: ShardHeader, buffer: StagingBuffer,
-                 staged: Sequence[StagedPiece], ready: Ready) -> list[int]:
-    offsets = []
+@contextlib.contextmanager
+def _laid_out(tmp: Path, header: ShardHeader, keys: Sequence[str]) -> Iterator[h5py.File]:
+    """The shard's HDF5 file at ``tmp``, open for its layout (closed, metadata flushed, on
+    exit); datasets of at least :data:`SMALL_DATASET` bytes get aligned contiguous extents."""
     with h5py.File(tmp, "w", locking=False, libver="latest", alignment_threshold=SMALL_DATASET,
                    alignment_interval=ALIGN) as f:
         f.attrs.update({"format": SHARD_FORMAT, "schema_version": SHARD_SCHEMA_VERSION,
-                        "keys": json.dumps([sp.piece.key for sp in staged]),
+                        "keys": json.dumps(list(keys)),
                         **{k: getattr(header, k) for k in header.__slots__}})  # type: ignore[attr-defined]
-        for k, sp in enumerate(staged):
-            if sp.piece.nbytes < SMALL_DATASET:
-                ready(k)  # its bytes go into the layout (staging copies these first)
-            raw = buffer.view(sp.offset, sp.piece.nbytes)
-            data = raw.view(stored_as(sp.piece.dtype)).reshape(sp.piece.shape)
-            offsets.append(_create_dataset(f, sp, data))
-    return offsets
+        yield f
+
+
+def _lay_out(f: h5py.File, buffer: StagingBuffer, staged: Sequence[StagedPiece], ready: Ready,
+             offsets: list[int]) -> Iterator[Extent]:
+    """Create each piece's dataset in ``f``, recording its file offset in ``offsets`` (-1: its
+    bytes are stored inside the layout), and yield the extent of each large one as soon as it
+    is placed, so its writes start while the rest of the file is laid out."""
+    for k, sp in enumerate(staged):
+        if sp.piece.nbytes < SMALL_DATASET:
+            ready(k)  # its bytes go into the layout (staging copies these first)
+        raw = buffer.view(sp.offset, sp.piece.nbytes)
+        offset = _create_dataset(f, sp, raw.view(stored_as(sp.piece.dtype)).reshape(
+            sp.piece.shape))
+        offsets.append(offset)
+        if offset >= 0:
+            yield Extent(file_offset=offset, buffer=raw.data)
 
 
 def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
@@ -155,17 +167,15 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
         # the checksums (xxhash and hashlib release the GIL) are computed while the bytes are
         # written; they are set as attributes once both are done
         pending = hashing.submit(_digests_staged, algorithm, buffer, staged, progress)
+        large = [k for k, sp in enumerate(staged) if sp.piece.nbytes >= SMALL_DATASET]
+        offsets: list[int] = []
         try:
-            offsets = _create_file(tmp, header, buffer, staged, ready)
+            with _laid_out(tmp, header, [sp.piece.key for sp in staged]) as f:
+                write_extents(tmp, _lay_out(f, buffer, staged, ready, offsets), sync=False,
+                              before=lambda i, end: _before_write(i, end, len(large) // 2, large,
+                                                                  ready, fault))
         except OSError as exc:
             raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
-        large = [k for k, o in enumerate(offsets) if o >= 0]
-        extents = [Extent(file_offset=offsets[k],
-                          buffer=buffer.view(staged[k].offset, staged[k].piece.nbytes).data)
-                   for k in large]
-        write_extents(tmp, extents, sync=False,
-                      before=lambda i, end: _before_write(i, end, len(large) // 2, large, ready,
-                                                          fault))
         if not large:
             fault("shard_write")
         digests = pending.result()

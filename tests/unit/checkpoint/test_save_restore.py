@@ -152,7 +152,7 @@ def test_retention_under_async_save_keeps_the_last_good(run_dir, log, incarnatio
     ck = incarnation(keep_last=2)
     ids = [ck.save(s, _state(s), blocking=True).ckpt_id for s in (1, 2, 3)]
     ck.wait()
-    ck._pool.submit(lambda: None).result()
+    ck._gc.submit(lambda: None).result()  # retention has run
     assert sorted(p.name for p in (run_dir / "ckpt").iterdir()) == ids[1:]
 
     bad = _state(4)
@@ -165,7 +165,7 @@ def test_retention_under_async_save_keeps_the_last_good(run_dir, log, incarnatio
     assert report.retired == () and in_flight not in report.debris
     with pytest.raises(NonFiniteError):
         ck.wait()
-    ck._pool.submit(lambda: None).result()
+    ck._gc.submit(lambda: None).result()  # retention has run
     assert {p.name for p in (run_dir / "ckpt").iterdir()} >= set(ids[1:])
     restored = _state(9)
     assert incarnation().restore(restored).ckpt_id == ids[2]
