@@ -8,7 +8,8 @@ shards through the real push (:func:`~hpcrun.checkpoint.peer.push.push_round`). 
 (page cache dropped before each), side by side per repeat:
 
 - *node-local read*: the shard file read past the page cache (what a restore reads from tier 0);
-- *node-local restore*: ``Checkpointer.restore`` on n0 into the state's tensors;
+- *node-local restore*: ``Checkpointer.restore`` on n0 into the state's tensors (the newest of
+  two commits, so read straight into them);
 - *restore from the partner*: ``Checkpointer.restore`` on a replacement n2 whose tier 0 is
   empty, reading the lost node's shard from the holder by byte range straight into the state's
   tensors (the peer tier, :mod:`hpcrun.checkpoint.peer.read`, what a spare's ranks do after a swap).
@@ -66,9 +67,12 @@ class Bench:
         self.state = llama_state(size_gib)
         self.bytes = nbytes(self.state)
         ck = self.checkpointer("n0")
-        res = ck.save(1, {"model": self.state}, blocking=True)
+        # two commits, as in a run past its first checkpoint (keep_last >= 2): the newest is
+        # read straight into the tensors, the older one being there to refill them if it failed
+        for step in (1, 2):
+            res = ck.save(step, {"model": self.state}, blocking=True)
+            assert res is not None and res.committed, res
         ck.close()
-        assert res is not None and res.committed, res
         self.ckpt_id = res.ckpt_id
 
     def tier0(self, node: str) -> Path:
@@ -111,7 +115,7 @@ class Bench:
         assert done == self.ckpt_id, done
 
     def shard(self) -> Path:
-        return next(self.tier0("n0").rglob("rank-*.h5"))
+        return next(p for p in self.tier0("n0").rglob("rank-*.h5") if self.ckpt_id in str(p))
 
 
 def run(size_gib: float = 0.5, repeats: int = 3) -> dict[str, Any]:

@@ -333,10 +333,14 @@ def _probe(pool: ThreadPoolExecutor, files: _Files, chunks: Sequence[_Chunk],
            ) -> ReadMode:
     """Read :data:`PROBE_CHUNKS` cold chunks O_DIRECT, then as many buffered, each group with
     all its requests in flight; keep the faster mode for this device (too few cold chunks to
-    measure: O_DIRECT, not kept)."""
+    measure: O_DIRECT, not kept). The probe's destinations are faulted in first, so it
+    measures the device, not the first touch of a new buffer (which the two modes pay
+    differently)."""
     cold = [k for k, c in enumerate(out_of_cache) if c]
     if len(cold) < 3 * PROBE_CHUNKS:
         return ReadMode.DIRECT
+    for k in cold[:2 * PROBE_CHUNKS]:
+        np.frombuffer(chunks[k].view, dtype=np.uint8)[::mmap.PAGESIZE] = 0
     rates = {}
     for mode, group in ((ReadMode.DIRECT, cold[:PROBE_CHUNKS]),
                         (ReadMode.BUFFERED, cold[PROBE_CHUNKS:2 * PROBE_CHUNKS])):

@@ -203,7 +203,7 @@ class RestoreShell:
         plan, into = land_in_place(plan, leaves, pos) if in_place else (plan, {})
         t0 = time.perf_counter()
         try:
-            self.buffer.reserve(plan.size)  # faults a buffer in only when it has to grow
+            self.buffer.reserve(plan.size, touch=False)  # the reads fault a new buffer in
             buf = self.buffer.view(0, plan.size)
         except CheckpointError:  # above the staging limit: this restore gets its own buffer
             buf = aligned_buffer(plan.size, touch=False)

@@ -206,9 +206,14 @@ class StagingBuffer:
         """Whether the buffer is page-locked (device tensors were staged into it)."""
         return self._pinned
 
-    def reserve(self, nbytes: int, *, pinned: bool = False) -> None:
+    def reserve(self, nbytes: int, *, pinned: bool = False, touch: bool = True) -> None:
         """Make room for ``nbytes``; allocates and faults in a new buffer only when growing,
-        or when device tensors first need it pinned (it then stays pinned)."""
+        or when device tensors first need it pinned (it then stays pinned).
+
+        ``touch=False`` (a restore's reads fill it): a new buffer's pages are faulted in by the
+        reads that land in them, in the reader threads, while other requests are on the device,
+        instead of all up front.
+        """
         if nbytes <= self.capacity and (self._pinned or not pinned):
             return
         if self._max is not None and nbytes > self._max:
@@ -220,7 +225,7 @@ class StagingBuffer:
             self._buf = pinned_bytes(size, align=ALIGN)
             self._pinned = is_pinned(self._buf)
         else:
-            self._buf = aligned_buffer(size)
+            self._buf = aligned_buffer(size, touch=touch)
 
 
 def layout(pieces: Sequence[Piece]) -> tuple[list[StagedPiece], int]:

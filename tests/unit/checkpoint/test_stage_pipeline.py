@@ -115,3 +115,29 @@ def test_a_failure_in_staging_commits_nothing_and_the_next_save_works(run_dir,
     assert not any(p.name.startswith("rank-") for p in (run_dir / "ckpt").rglob("*")
                    if "-s2-" in str(p)), "no shard of the failed save was renamed into place"
     assert _shard_files(run_dir, third.ckpt_id)
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_only_a_blocking_save_writes_while_it_stages(run_dir, incarnation,
+                                                     blocking: bool) -> None:
+    """A periodic save's pause is the copy alone (its writer starts once staging is over); a
+    blocking save, which holds the rank to the end anyway, writes while it stages."""
+    writer_started = threading.Event()
+    seen: list[bool] = []
+
+    def hook(stage: str, step: int) -> None:
+        if stage == "staging":  # the copy is done, staging not yet sealed
+            seen.append(writer_started.wait(timeout=5.0 if blocking else 0.0))
+
+    ck = incarnation(fault_hook=hook)
+    write = ck._write
+
+    def watched(*args, **kwargs):
+        writer_started.set()
+        return write(*args, **kwargs)
+
+    ck._write = watched
+    ck.save(1, _state(1), blocking=blocking)
+    result = ck.wait() if not blocking else ck.results[-1]
+    assert result.committed and seen == [blocking]
+    assert incarnation().restore(_state(5)).step == 1
