@@ -140,7 +140,7 @@ def _write(path: Path, data: np.ndarray, pacer: DrainPacer | None) -> None:
     cache."""
     path.touch()
     if pacer is None:
-        write_extents(path, [Extent(file_offset=0, buffer=data.data)])
+        write_extents(path, [Extent(file_offset=0, buffer=data.data)], allocate=data.size)
         return
     for off in range(0, data.size, pacer.policy.chunk):
         view = data.data[off:off + pacer.policy.chunk]

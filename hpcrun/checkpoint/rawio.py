@@ -12,11 +12,15 @@ This module touches the OS; everything else in the plane hands it offsets and bu
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +99,37 @@ def open_pair(path: str, flags: int) -> Iterator[tuple[int, int | None]]:
             os.close(direct)
 
 
+@functools.lru_cache(maxsize=1)
+def libc() -> Any:
+    """The C library with ``mincore`` and ``fallocate`` typed (None where it cannot be
+    loaded)."""
+    name = ctypes.util.find_library("c")
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        lib.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+def preallocate(fd: int, nbytes: int) -> bool:
+    """Allocate the file's first ``nbytes`` on disk (Linux ``fallocate``, mode 0: the size
+    grows to at least ``nbytes``); whether it did.
+
+    Parallel O_DIRECT writes into allocated blocks inside the file's size run side by side;
+    writes that allocate, or extend the file, are serialised by the filesystem (ext4 takes the
+    inode lock for them): on this project's test disk a fresh 2 GiB file was written at
+    0.9-1.4 GB/s by 8 writers, and at 1.9-2.1 GB/s, fallocate included, once allocated. A
+    filesystem without ``fallocate`` is left as it is: unlike ``posix_fallocate`` there is no
+    fallback that writes zeros over the range.
+    """
+    lib = libc()
+    if lib is None or nbytes <= 0:
+        return False
+    return lib.fallocate(fd, 0, 0, nbytes) == 0
+
+
 def _write_one(fd: int, direct: int | None, ext: Extent) -> None:
     n = _direct_len(ext) if direct is not None else 0
     if n:
@@ -111,8 +146,11 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 def write_extents(path: str | os.PathLike[str], extents: Iterable[Extent], *,
                   threads: int = IO_THREADS, sync: bool = True,
-                  before: Callable[[int, int], None] | None = None) -> None:
+                  before: Callable[[int, int], None] | None = None, allocate: int = 0) -> None:
     """Write ``extents`` into the existing file ``path`` in parallel, then (``sync``) fsync it.
+
+    ``allocate``: the file's first bytes to allocate on disk before any write
+    (:func:`preallocate`; no more than the file will hold: nothing trims the rest).
 
     ``extents`` may be produced as the writes go (a generator): each is queued once it is made.
 
@@ -126,6 +164,7 @@ def write_extents(path: str | os.PathLike[str], extents: Iterable[Extent], *,
     try:
         with open_pair(os.fspath(path), os.O_WRONLY) as (fd, direct), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            preallocate(fd, allocate)
             futures = []
             for i, e in enumerate(extents):
                 for c in _split(e):
@@ -193,9 +232,3 @@ def read_file_cold(path: str | os.PathLike[str]) -> np.ndarray:
     read_extents(path, [Extent(file_offset=0, buffer=buf.data)])
     return buf
 
-
-def preallocate(fd: int, nbytes: int) -> None:
-    """Reserve ``nbytes`` for ``fd`` so parallel writers never race on extending the file."""
-    if nbytes and hasattr(os, "posix_fallocate"):
-        with contextlib.suppress(OSError):  # not every filesystem supports it; writes still work
-            os.posix_fallocate(fd, 0, nbytes)

@@ -22,8 +22,6 @@ This module touches the OS (reads, ``mincore``); the phases it measures are pure
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import functools
 import hashlib
 import logging
 import mmap
@@ -46,6 +44,7 @@ from hpcrun.checkpoint.rawio import (
     IO_THREADS,
     aligned_buffer,
     drop_cache,
+    libc,
     open_pair,
     pread_into,
 )
@@ -154,30 +153,19 @@ def plan_chunks(items: Sequence[Wanted], chunk: int = CHUNK) -> list[_Chunk]:
 
 def resident_pages(fd: int, size: int) -> np.ndarray | None:
     """One byte per page of the file, odd when the page is in the page cache (None: unknown)."""
-    libc = _libc()
-    if libc is None or size <= 0:
+    lib = libc()
+    if lib is None or size <= 0:
         return None
     pages = -(-size // mmap.PAGESIZE)
     vec = np.zeros(pages, dtype=np.uint8)
     with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
         arr = np.frombuffer(mm, dtype=np.uint8)
         try:
-            rc = libc.mincore(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(size),
-                              ctypes.c_void_p(vec.ctypes.data))
+            rc = lib.mincore(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(size),
+                             ctypes.c_void_p(vec.ctypes.data))
         finally:
             del arr  # the mapping closes only once no array points into it
     return vec if rc == 0 else None
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        lib = ctypes.CDLL(name, use_errno=True)
-        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        return lib
-    except (OSError, AttributeError):
-        return None
 
 
 def choose_direct(chunks: Sequence[_Chunk], vec: np.ndarray | None) -> list[bool]:

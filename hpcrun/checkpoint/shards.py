@@ -32,7 +32,14 @@ import xxhash
 from hpcrun.checkpoint.blocks import block_ranges, digest_spans, rows_per_block
 from hpcrun.checkpoint.keys import SMALL_DATASET, Placement, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
-from hpcrun.checkpoint.rawio import ALIGN, CHUNK, Extent, read_extents, write_extents
+from hpcrun.checkpoint.rawio import (
+    ALIGN,
+    CHUNK,
+    Extent,
+    align_up,
+    read_extents,
+    write_extents,
+)
 from hpcrun.checkpoint.readpipe import RestorePhases, Wanted, read_verified
 from hpcrun.errors import CheckpointError, CorruptCheckpointError, StorageError
 from hpcrun.storage import LOCAL_STORAGE, Storage
@@ -173,7 +180,9 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
             with _laid_out(tmp, header, [sp.piece.key for sp in staged]) as f:
                 write_extents(tmp, _lay_out(f, buffer, staged, ready, offsets), sync=False,
                               before=lambda i, end: _before_write(i, end, len(large) // 2, large,
-                                                                  ready, fault))
+                                                                  ready, fault),
+                              # the large extents alone: the file holds them and more
+                              allocate=sum(align_up(staged[k].piece.nbytes) for k in large))
         except OSError as exc:
             raise StorageError(f"creating shard {tmp} failed: {exc}; check the tier") from exc
         if not large:

@@ -219,7 +219,7 @@ def land_verified(data: np.ndarray, dest: Path, rec: ShardRecord, *, algorithm: 
     tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(8)}.partner")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     try:
-        write_extents(tmp, [Extent(file_offset=0, buffer=data.data)])
+        write_extents(tmp, [Extent(file_offset=0, buffer=data.data)], allocate=data.size)
         check_shard_image(data, rec, algorithm, tmp, ckpt_id)
         os.replace(tmp, dest)
     finally:
