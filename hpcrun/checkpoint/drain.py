@@ -18,8 +18,10 @@ restores it rather than an older one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -54,7 +56,13 @@ from hpcrun.checkpoint.tiers import (
 )
 from hpcrun.control.entries import DrainedPayload, DrainErrorNote, decode_as
 from hpcrun.control.log import EntryKind, LogEntry, RunLog
-from hpcrun.errors import CorruptCheckpointError, HpcrunError, PayloadError, StaleGenerationError
+from hpcrun.errors import (
+    CorruptCheckpointError,
+    HpcrunError,
+    PayloadError,
+    StaleGenerationError,
+    StorageTimeoutError,
+)
 from hpcrun.storage import LOCAL_STORAGE, Storage
 
 _log = logging.getLogger(__name__)
@@ -109,11 +117,20 @@ def _copy_verified(src: Path, dst: Path, rec: ShardRecord, *, ckpt_id: str, algo
     check_shard_image(data, rec, algorithm, src, ckpt_id)
     want = checksum(algorithm, data)
     storage.makedirs(dst.parent)
-    tmp = dst.with_name(f".{dst.name}.drain")
-    # the bytes too go through the seam: a hung OST fails the copy at the tier's deadline
-    # (retried later) instead of hanging the drain and the end of the incarnation with it
-    storage.data("write_data", tmp, lambda: _write(tmp, data, pacer))
-    storage.rename(tmp, dst)
+    # one temporary file per copy: two drainers of one shard (a stale node's retry beside the
+    # new incarnation's salvage) never write into, or rename away, each other's file
+    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(8)}.drain")
+    try:
+        # the bytes too go through the seam: a hung OST fails the copy at the tier's deadline
+        # (retried later) instead of hanging the drain and the end of the incarnation with it
+        storage.data("write_data", tmp, lambda: _write(tmp, data, pacer))
+        storage.rename(tmp, dst)
+    except StorageTimeoutError:
+        raise  # a hung tier: the file is debris, gone with its checkpoint's directory
+    except BaseException:
+        with contextlib.suppress(HpcrunError, OSError):
+            storage.remove(tmp)
+        raise
     storage.fsync_path(dst.parent)
     back = storage.data("read_data", dst, lambda: _read_cold(dst, pacer))
     if checksum(algorithm, back) != want:

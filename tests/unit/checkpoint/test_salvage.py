@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -111,3 +112,44 @@ def test_a_drain_copy_blocked_writing_its_bytes_fails_at_the_deadline_and_retrie
     copy_verified(src, dst, rec, ckpt_id=ckpt_id, algorithm=m.checksum,
                   storage=DeadlineStorage(stalled, deadline_s=30))
     assert dst.read_bytes() == src.read_bytes()
+
+
+def test_two_drainers_of_one_shard_at_once_both_succeed_and_leave_only_the_shard(
+        run_dir: Path, tmp_path: Path, log: RunLog, incarnation) -> None:
+    """A stale node's drain retry beside the new incarnation's salvage of the same shard: each
+    copies through its own temporary file, so neither writes into or renames away the other's."""
+    nvme = tmp_path / "nvme0"
+    ck = incarnation(node_local_root=nvme)
+    model, opt = trained(3)
+    ckpt_id = ck.save(3, {"model": model, "optim": opt}, blocking=True).ckpt_id
+    [ckpt] = fold_checkpoints(log.read())
+    m = read_manifest(run_dir, ckpt)
+    [rec] = m.shards
+    src, dst = nvme / "run1" / "ckpt" / ckpt_id / rec.path, tmp_path / "tier1" / rec.path
+    both = threading.Barrier(2)
+
+    class Together:  # both copies are between their write and their rename at the same time
+        def __getattr__(self, name: str):
+            return getattr(LOCAL_STORAGE, name)
+
+        def rename(self, a, b) -> None:
+            both.wait(timeout=30)
+            LOCAL_STORAGE.rename(a, b)
+
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            copy_verified(src, dst, rec, ckpt_id=ckpt_id, algorithm=m.checksum,
+                          storage=Together())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert dst.read_bytes() == src.read_bytes()
+    assert sorted(p.name for p in dst.parent.iterdir()) == [dst.name]
