@@ -84,11 +84,9 @@ def test_a_corrupt_copy_is_noted_not_drained(run_dir: Path, tmp_path: Path, log:
     assert last.payload["event"] == "drain_error" and "node0" in last.payload["detail"]
 
 
-def test_a_drain_copy_blocked_writing_its_bytes_fails_at_the_deadline_and_retries_clean(
-        run_dir: Path, tmp_path: Path, log: RunLog, incarnation) -> None:
-    """A hung OST stalls the shard's bytes, not only the metadata around them: the copy fails
-    at the tier's deadline (the drain retries it next round), nothing lands at the target, and
-    the same copy succeeds once the tier answers."""
+def _one_shard_to_drain(run_dir: Path, tmp_path: Path, log: RunLog, incarnation):
+    """A committed one-shard checkpoint on tier 0: (id, manifest, shard record, its file, where
+    a drain puts it)."""
     nvme = tmp_path / "nvme0"
     ck = incarnation(node_local_root=nvme)
     model, opt = trained(3)
@@ -97,6 +95,15 @@ def test_a_drain_copy_blocked_writing_its_bytes_fails_at_the_deadline_and_retrie
     m = read_manifest(run_dir, ckpt)
     [rec] = m.shards
     src, dst = nvme / "run1" / "ckpt" / ckpt_id / rec.path, tmp_path / "tier1" / rec.path
+    return ckpt_id, m, rec, src, dst
+
+
+def test_a_drain_copy_blocked_writing_its_bytes_fails_at_the_deadline_and_retries_clean(
+        run_dir: Path, tmp_path: Path, log: RunLog, incarnation) -> None:
+    """A hung OST stalls the shard's bytes, not only the metadata around them: the copy fails
+    at the tier's deadline (the drain retries it next round), nothing lands at the target, and
+    the same copy succeeds once the tier answers."""
+    ckpt_id, m, rec, src, dst = _one_shard_to_drain(run_dir, tmp_path, log, incarnation)
     fifo = tmp_path / "hung-ost"
     os.mkfifo(fifo)
     stalled = FaultyStorage(LOCAL_STORAGE, mode="stall", while_path=str(fifo),
@@ -118,14 +125,7 @@ def test_two_drainers_of_one_shard_at_once_both_succeed_and_leave_only_the_shard
         run_dir: Path, tmp_path: Path, log: RunLog, incarnation) -> None:
     """A stale node's drain retry beside the new incarnation's salvage of the same shard: each
     copies through its own temporary file, so neither writes into or renames away the other's."""
-    nvme = tmp_path / "nvme0"
-    ck = incarnation(node_local_root=nvme)
-    model, opt = trained(3)
-    ckpt_id = ck.save(3, {"model": model, "optim": opt}, blocking=True).ckpt_id
-    [ckpt] = fold_checkpoints(log.read())
-    m = read_manifest(run_dir, ckpt)
-    [rec] = m.shards
-    src, dst = nvme / "run1" / "ckpt" / ckpt_id / rec.path, tmp_path / "tier1" / rec.path
+    ckpt_id, m, rec, src, dst = _one_shard_to_drain(run_dir, tmp_path, log, incarnation)
     both = threading.Barrier(2)
 
     class Together:  # both copies are between their write and their rename at the same time
