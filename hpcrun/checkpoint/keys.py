@@ -17,6 +17,12 @@ SMALL_DATASET = 64 << 10
 an aligned extent); staging copies them first, so the writer lays the file out at once."""
 
 
+def inline(nbytes: int) -> bool:
+    """Whether a piece of ``nbytes`` is stored inside the shard's HDF5 layout (written by h5py,
+    copied first by staging) rather than in an aligned extent the parallel writers fill."""
+    return nbytes < SMALL_DATASET
+
+
 class Placement(StrEnum):
     """Who holds a tensor leaf."""
 

@@ -30,7 +30,7 @@ import numpy as np
 import xxhash
 
 from hpcrun.checkpoint.blocks import block_ranges, digest_spans, rows_per_block
-from hpcrun.checkpoint.keys import SMALL_DATASET, Placement, stored_as
+from hpcrun.checkpoint.keys import SMALL_DATASET, Placement, inline, stored_as
 from hpcrun.checkpoint.manifest import DatasetRecord, ShardRecord
 from hpcrun.checkpoint.rawio import (
     ALIGN,
@@ -105,7 +105,7 @@ def _early_dcpl() -> h5py.h5p.PropDCID:
 
 def _create_dataset(f: h5py.File, sp: StagedPiece, data: np.ndarray) -> int:
     p = sp.piece
-    if p.nbytes < SMALL_DATASET:
+    if inline(p.nbytes):
         ds = f.create_dataset(_h5path(p.key), data=data)
         offset = -1
     else:
@@ -142,7 +142,7 @@ def _lay_out(f: h5py.File, buffer: StagingBuffer, staged: Sequence[StagedPiece],
     bytes are stored inside the layout), and yield the extent of each large one as soon as it
     is placed, so its writes start while the rest of the file is laid out."""
     for k, sp in enumerate(staged):
-        if sp.piece.nbytes < SMALL_DATASET:
+        if inline(sp.piece.nbytes):
             ready(k)  # its bytes go into the layout (staging copies these first)
         raw = buffer.view(sp.offset, sp.piece.nbytes)
         offset = _create_dataset(f, sp, raw.view(stored_as(sp.piece.dtype)).reshape(
@@ -174,7 +174,7 @@ def write_shard(path: Path, header: ShardHeader, buffer: StagingBuffer,
         # the checksums (xxhash and hashlib release the GIL) are computed while the bytes are
         # written; they are set as attributes once both are done
         pending = hashing.submit(_digests_staged, algorithm, buffer, staged, progress)
-        large = [k for k, sp in enumerate(staged) if sp.piece.nbytes >= SMALL_DATASET]
+        large = [k for k, sp in enumerate(staged) if not inline(sp.piece.nbytes)]
         offsets: list[int] = []
         try:
             with _laid_out(tmp, header, [sp.piece.key for sp in staged]) as f:

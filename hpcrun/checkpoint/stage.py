@@ -25,9 +25,9 @@ from hpcrun.checkpoint.device import DeviceCopies, is_pinned, on_device, pinned_
 from hpcrun.checkpoint.keys import (
     META_KEY,
     NATIVE_DTYPES,
-    SMALL_DATASET,
     UINT_OF_WIDTH,
     Placement,
+    inline,
 )
 from hpcrun.checkpoint.rawio import ALIGN, CHUNK, align_up, aligned_buffer
 from hpcrun.checkpoint.state import FlatState, TensorLeaf
@@ -317,8 +317,8 @@ def prepare(pieces: Sequence[Piece], meta_json: bytes, buffer: StagingBuffer,
 def copy_order(staged: Sequence[StagedPiece]) -> list[int]:
     """Indices in copy order (pure): the small pieces HDF5 stores inside the layout first, then
     the large ones in file order, the order the writer writes them."""
-    small = [k for k, sp in enumerate(staged) if sp.piece.nbytes < SMALL_DATASET]
-    return small + [k for k, sp in enumerate(staged) if sp.piece.nbytes >= SMALL_DATASET]
+    small = [k for k, sp in enumerate(staged) if inline(sp.piece.nbytes)]
+    return small + [k for k, sp in enumerate(staged) if not inline(sp.piece.nbytes)]
 
 
 def has_device(flat: FlatState, pieces: Sequence[Piece]) -> bool:
@@ -359,7 +359,7 @@ def copy_staged(flat: FlatState, staged: Sequence[StagedPiece], meta_json: bytes
 def row_slices(piece: Piece, nbytes: int = CHUNK) -> list[tuple[int, int, int]]:
     """``(first row, end row, bytes up to the end row)`` slices of about ``nbytes`` that cover
     the piece in order (pure; one slice for a 0-d or small piece)."""
-    if not piece.shape or piece.nbytes < SMALL_DATASET:
+    if not piece.shape or inline(piece.nbytes):
         return [(0, rows_of(piece.shape), piece.nbytes)]
     rows = piece.shape[0]
     width = piece.nbytes // rows if rows else 0
